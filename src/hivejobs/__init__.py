@@ -1,0 +1,31 @@
+"""hivejobs: a durable job runtime for Python services (Redis broker, Postgres truth).
+
+Public API only.
+"""
+
+from hivejobs.app import App, Backoff, Retry
+from hivejobs.context import JobContext
+from hivejobs.errors import (
+    ConfigError,
+    ConnectionFailed,
+    HivejobsError,
+    Interrupted,
+    InvalidArgument,
+    InvalidJobType,
+    JobIdConflict,
+    JobNotFinished,
+    JobNotFound,
+    PayloadInvalid,
+    PayloadTooLarge,
+    SchemaMissing,
+    SchemaOutdated,
+    UnknownJobType,
+)
+from hivejobs.records import JobInfo, JobState
+
+__all__ = [
+    "App", "Backoff", "ConfigError", "ConnectionFailed", "HivejobsError", "Interrupted",
+    "InvalidArgument", "InvalidJobType", "JobContext", "JobIdConflict", "JobInfo",
+    "JobNotFinished", "JobNotFound", "JobState", "PayloadInvalid", "PayloadTooLarge", "Retry",
+    "SchemaMissing", "SchemaOutdated", "UnknownJobType",
+]

@@ -1,0 +1,3 @@
+from hivejobs.cli import main
+
+raise SystemExit(main())

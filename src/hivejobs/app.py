@@ -1,0 +1,317 @@
+"""App: the job-type registry, and the calls web processes make (enqueue, get, cancel, replay).
+
+enqueue: validate -> serialization -> store (commit) -> broker (push id). Validation happens
+before the first write, so bad input stores nothing. A Redis failure after the commit is
+logged and left to the coordinator's reconciler: the job is acknowledged once Postgres has it.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import re
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, TypeVar
+
+import psycopg
+import redis
+from loguru import logger
+
+from hivejobs.broker import MAX_ID_LENGTH, Broker, ControlMessage
+from hivejobs.config import Settings, settings_from_env
+from hivejobs.errors import (
+    InvalidArgument,
+    InvalidJobType,
+    JobIdConflict,
+    JobNotFinished,
+    JobNotFound,
+    UnknownJobType,
+)
+from hivejobs.records import PRIORITIES, Delivery, JobInfo, JobTypeInfo, NewJob
+from hivejobs.serialization import PayloadCodec, decode_json, payload_type_of
+from hivejobs.store import Store
+
+NAME_RE = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
+MAX_DELAY_S = 366 * 24 * 3600.0
+Handler = Callable[..., object]
+F = TypeVar("F", bound=Handler)
+
+
+class Retry(Exception):  # noqa: N818 - control flow, named for what the handler asks
+    """Raise in a handler to retry the job after `delay` seconds (counts as an attempt)."""
+
+    def __init__(self, delay: float | None = None, reason: str | None = None) -> None:
+        super().__init__(reason or "retry requested")
+        self.delay = delay
+
+
+@dataclass(frozen=True)
+class Backoff:
+    """Exponential backoff with +-20 % jitter: base * 2**(attempt-1), capped at max_s."""
+
+    base_s: float = 1.0
+    max_s: float = 600.0
+
+    def delay_s(self, attempt: int) -> float:
+        raw = min(self.max_s, self.base_s * 2 ** min(attempt - 1, 60))
+        return float(raw * random.uniform(0.8, 1.2))
+
+
+@dataclass
+class JobType:
+    name: str
+    handler: Handler | None
+    concurrency: int
+    processes: int
+    attempts: int
+    delivery: Delivery
+    timeout_s: float | None
+    backoff: Backoff
+    priority: int
+    codec: PayloadCodec = field(repr=False)
+
+    def info(self) -> JobTypeInfo:
+        return JobTypeInfo(name=self.name, concurrency=self.concurrency,
+                           processes=self.processes, attempts=self.attempts,
+                           delivery=self.delivery, timeout_s=self.timeout_s)
+
+
+class App:
+    """Register job types with @app.job; enqueue from anywhere the app is importable."""
+
+    def __init__(self, database_url: str | None = None, redis_url: str | None = None,
+                 prefix: str | None = None, **settings: float | int) -> None:
+        self.settings: Settings = settings_from_env(database_url, redis_url, prefix, **settings)
+        self.types: dict[str, JobType] = {}
+        self._store: Store | None = None
+        self._broker: Broker | None = None
+        self._lock = threading.Lock()
+        self._remote_types: tuple[float, dict[str, JobTypeInfo]] = (0.0, {})
+
+    # -- registry ----------------------------------------------------------------------
+
+    def job(self, name: str, *, concurrency: int = 8, processes: int = 1,
+            attempts: int | None = None, delivery: Delivery = "at_least_once",
+            timeout: float | None = None, backoff: Backoff | None = None,
+            priority: int = 0) -> Callable[[F], F]:
+        """Register a handler `fn(ctx, payload)` as job type `name`."""
+        jt = self._validated_type(name, concurrency, processes, attempts, delivery, timeout,
+                                  priority)
+
+        def register(fn: F) -> F:
+            jt.handler = fn
+            jt.backoff = backoff or Backoff()
+            jt.codec = PayloadCodec(name, payload_type_of(fn), self.settings.max_payload_bytes)
+            self.types[name] = jt
+            return fn
+
+        return register
+
+    def _validated_type(self, name: str, concurrency: int, processes: int,
+                        attempts: int | None, delivery: str, timeout: float | None,
+                        priority: int) -> JobType:
+        if not NAME_RE.match(name):
+            raise InvalidJobType(f"job type name {name!r} must be 1-64 letters, digits, _.-")
+        if name in self.types:
+            raise InvalidJobType(f"job type {name!r} is registered twice")
+        if delivery not in ("at_least_once", "at_most_once"):
+            raise InvalidJobType(
+                f"delivery must be 'at_least_once' or 'at_most_once', not {delivery!r}")
+        if delivery == "at_most_once" and attempts not in (None, 1):
+            raise InvalidJobType(
+                f"job type {name!r} is at_most_once, so it runs at most one attempt: "
+                f"attempts={attempts} is impossible (drop it or use at_least_once)")
+        resolved = attempts if attempts is not None else (1 if delivery == "at_most_once" else 5)
+        if resolved < 1:
+            raise InvalidJobType(f"attempts must be at least 1, not {resolved}")
+        if concurrency < 1 or processes < 1:
+            raise InvalidJobType("concurrency and processes must be at least 1")
+        if timeout is not None and not (timeout > 0 and math.isfinite(timeout)):
+            raise InvalidJobType(f"timeout must be a positive number of seconds, not {timeout}")
+        _check_priority(priority)
+        codec = PayloadCodec(name, None, self.settings.max_payload_bytes)
+        return JobType(name, None, concurrency, processes, resolved,
+                       delivery,  # type: ignore[arg-type]
+                       timeout, Backoff(), priority, codec)
+
+    def job_type(self, name: str) -> JobType:
+        """A registered type, or one a running worker fleet declared in Postgres (CLI use)."""
+        jt = self.types.get(name)
+        if jt is not None:
+            return jt
+        remote = self._declared_types()
+        info = remote.get(name)
+        if info is None:
+            raise UnknownJobType(name, sorted(set(self.types) | set(remote)))
+        return JobType(name, None, info.concurrency, info.processes, info.attempts,
+                       info.delivery, info.timeout_s, Backoff(), 0,
+                       PayloadCodec(name, None, self.settings.max_payload_bytes))
+
+    def _declared_types(self) -> dict[str, JobTypeInfo]:
+        at, cached = self._remote_types
+        if time.monotonic() - at > 5.0:
+            cached = {t.name: t for t in self.store.job_types()}
+            self._remote_types = (time.monotonic(), cached)
+        return cached
+
+    # -- connections -------------------------------------------------------------------
+
+    @property
+    def store(self) -> Store:
+        if self._store is None:
+            with self._lock:
+                if self._store is None:
+                    store = Store(self.settings.database_url)
+                    store.check_schema()
+                    self._store = store
+        return self._store
+
+    @property
+    def broker(self) -> Broker:
+        if self._broker is None:
+            with self._lock:
+                if self._broker is None:
+                    self._broker = Broker(self.settings)
+        return self._broker
+
+    def migrate(self) -> list[str]:
+        """Create the database if missing and apply pending migrations (idempotent)."""
+        from hivejobs.store import create_database_if_missing
+
+        create_database_if_missing(self.settings.database_url)
+        store = Store(self.settings.database_url)
+        try:
+            return store.migrate()
+        finally:
+            store.close()
+
+    def close(self) -> None:
+        if self._store is not None:
+            self._store.close()
+            self._store = None
+        if self._broker is not None:
+            self._broker.close()
+            self._broker = None
+
+    # -- enqueue -----------------------------------------------------------------------
+
+    def enqueue(self, name: str, payload: object = None, *, id: str | None = None,  # noqa: A002
+                priority: int | None = None, delay: float | None = None,
+                run_at: datetime | None = None, expires_at: datetime | None = None,
+                conn: psycopg.Connection[Any] | None = None) -> str:
+        """Store the job (in `conn`'s transaction if given) and dispatch it; returns its id.
+
+        The same id with the same payload returns the existing job; a different payload
+        raises JobIdConflict. With `conn`, dispatch happens only if that transaction commits
+        (a NOTIFY, delivered on commit, tells the coordinator).
+        """
+        jt = self.job_type(name)
+        job = self._new_job(jt, payload, id, priority, delay, run_at, expires_at)
+        own_transaction = conn is None or (
+            conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE)
+        inserted = self.store.insert_job(job, conn, explicit_id=id is not None)
+        if not inserted.created:
+            if inserted.name != job.name or inserted.payload != job.payload:
+                if inserted.state != "gone":
+                    raise JobIdConflict(job.id)
+            return job.id
+        if inserted.state == "queued":
+            if own_transaction:
+                self._push(job.name, job.priority, [job.id])
+            else:
+                conn.execute("SELECT pg_notify('hivejobs_dispatch', %s)",  # type: ignore[union-attr]
+                             (f"{job.name}\t{job.priority}\t{job.id}",))
+        return job.id
+
+    def enqueue_many(self, name: str, payloads: Iterable[object], *,
+                     priority: int | None = None, delay: float | None = None,
+                     expires_at: datetime | None = None) -> list[str]:
+        """Validate every payload first (one bad one stores nothing), then COPY them in."""
+        jt = self.job_type(name)
+        jobs = [self._new_job(jt, p, None, priority, delay, None, expires_at) for p in payloads]
+        if not jobs:
+            return []
+        self.store.insert_many(jobs)
+        if not delay:
+            self._push(name, jobs[0].priority, [j.id for j in jobs])
+        return [j.id for j in jobs]
+
+    def _new_job(self, jt: JobType, payload: object, job_id: str | None,
+                 priority: int | None, delay: float | None, run_at: datetime | None,
+                 expires_at: datetime | None) -> NewJob:
+        if job_id is not None:
+            _check_id(job_id)
+        prio = jt.priority if priority is None else priority
+        _check_priority(prio)
+        if delay is not None and run_at is not None:
+            raise InvalidArgument("give either delay or run_at, not both")
+        if delay is not None and not (0 <= delay <= MAX_DELAY_S):
+            raise InvalidArgument(
+                f"delay must be between 0 and {MAX_DELAY_S:.0f} seconds, not {delay}")
+        for label, moment in (("run_at", run_at), ("expires_at", expires_at)):
+            if moment is not None and moment.tzinfo is None:
+                raise InvalidArgument(f"{label} must be timezone-aware (e.g. datetime.now(UTC))")
+        if expires_at is not None and expires_at.timestamp() <= time.time():
+            raise InvalidArgument("expires_at is already in the past")
+        return NewJob(
+            id=job_id or str(uuid.uuid4()), name=jt.name, priority=prio,
+            attempts=jt.attempts, delivery=jt.delivery, payload=jt.codec.encode(payload),
+            delay_s=delay, run_at=run_at, expires_at=expires_at,
+        )
+
+    def _push(self, name: str, priority: int, ids: Sequence[str]) -> None:
+        try:
+            self.broker.push(name, priority, ids)
+        except redis.RedisError as exc:
+            # PG is the truth: the job is stored; the reconciler pushes it later (R1).
+            logger.warning("job stored but push to Redis failed; the coordinator will "
+                           "dispatch it", job_type=name, jobs=len(ids), error=repr(exc))
+
+    # -- reads and user actions --------------------------------------------------------
+
+    def get_job(self, job_id: str) -> JobInfo:
+        row = self.store.get_row(job_id)
+        if row is None:
+            raise JobNotFound(job_id)
+        row["payload"] = decode_json(bytes(row["payload"]))
+        row["result"] = decode_json(bytes(row["result"]) if row["result"] else None)
+        return JobInfo(**row)
+
+    def cancel(self, job_id: str) -> bool:
+        """Cancel a waiting job now, or tell a running one to stop (it ends `cancelled`
+        unless it succeeds first). False when the job has already finished."""
+        outcome = self.store.cancel(job_id)
+        if outcome is None:
+            self.get_job(job_id)  # raises JobNotFound for unknown ids
+            return False
+        if outcome == "requested":
+            try:
+                self.broker.publish_control(ControlMessage(action="cancel", job_id=job_id))
+            except redis.RedisError as exc:
+                logger.warning("cancel stored but not broadcast; the job ends cancelled "
+                               "if it fails", job_id=job_id, error=repr(exc))
+        return True
+
+    def replay(self, job_id: str) -> str:
+        """Enqueue a finished job again, as a new job with a new id; returns that id."""
+        info = self.get_job(job_id)
+        if info.state not in ("succeeded", "failed", "cancelled", "expired"):
+            raise JobNotFinished(job_id, info.state)
+        return self.enqueue(info.name, info.payload, priority=info.priority)
+
+
+def _check_priority(priority: int) -> None:
+    if not isinstance(priority, int) or priority not in PRIORITIES:
+        raise InvalidArgument(f"priority must be an integer 0-9 (0 runs first), not {priority!r}")
+
+
+def _check_id(job_id: str) -> None:
+    if not isinstance(job_id, str) or not 1 <= len(job_id) <= MAX_ID_LENGTH:
+        raise InvalidArgument(f"job id must be a string of 1-{MAX_ID_LENGTH} characters")
+    if any(ord(ch) < 32 or ord(ch) == 127 for ch in job_id):
+        raise InvalidArgument(f"job id {job_id!r} contains control characters")

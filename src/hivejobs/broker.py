@@ -1,0 +1,153 @@
+"""Redis, the broker: carries job ids only, never payloads or state.
+
+Keys (all under the prefix, default ``hivejobs:``):
+  ``{prefix}{<type>}:p<priority>``  list of job ids, RPUSH by enqueuers, completer and
+                                  coordinator; BLMPOP from the left by pool fetchers. The type in
+                                  braces is a hash tag: one type's priorities share a cluster slot.
+  ``{prefix}boot``                  string, set by the coordinator after a full restore; missing
+                                  means Redis was flushed or restarted empty (R1).
+  ``{prefix}control``               pub/sub channel: cancel/stop/restart messages to pools.
+
+Everything here may fail or lose data; Postgres is the truth, so callers treat a Redis error
+as latency, never as loss. Imports nothing of ours but config.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+
+import msgspec
+import redis
+
+from hivejobs.config import Settings, redact_url
+from hivejobs.errors import ConnectionFailed
+from hivejobs.records import PRIORITIES
+
+MAX_ID_LENGTH = 255
+
+
+class ControlMessage(msgspec.Struct, frozen=True, kw_only=True):
+    """A message on the control channel: cancel a running job, or recycle pools."""
+
+    action: str  # "cancel" | "restart"
+    job_id: str | None = None
+    pool: str | None = None
+
+
+_control_decoder = msgspec.json.Decoder(ControlMessage)
+
+
+class Broker:
+    def __init__(self, settings: Settings) -> None:
+        self.prefix = settings.prefix
+        self.block_s = settings.pop_block_s
+        self.url = settings.redis_url
+        self.redis = redis.Redis.from_url(
+            settings.redis_url,
+            socket_timeout=settings.redis_socket_timeout_s,
+            socket_connect_timeout=settings.redis_socket_timeout_s,
+            health_check_interval=30,
+        )
+        self._keys: dict[str, list[str]] = {}
+
+    def close(self) -> None:
+        self.redis.close()
+
+    def ping(self) -> None:
+        """Raise ConnectionFailed with a clear message when Redis does not answer."""
+        try:
+            self.redis.ping()
+        except redis.RedisError as exc:
+            raise ConnectionFailed("Redis", redact_url(self.url), str(exc)) from None
+
+    # -- keys --------------------------------------------------------------------------
+
+    def queue_key(self, name: str, priority: int) -> str:
+        return f"{self.prefix}{{{name}}}:p{priority}"
+
+    def queue_keys(self, name: str) -> list[str]:
+        keys = self._keys.get(name)
+        if keys is None:
+            keys = self._keys[name] = [self.queue_key(name, p) for p in PRIORITIES]
+        return keys
+
+    @property
+    def boot_key(self) -> str:
+        return f"{self.prefix}boot"
+
+    @property
+    def control_channel(self) -> str:
+        return f"{self.prefix}control"
+
+    # -- ids ---------------------------------------------------------------------------
+
+    def push(self, name: str, priority: int, ids: Sequence[str]) -> None:
+        if ids:
+            self.redis.rpush(self.queue_key(name, priority), *ids)
+
+    def push_many(self, entries: Iterable[tuple[str, str, int]], chunk: int = 10_000) -> int:
+        """Push (id, type, priority) triples grouped by list, pipelined; returns the count."""
+        groups: dict[str, list[str]] = defaultdict(list)
+        for job_id, name, priority in entries:
+            groups[self.queue_key(name, priority)].append(job_id)
+        pushed = 0
+        with self.redis.pipeline(transaction=False) as pipe:
+            for key, ids in groups.items():
+                for start in range(0, len(ids), chunk):
+                    pipe.rpush(key, *ids[start:start + chunk])
+                    pushed += len(ids[start:start + chunk])
+            pipe.execute()
+        return pushed
+
+    def pop(self, name: str, count: int, block_s: float | None = None) -> list[str]:
+        """Block up to block_s for ids of one type, highest priority (0) first."""
+        keys = self.queue_keys(name)
+        reply = self.redis.blmpop(
+            block_s if block_s is not None else self.block_s,
+            len(keys), *keys, direction="LEFT", count=count,
+        )
+        if not reply:
+            return []
+        raw_ids: list[bytes] = reply[1]  # type: ignore[assignment]
+        return [clean for raw in raw_ids if (clean := _clean_id(raw)) is not None]
+
+    def queue_lengths(self, names: Iterable[str]) -> dict[tuple[str, int], int]:
+        pairs = [(n, p) for n in names for p in PRIORITIES]
+        with self.redis.pipeline(transaction=False) as pipe:
+            for n, p in pairs:
+                pipe.llen(self.queue_key(n, p))
+            lengths = pipe.execute()
+        return {pair: int(length) for pair, length in zip(pairs, lengths, strict=True)}
+
+    # -- boot marker -------------------------------------------------------------------
+
+    def boot_marker_present(self) -> bool:
+        return bool(self.redis.exists(self.boot_key))
+
+    def set_boot_marker(self, value: str) -> None:
+        self.redis.set(self.boot_key, value)
+
+    # -- control channel ---------------------------------------------------------------
+
+    def publish_control(self, message: ControlMessage) -> None:
+        self.redis.publish(self.control_channel, msgspec.json.encode(message))
+
+    def decode_control(self, raw: bytes) -> ControlMessage | None:
+        try:
+            return _control_decoder.decode(raw)
+        except msgspec.DecodeError:
+            return None
+
+
+def _clean_id(raw: bytes) -> str | None:
+    """Garbage in a list (foreign writes, huge values) is dropped, never executed or claimed."""
+    if len(raw) > MAX_ID_LENGTH * 4:
+        return None
+    try:
+        text = raw.decode()
+    except UnicodeDecodeError:
+        return None
+    if not text or len(text) > MAX_ID_LENGTH or "\x00" in text:
+        return None
+    return text

@@ -1,0 +1,219 @@
+"""Command line: argparse to App calls; errors to exit codes (2 bad usage, 1 otherwise).
+
+Prints one line per error, never a traceback for an error we raised on purpose.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+from collections.abc import Callable, Sequence
+from datetime import UTC
+
+import msgspec
+
+from hivejobs.app import App
+from hivejobs.config import redact_url
+from hivejobs.errors import (
+    ConfigError,
+    HivejobsError,
+    InvalidArgument,
+    InvalidJobType,
+    JobIdConflict,
+    PayloadInvalid,
+    PayloadTooLarge,
+    UnknownJobType,
+)
+
+USAGE_ERRORS = (InvalidArgument, PayloadInvalid, PayloadTooLarge, UnknownJobType,
+                InvalidJobType, ConfigError, JobIdConflict)
+
+
+class UsageError(Exception):
+    pass
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise UsageError(message)
+
+
+def load_app(spec: str) -> App:
+    """Import MODULE:ATTR (the current directory is importable, as for a Procfile)."""
+    module_name, _, attr = spec.partition(":")
+    if not module_name:
+        raise UsageError(f"expected MODULE:APP, got {spec!r}")
+    sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise UsageError(f"cannot import {module_name!r}: {exc}") from None
+    app = getattr(module, attr or "app", None)
+    if not isinstance(app, App):
+        raise UsageError(f"{spec!r} is not a hivejobs App (expected MODULE:APP)")
+    return app
+
+
+def _app(args: argparse.Namespace) -> App:
+    spec = args.app or os.environ.get("HIVEJOBS_APP")
+    return load_app(spec) if spec else App()
+
+
+def cmd_migrate(args: argparse.Namespace) -> int:
+    app = _app(args)
+    applied = app.migrate()
+    url = redact_url(app.settings.database_url)
+    print(f"applied {', '.join(applied)} to {url}" if applied else f"schema up to date at {url}")
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from hivejobs.supervisor import Supervisor
+
+    app = load_app(args.app_spec)
+    if args.shutdown_timeout is not None:
+        if args.shutdown_timeout <= 0:
+            raise UsageError("--shutdown-timeout must be positive")
+        app.settings.shutdown_timeout_s = args.shutdown_timeout
+    return Supervisor(app, args.app_spec, app.settings,
+                      coordinator=not args.no_coordinator).run()
+
+
+def cmd_enqueue(args: argparse.Namespace) -> int:
+    app = _app(args)
+    try:
+        payload = msgspec.json.decode(args.payload)
+    except msgspec.DecodeError as exc:
+        raise PayloadInvalid(args.name, f"not valid JSON: {exc}") from None
+    job_id = app.enqueue(args.name, payload, id=args.id, priority=args.priority,
+                         delay=args.delay)
+    print(job_id)
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    info = _app(args).get_job(args.job_id)
+    data = msgspec.to_builtins(info)
+    if not args.payload:
+        data.pop("payload", None)
+    print(msgspec.json.format(msgspec.json.encode(data), indent=2).decode())
+    return 0
+
+
+def cmd_jobs(args: argparse.Namespace) -> int:
+    rows = _app(args).store.type_counts()
+    header = ("type", "concurrency", "processes", "queued", "scheduled", "running",
+              "failed 1h", "succeeded 1h")
+    table: list[tuple[object, ...]] = [header]
+    table += [(r.name, r.concurrency, r.processes, r.queued, r.scheduled, r.running,
+               r.failed_last_hour, r.succeeded_last_hour) for r in rows]
+    _print_table(table)
+    return 0
+
+
+def cmd_workers(args: argparse.Namespace) -> int:
+    rows = _app(args).store.workers()
+    table: list[tuple[object, ...]] = [
+        ("id", "host", "pid", "role", "pool", "started", "heartbeat age s", "running")]
+    table += [(w.id[:8], w.host, w.pid, w.role, w.pool or "-",
+               w.started_at.astimezone(UTC).strftime("%H:%M:%S"),
+               f"{w.heartbeat_age_s:.1f}", w.running) for w in rows]
+    _print_table(table)
+    return 0
+
+
+def cmd_cancel(args: argparse.Namespace) -> int:
+    done = _app(args).cancel(args.job_id)
+    print("cancelled" if done else "already finished")
+    return 0 if done else 1
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    print(_app(args).replay(args.job_id))
+    return 0
+
+
+def cmd_restart(args: argparse.Namespace) -> int:
+    from hivejobs.broker import ControlMessage
+
+    app = _app(args)
+    app.broker.publish_control(ControlMessage(action="restart", pool=args.pool))
+    print("restart requested")
+    return 0
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from hivejobs.bench import run_bench
+
+    return run_bench(args)
+
+
+def _print_table(rows: Sequence[Sequence[object]]) -> None:
+    widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        print("  ".join(str(v).ljust(w) for v, w in zip(row, widths, strict=True)).rstrip())
+
+
+def build_parser() -> Parser:
+    parser = Parser(prog="hivejobs", description="Durable jobs: Redis broker, Postgres truth.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
+
+    def add(name: str, fn: Callable[[argparse.Namespace], int], help_: str,
+            app_opt: bool = True) -> Parser:
+        p: Parser = sub.add_parser(name, help=help_, description=help_)
+        p.set_defaults(fn=fn)
+        if app_opt:
+            p.add_argument("--app", help="MODULE:APP to load job types from (or HIVEJOBS_APP)")
+        return p
+
+    add("migrate", cmd_migrate, "create the database if missing and apply migrations")
+    p = add("run", cmd_run, "run the worker supervisor (pools and coordinator)", False)
+    p.add_argument("app_spec", metavar="MODULE:APP")
+    p.add_argument("--shutdown-timeout", type=float, help="seconds to finish jobs on SIGTERM")
+    p.add_argument("--no-coordinator", action="store_true", help="run pools only")
+    p = add("enqueue", cmd_enqueue, "enqueue one job; prints its id")
+    p.add_argument("name")
+    p.add_argument("payload", metavar="JSON")
+    p.add_argument("--id")
+    p.add_argument("--priority", type=int)
+    p.add_argument("--delay", type=float, help="seconds before it may run")
+    p = add("status", cmd_status, "show one job")
+    p.add_argument("job_id")
+    p.add_argument("--payload", action="store_true", help="include the payload")
+    add("jobs", cmd_jobs, "counts per job type")
+    add("workers", cmd_workers, "live worker processes and their heartbeats")
+    p = add("cancel", cmd_cancel, "cancel a job (a running one is told to stop)")
+    p.add_argument("job_id")
+    p = add("replay", cmd_replay, "enqueue a finished job again; prints the new id")
+    p.add_argument("job_id")
+    p = add("restart", cmd_restart, "reload every worker instance gracefully (new code)")
+    p.add_argument("--pool", help="only this job type's pools")
+    p = add("bench", cmd_bench, "load-test hivejobs on this machine", False)
+    from hivejobs.bench import add_bench_arguments
+
+    add_bench_arguments(p)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from hivejobs.logs import setup_logging
+
+    setup_logging("cli")
+    try:
+        args = build_parser().parse_args(argv)
+        return int(args.fn(args))
+    except UsageError as exc:
+        print(f"hivejobs: {exc}", file=sys.stderr)
+        return 2
+    except USAGE_ERRORS as exc:
+        print(f"hivejobs: {exc}", file=sys.stderr)
+        return 2
+    except HivejobsError as exc:
+        print(f"hivejobs: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+

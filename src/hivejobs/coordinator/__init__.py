@@ -1,0 +1,117 @@
+"""The coordinator process: one active per fleet (leader lease), running the services.
+
+Every instance runs one; followers only try to take the lease. The loop's wait is a LISTEN on
+hivejobs_dispatch, which carries jobs enqueued inside a caller's transaction (NOTIFY is
+delivered only on commit), so those are pushed to Redis at once.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import threading
+import time
+
+import psycopg
+import redis
+from loguru import logger
+
+from hivejobs.broker import Broker
+from hivejobs.config import Settings
+from hivejobs.coordinator.elector import Elector
+from hivejobs.coordinator.services import Gauges, Promoter, Reconciler, Rescuer
+from hivejobs.failpoints import failpoint
+from hivejobs.store import Store, connect
+
+
+class Coordinator:
+    def __init__(self, settings: Settings, worker_id: str) -> None:
+        self.settings = settings
+        self.worker_id = worker_id
+        self.store = Store(settings.database_url, max_size=2)
+        self.broker = Broker(settings)
+        self.elector = Elector(self.store, worker_id, settings)
+        self.promoter = Promoter(self.store, self.broker)
+        self.rescuer = Rescuer(self.store, self.broker, settings)
+        self.reconciler = Reconciler(self.store, self.broker)
+        self.gauges = Gauges(self.store)
+        self.stop = threading.Event()
+        self._due: dict[str, float] = {}
+        self._listen: psycopg.Connection[object] | None = None
+
+    def run(self) -> int:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: self.stop.set())
+        self.store.register_worker(self.worker_id, socket.gethostname(), os.getpid(),
+                                   "coordinator", None)
+        last_beat = 0.0
+        while not self.stop.is_set():
+            self.elector.tick()
+            if time.monotonic() - last_beat > self.settings.heartbeat_s:
+                last_beat = time.monotonic()
+                self._guard("heartbeat", self._heartbeat)
+            lease = self.elector.lease
+            if lease is not None:
+                failpoint("coord.after_lease_before_action")
+                self._services(lease)
+            self._wait_for_dispatch(lease is not None)
+        self.elector.resign()
+        self._guard("deregister", lambda: self.store.deregister_worker(self.worker_id))
+        return 0
+
+    def _heartbeat(self) -> None:
+        if not self.store.heartbeat(self.worker_id):  # declared dead while we were away
+            self.store.register_worker(self.worker_id, socket.gethostname(), os.getpid(),
+                                       "coordinator", None)
+
+    def _every(self, name: str, interval_s: float) -> bool:
+        now = time.monotonic()
+        if now >= self._due.get(name, 0.0):
+            self._due[name] = now + interval_s
+            return True
+        return False
+
+    def _services(self, lease: tuple[str, int]) -> None:
+        s = self.settings
+        if self._every("promote", s.promote_interval_s):
+            self._guard("promote", lambda: self.promoter.run_once(lease))
+        if self._every("rescue", s.coordinator_interval_s):
+            self._guard("rescue", lambda: self.rescuer.run_once(
+                lease, self.elector.healthy_for()))
+        if self._every("reconcile", s.coordinator_interval_s):
+            self._guard("reconcile", lambda: self.reconciler.run_once(lease))
+        if self._every("gauges", max(5.0, s.coordinator_interval_s)):
+            self._guard("gauges", self.gauges.run_once)
+        if self._every("prune", 60.0):
+            self._guard("prune", lambda: self.store.prune_archive(s.archive_retention_s))
+
+    def _guard(self, what: str, fn: object) -> None:
+        try:
+            fn()  # type: ignore[operator]
+        except (psycopg.Error, redis.RedisError) as exc:
+            logger.warning("coordinator step failed", step=what, error=repr(exc))
+
+    def _wait_for_dispatch(self, leader: bool) -> None:
+        """Sleep until the next tick, pushing ids of transactional enqueues as they commit."""
+        timeout = self.settings.promote_interval_s
+        try:
+            if self._listen is None:
+                self._listen = connect(self.settings.database_url)
+                self._listen.execute("LISTEN hivejobs_dispatch")
+            entries = []
+            for note in self._listen.notifies(timeout=timeout, stop_after=1000):
+                name, priority, job_id = note.payload.split("\t", 2)
+                entries.append((job_id, name, int(priority)))
+            if entries and leader:
+                self.broker.push_many(entries)
+        except (psycopg.Error, redis.RedisError, ValueError) as exc:
+            logger.warning("dispatch listener failed", error=repr(exc))
+            if self._listen is not None:
+                self._listen.close()
+            self._listen = None
+            self.stop.wait(timeout)
+
+
+def run_coordinator(settings: Settings, worker_id: str) -> int:
+    return Coordinator(settings, worker_id).run()

@@ -1,0 +1,80 @@
+"""Leader lease in Postgres with a term and a local trust window (R7, after River's elector).
+
+The lease is renewed on the database clock; locally we trust it only until the monotonic
+window (TTL - margin) since the last successful renewal passes, so a paused or partitioned
+leader steps down before anyone else can take over. Never performs coordinator work itself.
+"""
+
+from __future__ import annotations
+
+import time
+
+import psycopg
+from loguru import logger
+
+from hivejobs.config import Settings
+from hivejobs.store import Store
+
+
+class Elector:
+    def __init__(self, store: Store, holder: str, settings: Settings) -> None:
+        self.store = store
+        self.holder = holder
+        self.ttl_s = settings.lease_ttl_s
+        self.renew_s = settings.lease_renew_s
+        self.margin_s = settings.lease_margin_s
+        self.term: int | None = None
+        self._trusted_until = 0.0
+        self._next_attempt = 0.0
+        self.healthy_since: float | None = None
+
+    def tick(self) -> None:
+        """Acquire or renew when due; keeps `term` and the trust window current."""
+        now = time.monotonic()
+        if now < self._next_attempt:
+            return
+        try:
+            term = self.store.lease_acquire(self.holder, self.ttl_s)
+        except psycopg.Error as exc:
+            self.healthy_since = None
+            self._next_attempt = now + 0.5
+            logger.warning("lease renewal failed", error=repr(exc))
+            return
+        if self.healthy_since is None:
+            self.healthy_since = now
+        if term is None:
+            if self.term is not None:
+                logger.warning("lease lost to another coordinator", term=self.term)
+            self.term = None
+            self._next_attempt = now + min(self.renew_s, 1.0)
+            return
+        if term != self.term:
+            logger.info("became the active coordinator", term=term)
+        self.term = term
+        self._trusted_until = now + self.ttl_s - self.margin_s
+        self._next_attempt = now + self.renew_s
+
+    @property
+    def lease(self) -> tuple[str, int] | None:
+        """(holder, term) while the local trust window lasts, else None: step down."""
+        if self.term is None:
+            return None
+        if time.monotonic() >= self._trusted_until:
+            logger.warning("lease trust window passed without renewal: stepping down",
+                           term=self.term)
+            self.term = None
+            return None
+        return (self.holder, self.term)
+
+    def healthy_for(self) -> float:
+        return 0.0 if self.healthy_since is None else time.monotonic() - self.healthy_since
+
+    def resign(self) -> None:
+        if self.term is None:
+            return
+        try:
+            self.store.lease_resign(self.holder)
+            logger.info("resigned the lease", term=self.term)
+        except psycopg.Error as exc:
+            logger.warning("could not resign the lease", error=repr(exc))
+        self.term = None

@@ -1,0 +1,143 @@
+"""The leader-only services, each with run_once(lease) so tests can drive one pass.
+
+Promoter: due scheduled jobs to queued, expired and cancelled waiting jobs to the archive.
+Rescuer: claims of processes whose heartbeat is older than stuck_after (R6: only once this
+coordinator has been healthy that long). Reconciler: Redis lists from Postgres, after a flush
+(boot marker missing) or when a list holds fewer ids than Postgres has queued (R1).
+Gauges: queue depth and in-flight counts. Every write checks the lease term (R7).
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+
+import msgspec
+from loguru import logger
+
+from hivejobs.broker import Broker
+from hivejobs.config import Settings
+from hivejobs.failpoints import failpoint
+from hivejobs.store import Store
+
+Lease = tuple[str, int]
+BATCH = 10_000
+
+
+class PromoteResult(msgspec.Struct):
+    promoted: int = 0
+    ended: int = 0
+
+
+class Promoter:
+    def __init__(self, store: Store, broker: Broker) -> None:
+        self.store, self.broker = store, broker
+
+    def run_once(self, lease: Lease) -> PromoteResult:
+        result = PromoteResult()
+        rows = self.store.leader_write(lease, "promote_due", {"limit": BATCH}) or []
+        if rows:
+            self.broker.push_many([(r[0], r[1], r[2]) for r in rows])
+            result.promoted = len(rows)
+        ended = self.store.leader_write(lease, "end_waiting_jobs", {"limit": BATCH}) or []
+        result.ended = len(ended)
+        return result
+
+
+class RescueResult(msgspec.Struct):
+    dead_workers: int = 0
+    requeued: int = 0
+    failed: int = 0
+    skipped_unhealthy: bool = False
+
+
+class Rescuer:
+    def __init__(self, store: Store, broker: Broker, settings: Settings) -> None:
+        self.store, self.broker = store, broker
+        self.stuck_after_s = settings.stuck_after_s
+        self.poison_after = settings.poison_pill_after
+
+    def run_once(self, lease: Lease, healthy_for_s: float) -> RescueResult:
+        if healthy_for_s < self.stuck_after_s:
+            # After an outage every heartbeat looks stale: wait until ours is trustworthy.
+            return RescueResult(skipped_unhealthy=True)
+        dead = self.store.find_dead_workers(self.stuck_after_s)
+        if not dead:
+            return RescueResult()
+        failpoint("coord.mid_rescue_batch")
+        requeued, failed = self.store.rescue_workers(dead, self.poison_after, lease)
+        if failed < 0:
+            return RescueResult()
+        if requeued:
+            self.broker.push_many([(r[0], r[1], r[2]) for r in requeued])
+        logger.warning("rescued jobs of dead workers", workers=len(dead),
+                       requeued=len(requeued), failed=failed)
+        return RescueResult(len(dead), len(requeued), failed)
+
+
+class ReconcileResult(msgspec.Struct):
+    full_restore: bool = False
+    pushed: int = 0
+
+
+class Reconciler:
+    def __init__(self, store: Store, broker: Broker, grace_s: float = 2.0) -> None:
+        self.store, self.broker = store, broker
+        self.grace_s = grace_s
+
+    def run_once(self, lease: Lease) -> ReconcileResult:
+        if not self.broker.boot_marker_present():
+            return ReconcileResult(True, self._restore_all())
+        pushed = 0
+        pg = self.store.queued_counts()
+        lengths = self.broker.queue_lengths({name for name, _ in pg})
+        for (name, priority), count in pg.items():
+            missing = count - lengths.get((name, priority), 0)
+            if missing <= 0:
+                continue
+            rows = self.store.leader_write(lease, "stale_queued", {
+                "name": name, "priority": priority, "grace_s": self.grace_s,
+                "limit": min(missing, BATCH)}) or []
+            if rows:
+                pushed += self.broker.push_many([(r[0], r[1], r[2]) for r in rows])
+        if pushed:
+            logger.info("re-pushed queued jobs missing from Redis", jobs=pushed)
+        return ReconcileResult(False, pushed)
+
+    def _restore_all(self) -> int:
+        """Redis was flushed or restarted empty: push every queued id, keyset-paged."""
+        marker = str(uuid.uuid4())
+        after: tuple[datetime, str] | None = None
+        pushed = 0
+        while True:
+            rows = self.store.queued_page(after, BATCH)
+            if not rows:
+                break
+            pushed += self.broker.push_many([(r[0], r[1], r[2]) for r in rows])
+            failpoint("coord.mid_reconcile_batch")
+            after = (rows[-1][3], rows[-1][0])
+        self.broker.set_boot_marker(marker)
+        logger.warning("Redis had no boot marker (flushed or restarted): restored queues",
+                       jobs=pushed)
+        return pushed
+
+
+class Gauges:
+    """Queue depth per type and jobs in flight: logged and kept in hivejobs_gauge."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    def run_once(self) -> dict[str, int]:
+        queued: dict[str, int] = {}
+        for (name, _), n in self.store.queued_counts().items():
+            queued[name] = queued.get(name, 0) + n
+        running = self.store.running_counts()
+        names = sorted(set(queued) | set(running))
+        values = [("queued", n, queued.get(n, 0)) for n in names]
+        values += [("running", n, running.get(n, 0)) for n in names]
+        self.store.set_gauges(values)
+        total = {"queued": sum(queued.values()), "running": sum(running.values())}
+        if names:
+            logger.info("queue depth", **total, by_type={n: queued.get(n, 0) for n in names})
+        return total

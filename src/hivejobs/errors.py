@@ -1,0 +1,98 @@
+"""Every error hivejobs raises on purpose: one hierarchy, messages that say what to do.
+
+Nothing here imports the rest of the package, so every layer can raise these.
+"""
+
+from __future__ import annotations
+
+import difflib
+
+
+class HivejobsError(Exception):
+    """Base of every error hivejobs raises on purpose."""
+
+
+class ConfigError(HivejobsError):
+    """A setting is missing, malformed or contradicts another one."""
+
+
+class ConnectionFailed(HivejobsError):
+    """Postgres or Redis did not answer; the message names which and where (redacted)."""
+
+    def __init__(self, service: str, url: str, reason: str) -> None:
+        super().__init__(
+            f"cannot reach {service} at {url}: {reason}; "
+            f"check that it runs and that the URL is right"
+        )
+
+
+class SchemaMissing(HivejobsError):
+    def __init__(self) -> None:
+        super().__init__(
+            "the hivejobs tables do not exist in this database: run `hivejobs migrate`"
+        )
+
+
+class SchemaOutdated(HivejobsError):
+    def __init__(self, found: int, needed: int) -> None:
+        super().__init__(
+            f"schema is at version {found}, hivejobs needs {needed}: run `hivejobs migrate`"
+        )
+
+
+class UnknownJobType(HivejobsError):
+    def __init__(self, name: str, known: list[str]) -> None:
+        close = difflib.get_close_matches(name, known, n=1)
+        hint = f": did you mean {close[0]!r}?" if close else ""
+        listing = ", ".join(sorted(known)) or "none registered"
+        super().__init__(f"unknown job type {name!r}{hint} (known: {listing})")
+        self.name = name
+
+
+class InvalidJobType(HivejobsError):
+    """A job type name or its options are unusable (bad characters, bad delivery/attempts)."""
+
+
+class PayloadInvalid(HivejobsError):
+    def __init__(self, name: str, detail: str) -> None:
+        super().__init__(f"payload for job type {name!r} is invalid: {detail}")
+        self.detail = detail
+
+
+class PayloadTooLarge(HivejobsError):
+    def __init__(self, name: str, size: int, limit: int) -> None:
+        super().__init__(
+            f"payload for job type {name!r} is {size} bytes, over the limit of {limit} bytes; "
+            "store large data elsewhere and pass a reference"
+        )
+
+
+class InvalidArgument(HivejobsError):
+    """An enqueue option (id, priority, delay, run_at, expires_at) is out of range."""
+
+
+class JobIdConflict(HivejobsError):
+    def __init__(self, job_id: str) -> None:
+        super().__init__(
+            f"job id {job_id!r} already exists with a different job type or payload; "
+            "use a new id, or the same payload to get the existing job"
+        )
+        self.job_id = job_id
+
+
+class JobNotFound(HivejobsError):
+    def __init__(self, job_id: str) -> None:
+        super().__init__(f"no job with id {job_id!r}")
+        self.job_id = job_id
+
+
+class JobNotFinished(HivejobsError):
+    def __init__(self, job_id: str, state: str) -> None:
+        super().__init__(f"job {job_id!r} is {state}: only a finished job can be replayed")
+
+
+class Interrupted(Exception):
+    """Raised by a handler that saw ``ctx.stopping``: the attempt is suspended, not failed.
+
+    Not a HivejobsError: it is control flow, like Retry.
+    """

@@ -1,0 +1,48 @@
+"""Failpoints for fault-injection tests: HIVEJOBS_FAILPOINTS="name=action[@n],...".
+
+Read only when HIVEJOBS_TESTING=1, so production code paths never change. Actions: exit
+(os._exit(137)), raise (RuntimeError), sleep:<s>, stop (SIGSTOP self). `@n` fires on the n-th
+hit only (default: the first).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+_lock = threading.Lock()
+_hits: dict[str, int] = {}
+
+
+def _parse() -> dict[str, tuple[str, int]]:
+    if os.environ.get("HIVEJOBS_TESTING") != "1":
+        return {}
+    table = {}
+    for item in filter(None, os.environ.get("HIVEJOBS_FAILPOINTS", "").split(",")):
+        name, _, action = item.partition("=")
+        action, _, nth = action.partition("@")
+        table[name.strip()] = (action.strip(), int(nth) if nth else 1)
+    return table
+
+
+_TABLE = _parse()
+
+
+def failpoint(name: str) -> None:
+    if not _TABLE or name not in _TABLE:
+        return
+    action, nth = _TABLE[name]
+    with _lock:
+        _hits[name] = _hits.get(name, 0) + 1
+        if _hits[name] != nth:
+            return
+    if action == "exit":
+        os._exit(137)
+    if action == "raise":
+        raise RuntimeError(f"failpoint {name}")
+    if action.startswith("sleep:"):
+        time.sleep(float(action.split(":", 1)[1]))
+    if action == "stop":
+        os.kill(os.getpid(), signal.SIGSTOP)

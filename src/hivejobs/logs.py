@@ -1,0 +1,29 @@
+"""loguru sinks per process, bound context, redaction.
+
+Set up after fork (each process owns its sink). Never logs payloads (only sizes) or URL
+passwords (redact_url). Templates are constants; text we did not write goes in fields.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from loguru import logger
+
+_TEXT_FORMAT = (
+    "<green>{time:YYYY-MM-DD HH:mm:ss.SSS}</green> <level>{level: <7}</level> "
+    "<cyan>{extra[process]}</cyan> {message} <dim>{extra}</dim>"
+)
+
+
+def setup_logging(process: str) -> None:
+    """One stderr sink; JSON lines when HIVEJOBS_LOG_FORMAT=json (for log shippers)."""
+    logger.remove()
+    logger.configure(extra={"process": process})
+    level = os.environ.get("HIVEJOBS_LOG_LEVEL", "INFO").upper()
+    if os.environ.get("HIVEJOBS_LOG_FORMAT", "text") == "json":
+        logger.add(sys.stderr, level=level, serialize=True, diagnose=False, backtrace=False)
+    else:
+        logger.add(sys.stderr, level=level, format=_TEXT_FORMAT, diagnose=False,
+                   backtrace=False, colorize=None)

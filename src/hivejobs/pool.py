@@ -1,0 +1,360 @@
+"""Pool process: one job type, `concurrency` runner threads fed by one fetcher.
+
+The fetcher pops as many ids as there are free slots (one BLMPOP), claims them in one UPDATE
+by primary key, and hands the claimed jobs to runner threads; finished attempts go to the
+Completer. One heartbeat per process. Never runs a job it has not claimed in Postgres, and
+never writes the end of a claim without its claim token.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import signal
+import socket
+import threading
+import time
+import traceback
+from dataclasses import dataclass, field
+
+import psycopg
+import redis
+from loguru import logger
+
+from hivejobs.app import App, JobType, Retry
+from hivejobs.broker import Broker
+from hivejobs.completer import Completer
+from hivejobs.config import Settings
+from hivejobs.context import JobContext
+from hivejobs.errors import Interrupted, PayloadInvalid
+from hivejobs.failpoints import failpoint
+from hivejobs.records import ClaimedJob, Completion
+from hivejobs.serialization import encode_result
+from hivejobs.store import Store
+
+EXIT_RECYCLE = 0  # a clean exit the supervisor answers with an immediate restart
+EXIT_RELOAD = 75  # `hivejobs restart`: the supervisor re-execs itself to load new code
+
+
+@dataclass
+class Running:
+    job: ClaimedJob
+    ctx: JobContext
+    started: float = field(default_factory=time.monotonic)
+    abandoned: bool = False  # ended by the watchdog or shutdown; the runner's result is dropped
+
+
+class Pool:
+    def __init__(self, app: App, jt: JobType, worker_id: str, settings: Settings) -> None:
+        self.app = app
+        self.jt = jt
+        self.worker_id = worker_id
+        self.settings = settings
+        self.store = Store(settings.database_url, max_size=3)
+        self.broker = Broker(settings)
+        self.completer = Completer(self.store, self.broker)
+        self.work: queue.SimpleQueue[ClaimedJob | None] = queue.SimpleQueue()
+        self.running: dict[str, Running] = {}
+        self.lock = threading.Condition()
+        self.reserved = 0  # claimed jobs not yet finished (waiting or running)
+        self.stop_acquiring = threading.Event()
+        self.shutting_down = threading.Event()
+        self.recycle_reason: str | None = None
+        self.last_heartbeat_ok = time.monotonic()
+        self.log = logger.bind(pool=jt.name, worker_id=worker_id)
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    def run(self) -> int:
+        self.store.register_worker(self.worker_id, socket.gethostname(), os.getpid(), "pool",
+                                   self.jt.name)
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self._on_stop_signal)
+        self.completer.start()
+        threads = [threading.Thread(target=self._runner, name=f"runner-{i}", daemon=True)
+                   for i in range(self.jt.concurrency)]
+        threads += [
+            threading.Thread(target=self._fetcher, name="fetcher", daemon=True),
+            threading.Thread(target=self._heartbeat, name="heartbeat", daemon=True),
+            threading.Thread(target=self._control, name="control", daemon=True),
+        ]
+        for t in threads:
+            t.start()
+        self.log.info("pool started", concurrency=self.jt.concurrency)
+        while not self.stop_acquiring.wait(0.1):
+            self._watch_timeouts()
+        return self._shutdown()
+
+    def _on_stop_signal(self, signum: int, _frame: object) -> None:
+        # Heroku sends SIGTERM to every process, maybe several times: never escalate (R10).
+        # No logging here: loguru's lock may be held by the interrupted frame.
+        self.stop_acquiring.set()
+
+    def _shutdown(self) -> int:
+        """Let running jobs finish, then suspend what still runs; exit before SIGKILL."""
+        deadline = time.monotonic() + self.settings.shutdown_timeout_s
+        self.shutting_down.set()
+        with self.lock:
+            busy = len(self.running)
+        self.log.info("stopping: finishing running jobs", running=busy,
+                      reason=self.recycle_reason or "signal")
+        soft = deadline - min(self.settings.stop_grace_s, self.settings.shutdown_timeout_s / 2)
+        self._wait_idle(soft, watch=True)
+        with self.lock:
+            for r in self.running.values():
+                r.ctx.stopping.set()
+        self._wait_idle(deadline, watch=False)
+        with self.lock:
+            stragglers = [r for r in self.running.values() if not r.abandoned]
+            for r in stragglers:
+                r.abandoned = True
+        for r in stragglers:
+            self._suspend(r.job, started=True)
+        self._drain_unstarted()
+        failpoint("pool.after_suspend_write_before_exit")
+        self.completer.flush(5.0)
+        try:
+            self.store.deregister_worker(self.worker_id)
+        except psycopg.Error as exc:
+            self.log.warning("could not remove worker row", error=repr(exc))
+        self.log.info("pool stopped", suspended=len(stragglers), reason=self.recycle_reason)
+        return EXIT_RELOAD if self.recycle_reason == "restart requested" else EXIT_RECYCLE
+
+    def _wait_idle(self, until: float, watch: bool) -> None:
+        while time.monotonic() < until:
+            self._drain_unstarted()
+            with self.lock:
+                if not any(not r.abandoned for r in self.running.values()):
+                    return
+                self.lock.wait(0.1)
+            if watch:
+                self._watch_timeouts()
+
+    def _drain_unstarted(self) -> None:
+        """Claimed jobs that never started go back to the queue, attempt uncounted."""
+        while True:
+            try:
+                job = self.work.get_nowait()
+            except queue.Empty:
+                return
+            if job is not None:
+                self._suspend(job, started=False)
+                self._release_slot()
+
+    def _suspend(self, job: ClaimedJob, started: bool) -> None:
+        if started and job.delivery == "at_most_once":
+            # At-most-once and maybe started: fail it, never requeue.
+            self.completer.submit(Completion(id=job.id, claim_token=job.claim_token,
+                                             outcome="failed",
+                                             error="interrupted by shutdown"))
+        else:
+            self.completer.submit(Completion(id=job.id, claim_token=job.claim_token,
+                                             outcome="suspend"))
+
+    # -- fetcher -----------------------------------------------------------------------
+
+    def _fetcher(self) -> None:
+        backoff = 0.05
+        while not self.stop_acquiring.is_set():
+            with self.lock:
+                free = self.jt.concurrency - self.reserved
+                if free <= 0:
+                    self.lock.wait(0.5)
+                    continue
+            if time.monotonic() - self.last_heartbeat_ok > self.settings.stuck_after_s / 2:
+                # We cannot prove we are alive: claims made now could be rescued under us.
+                self.stop_acquiring.wait(0.2)
+                continue
+            try:
+                ids = self.broker.pop(self.jt.name, free)
+                if ids and not self._claim(ids):
+                    continue
+                backoff = 0.05
+            except (redis.RedisError, psycopg.Error) as exc:
+                self.log.warning("fetch failed, retrying", error=repr(exc), retry_in_s=backoff)
+                self.stop_acquiring.wait(backoff)
+                backoff = min(backoff * 2, 2.0)
+
+    def _claim(self, ids: list[str]) -> bool:
+        try:
+            with self.store.connection() as conn:
+                jobs = self.store.claim_queued(ids, self.worker_id, conn)
+        except psycopg.Error:
+            self._release_ambiguous(ids)
+            raise
+        failpoint("pool.after_claim_commit")
+        with self.lock:
+            self.reserved += len(jobs)
+        for job in jobs:
+            self.work.put(job)
+        return True
+
+    def _release_ambiguous(self, ids: list[str]) -> None:
+        """The claim's COMMIT outcome is unknown: put back what we may hold but never ran."""
+        for _ in range(20):
+            try:
+                with self.store.connection() as conn:
+                    rows = conn.execute(
+                        "UPDATE hivejobs_job SET state = 'queued', attempt = attempt - 1, "
+                        "worker_id = NULL, claim_token = NULL, queued_at = now() "
+                        "WHERE id = ANY(%s) AND worker_id = %s AND state = 'running' "
+                        "RETURNING id, name, priority", (ids, self.worker_id)).fetchall()
+                self.broker.push_many([(r[0], r[1], r[2]) for r in rows])
+                return
+            except (psycopg.Error, redis.RedisError):
+                if self.stop_acquiring.wait(0.5):
+                    return
+
+    # -- runners -----------------------------------------------------------------------
+
+    def _runner(self) -> None:
+        while True:
+            job = self.work.get()
+            if job is None:
+                return
+            if self.shutting_down.is_set():
+                self._suspend(job, started=False)
+                self._release_slot()
+                continue
+            self._run_one(job)
+
+    def _run_one(self, job: ClaimedJob) -> None:
+        ctx = JobContext(job, self.app, self.broker)
+        entry = Running(job, ctx)
+        with self.lock:
+            self.running[job.id] = entry
+        completion = self._execute(job, ctx)
+        with self.lock:
+            self.running.pop(job.id, None)
+            abandoned = entry.abandoned
+        if not abandoned:
+            failpoint("pool.before_completion_commit")
+            self.completer.submit(completion)
+        self._release_slot()
+
+    def _release_slot(self) -> None:
+        with self.lock:
+            self.reserved -= 1
+            self.lock.notify_all()
+
+    def _execute(self, job: ClaimedJob, ctx: JobContext) -> Completion:
+        jt, log = self.jt, ctx.logger
+        started = time.monotonic()
+        try:
+            payload = jt.codec.decode(job.payload)
+            assert jt.handler is not None
+            result = jt.handler(ctx, payload)
+            encoded = encode_result(result)
+        except PayloadInvalid as exc:
+            # Schema drift will not fix itself on retry: fail for good, keep the pool alive.
+            log.error("payload does not decode", error=str(exc))
+            return self._ended(job, "failed", str(exc))
+        except Retry as exc:
+            delay = exc.delay if exc.delay is not None else jt.backoff.delay_s(job.attempt)
+            return self._failed(job, ctx, f"Retry: {exc}", delay)
+        except BaseException as exc:  # noqa: BLE001 - any handler error ends this attempt
+            if isinstance(exc, Interrupted | SystemExit) or (
+                    ctx.stopping.is_set() and self.shutting_down.is_set()):
+                if self.shutting_down.is_set():
+                    # A stop is not an attempt, whatever exception the handler raised (R9).
+                    log.info("attempt interrupted by shutdown")
+                    if job.delivery == "at_most_once":
+                        return self._ended(job, "failed", "interrupted by shutdown")
+                    return Completion(id=job.id, claim_token=job.claim_token,
+                                      outcome="suspend")
+            text = "".join(traceback.format_exception(exc))
+            return self._failed(job, ctx, text, jt.backoff.delay_s(job.attempt))
+        elapsed_ms = round((time.monotonic() - started) * 1000, 1)
+        log.debug("attempt succeeded", ms=elapsed_ms)
+        return Completion(id=job.id, claim_token=job.claim_token, outcome="succeeded",
+                          result=encoded)
+
+    def _failed(self, job: ClaimedJob, ctx: JobContext, error: str, delay: float) -> Completion:
+        if ctx.cancelled:
+            return self._ended(job, "cancelled", error)
+        if job.attempt < job.attempts:
+            ctx.logger.warning("attempt failed, retry in {delay_s:.1f}s", delay_s=delay,
+                               error=error.strip().splitlines()[-1][:500])
+            return Completion(id=job.id, claim_token=job.claim_token, outcome="retry",
+                              error=error, retry_delay_s=delay)
+        ctx.logger.error("job failed, no attempts left",
+                         error=error.strip().splitlines()[-1][:500])
+        return self._ended(job, "failed", error)
+
+    def _ended(self, job: ClaimedJob, outcome: str, error: str) -> Completion:
+        return Completion(id=job.id, claim_token=job.claim_token,
+                          outcome=outcome, error=error)  # type: ignore[arg-type]
+
+    # -- timeouts ----------------------------------------------------------------------
+
+    def _watch_timeouts(self) -> None:
+        """rickover's rule: past timeout, ask the job to stop; past timeout + grace, fail the
+        attempt and recycle the process (a Python thread cannot be killed)."""
+        timeout = self.jt.timeout_s
+        if timeout is None:
+            return
+        now = time.monotonic()
+        expired: list[Running] = []
+        with self.lock:
+            for r in self.running.values():
+                age = now - r.started
+                if age > timeout and not r.ctx.stopping.is_set():
+                    r.ctx.stopping.set()
+                if age > timeout + self.settings.timeout_grace_s and not r.abandoned:
+                    r.abandoned = True
+                    expired.append(r)
+        for r in expired:
+            r.ctx.logger.error("attempt timed out; recycling the pool", timeout_s=timeout)
+            completion = self._failed(r.job, r.ctx, f"timed out after {timeout:g}s",
+                                      self.jt.backoff.delay_s(r.job.attempt))
+            self.completer.submit(completion)
+        if expired and not self.stop_acquiring.is_set():
+            self.recycle_reason = "timed out job"
+            self.stop_acquiring.set()
+
+    # -- heartbeat and control ----------------------------------------------------------
+
+    def _heartbeat(self) -> None:
+        while True:
+            try:
+                if not self.store.heartbeat(self.worker_id):
+                    # The coordinator rescued our claims: anything we finish now is fenced.
+                    self.log.error("worker row gone (declared dead): exiting")
+                    os._exit(3)
+                self.last_heartbeat_ok = time.monotonic()
+            except psycopg.Error as exc:
+                self.log.warning("heartbeat failed", error=repr(exc))
+            time.sleep(self.settings.heartbeat_s)
+
+    def _control(self) -> None:
+        while True:
+            try:
+                pubsub = self.broker.redis.pubsub(  # type: ignore[no-untyped-call]
+                    ignore_subscribe_messages=True)
+                pubsub.subscribe(self.broker.control_channel)
+                while True:
+                    msg = pubsub.get_message(timeout=1.0)
+                    if msg is not None:
+                        self._on_control(msg["data"])
+            except redis.RedisError as exc:
+                self.log.debug("control channel lost, resubscribing", error=repr(exc))
+                time.sleep(0.5)
+
+    def _on_control(self, raw: bytes) -> None:
+        msg = self.broker.decode_control(raw)
+        if msg is None:
+            return
+        if msg.action == "cancel" and msg.job_id:
+            with self.lock:
+                r = self.running.get(msg.job_id)
+                if r is not None:
+                    r.ctx.cancelled = True
+                    r.ctx.stopping.set()
+        elif msg.action == "restart" and msg.pool in (None, self.jt.name):
+            self.recycle_reason = "restart requested"
+            self.stop_acquiring.set()
+
+
+def run_pool(app: App, name: str, worker_id: str, settings: Settings) -> int:
+    pool = Pool(app, app.types[name], worker_id, settings)
+    return pool.run()

@@ -1,0 +1,117 @@
+"""msgspec Structs that every layer shares: what a job is, as read from or written to Postgres."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Literal
+
+import msgspec
+
+JobState = Literal[
+    "scheduled", "queued", "running", "succeeded", "failed", "cancelled", "expired"
+]
+TERMINAL_STATES: frozenset[str] = frozenset({"succeeded", "failed", "cancelled", "expired"})
+Delivery = Literal["at_least_once", "at_most_once"]
+# How a claim ended, as the pool reports it to the completer.
+Outcome = Literal["succeeded", "failed", "retry", "cancelled", "suspend"]
+
+PRIORITIES = range(10)  # 0 runs first; the default.
+
+
+class JobTypeInfo(msgspec.Struct, frozen=True, kw_only=True):
+    """A registered job type as the worker fleet declares it in Postgres."""
+
+    name: str
+    concurrency: int
+    processes: int
+    attempts: int
+    delivery: Delivery
+    timeout_s: float | None
+
+
+class NewJob(msgspec.Struct, frozen=True, kw_only=True):
+    """A validated job ready to insert: the payload is already encoded JSON."""
+
+    id: str
+    name: str
+    priority: int
+    attempts: int
+    delivery: Delivery
+    payload: bytes
+    delay_s: float | None
+    run_at: datetime | None
+    expires_at: datetime | None
+
+
+class Inserted(msgspec.Struct, frozen=True):
+    """What an insert returned: id, state, and whether this call created it."""
+
+    id: str
+    name: str
+    state: str
+    priority: int
+    payload: bytes
+    created: bool
+
+
+class ClaimedJob(msgspec.Struct, kw_only=True):
+    id: str
+    name: str
+    attempt: int
+    attempts: int
+    delivery: Delivery
+    payload: bytes
+    claim_token: int
+    priority: int
+
+
+class Completion(msgspec.Struct, frozen=True, kw_only=True):
+    """One finished claim, written by the completer in a group-commit batch."""
+
+    id: str
+    claim_token: int
+    outcome: Outcome
+    error: str | None = None
+    result: bytes | None = None
+    retry_delay_s: float = 0.0
+
+
+class JobInfo(msgspec.Struct, frozen=True, kw_only=True):
+    id: str
+    name: str
+    state: JobState
+    attempt: int
+    attempts: int
+    priority: int
+    delivery: Delivery
+    payload: object
+    created_at: datetime
+    run_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    expires_at: datetime | None
+    error: str | None
+    result: object
+
+
+class TypeCounts(msgspec.Struct, frozen=True, kw_only=True):
+    name: str
+    concurrency: int
+    processes: int
+    queued: int
+    scheduled: int
+    running: int
+    failed_last_hour: int
+    succeeded_last_hour: int
+
+
+class WorkerInfo(msgspec.Struct, frozen=True, kw_only=True):
+    id: str
+    host: str
+    pid: int
+    role: str
+    pool: str | None
+    started_at: datetime
+    heartbeat_at: datetime
+    heartbeat_age_s: float
+    running: int

@@ -1,0 +1,360 @@
+"""Postgres, the store of truth: the only code that speaks SQL.
+
+Every statement lives in queries.sql. Imports nothing of ours but records, errors and config.
+Never decides policy (retries, delivery): callers pass outcomes, this module writes them with
+the guards that keep them safe (state and claim-token fences).
+"""
+
+from __future__ import annotations
+
+import importlib.resources
+import re
+import uuid
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from datetime import datetime, timedelta
+from typing import Any
+
+import psycopg
+from psycopg.rows import class_row, dict_row
+from psycopg_pool import ConnectionPool
+
+from hivejobs.config import redact_url
+from hivejobs.errors import ConnectionFailed
+from hivejobs.records import (
+    ClaimedJob,
+    Completion,
+    Inserted,
+    JobTypeInfo,
+    NewJob,
+    TypeCounts,
+    WorkerInfo,
+)
+from hivejobs.store.migrate import apply_migrations, check_schema
+
+Conn = psycopg.Connection[Any]
+
+
+def _load_queries() -> dict[str, str]:
+    text = (importlib.resources.files("hivejobs.store") / "queries.sql").read_text()
+    blocks = re.split(r"^-- name: (\w+)\n", text, flags=re.MULTILINE)
+    return {name: sql.strip() for name, sql in zip(blocks[1::2], blocks[2::2], strict=True)}
+
+
+QUERIES = _load_queries()
+_COPY_COLUMNS = (
+    "id, name, state, priority, attempts, delivery, payload, run_at, queued_at, expires_at"
+)
+_COPY_TYPES = ["text", "text", "text", "int2", "int4", "text", "bytea",
+               "timestamptz", "timestamptz", "timestamptz"]
+
+
+def connect(url: str, **kwargs: Any) -> Conn:
+    """A plain autocommit connection, with a clear error when the server does not answer."""
+    try:
+        return psycopg.connect(url, autocommit=True, connect_timeout=5, **kwargs)
+    except psycopg.OperationalError as exc:
+        reason = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
+        if "does not exist" in reason and "database" in reason:
+            reason += " (run `hivejobs migrate`, which creates it)"
+        raise ConnectionFailed("Postgres", redact_url(url), reason) from None
+
+
+def create_database_if_missing(url: str) -> bool:
+    """`hivejobs migrate` on a fresh server: create the database named in the URL."""
+    info = psycopg.conninfo.conninfo_to_dict(url)
+    dbname = str(info.get("dbname") or "")
+    if not dbname:
+        return False
+    try:
+        psycopg.connect(url, connect_timeout=5).close()
+        return False
+    except psycopg.OperationalError as exc:
+        if "does not exist" not in str(exc):
+            raise ConnectionFailed("Postgres", redact_url(url), str(exc).strip()) from None
+    maintenance = psycopg.conninfo.make_conninfo(url, dbname="postgres")
+    with connect(maintenance) as conn:
+        conn.execute(f'CREATE DATABASE "{dbname.replace(chr(34), "")}"')
+    return True
+
+
+class Store:
+    """A connection pool plus one method per statement."""
+
+    def __init__(self, url: str, max_size: int = 4, min_size: int = 1) -> None:
+        self.url = url
+        connect(url).close()  # fail fast with a clear message
+        self._pool: ConnectionPool[Conn] = ConnectionPool(
+            url,
+            min_size=min_size,
+            max_size=max_size,
+            kwargs={"autocommit": True, "connect_timeout": 5},
+            open=True,
+            name="hivejobs",
+        )
+
+    def close(self) -> None:
+        self._pool.close()
+
+    @contextmanager
+    def connection(self) -> Iterator[Conn]:
+        with self._pool.connection() as conn:
+            yield conn
+
+    # -- schema ------------------------------------------------------------------------
+
+    def migrate(self) -> list[str]:
+        with self.connection() as conn:
+            return apply_migrations(conn)
+
+    def check_schema(self) -> None:
+        with self.connection() as conn:
+            check_schema(conn)
+
+    def now(self) -> datetime:
+        with self.connection() as conn:
+            return conn.execute("SELECT now()").fetchone()[0]  # type: ignore[index,no-any-return]
+
+    # -- enqueue -----------------------------------------------------------------------
+
+    def insert_job(self, job: NewJob, conn: Conn | None = None,
+                   explicit_id: bool = True) -> Inserted:
+        """Insert unless the id exists; `created` tells which. In `conn`'s transaction if given.
+
+        A generated id cannot exist yet, so it costs one statement. A caller's id may name a
+        finished job: that counts as existing (a finished job is never re-run by re-enqueueing
+        its id). The archive check runs after the insert, in a new snapshot, so a completion
+        that moved the id to the archive meanwhile is seen.
+        """
+        if conn is not None:
+            with conn.transaction():  # a savepoint when the caller's transaction is open
+                return self._insert_checked(conn, job)
+        with self.connection() as own:
+            if not explicit_id:
+                row = own.execute(QUERIES["insert_job"], _insert_params(job)).fetchone()
+                if row is not None:
+                    return Inserted(row[0], row[1], row[2], row[3], job.payload, True)
+            with own.transaction():
+                return self._insert_checked(own, job)
+
+    def _insert_checked(self, conn: Conn, job: NewJob) -> Inserted:
+        row = conn.execute(QUERIES["insert_job"], _insert_params(job)).fetchone()
+        if row is not None:
+            archived = conn.execute(QUERIES["archived_exists"], {"id": job.id}).fetchone()
+            if archived is None:
+                return Inserted(row[0], row[1], row[2], row[3], job.payload, True)
+            conn.execute(QUERIES["delete_live"], {"id": job.id})
+            return Inserted(job.id, archived[0], "archived", job.priority,
+                            bytes(archived[1]), False)
+        existing = conn.execute(QUERIES["find_existing"], {"id": job.id}).fetchone()
+        if existing is None:  # finished and pruned between the two statements
+            return Inserted(job.id, job.name, "gone", job.priority, b"", False)
+        return Inserted(job.id, existing[0], existing[2], job.priority, bytes(existing[1]), False)
+
+    def insert_many(self, jobs: Sequence[NewJob]) -> datetime:
+        """COPY fresh jobs (generated ids, so no conflicts) in one transaction."""
+        with self.connection() as conn, conn.transaction():
+            now: datetime = conn.execute("SELECT now()").fetchone()[0]  # type: ignore[index]
+            with conn.cursor().copy(f"COPY hivejobs_job ({_COPY_COLUMNS}) FROM STDIN "
+                                    "(FORMAT BINARY)") as copy:
+                copy.set_types(_COPY_TYPES)
+                for job in jobs:
+                    delay = job.delay_s or 0.0
+                    run_at = job.run_at or now + timedelta(seconds=delay)
+                    waiting = run_at > now
+                    copy.write_row((
+                        job.id, job.name, "scheduled" if waiting else "queued", job.priority,
+                        job.attempts, job.delivery, job.payload, run_at,
+                        None if waiting else now, job.expires_at,
+                    ))
+            return now
+
+    # -- claim and finish --------------------------------------------------------------
+
+    def claim_queued(self, ids: list[str], worker_id: str, conn: Conn) -> list[ClaimedJob]:
+        """Claim by primary key: Postgres never scans a queue under contention."""
+        cur = conn.cursor(row_factory=class_row(ClaimedJob))
+        params = {"ids": ids, "worker_id": worker_id}
+        return cur.execute(QUERIES["claim_queued"], params).fetchall()
+
+    def finish(self, done: Sequence[Completion], conn: Conn) -> tuple[int, list[tuple[Any, ...]]]:
+        """Write one batch of finished claims in one transaction (group commit).
+
+        Returns how many rows the fences let through, and the (id, name, priority, state) of
+        jobs put back in the queue, whose ids the caller pushes to Redis.
+        """
+        archive = [c for c in done if c.outcome in ("succeeded", "failed", "cancelled")]
+        requeue = [c for c in done if c.outcome in ("retry", "suspend")]
+        written = 0
+        requeued: list[tuple[Any, ...]] = []
+        with conn.transaction():
+            if archive:
+                rows = conn.execute(QUERIES["archive_finished_if_running"], {
+                    "ids": [c.id for c in archive],
+                    "tokens": [c.claim_token for c in archive],
+                    "states": [c.outcome for c in archive],
+                    "errors": [c.error for c in archive],
+                    "results": [c.result for c in archive],
+                }).fetchall()
+                written += len(rows)
+            if requeue:
+                requeued = conn.execute(QUERIES["requeue_if_running"], {
+                    "ids": [c.id for c in requeue],
+                    "tokens": [c.claim_token for c in requeue],
+                    "delays": [c.retry_delay_s for c in requeue],
+                    "uncounts": [1 if c.outcome == "suspend" else 0 for c in requeue],
+                    "errors": [c.error for c in requeue],
+                }).fetchall()
+                written += len(requeued)
+        return written, requeued
+
+    def rescue_workers(
+        self, worker_ids: list[str], poison_after: int, lease: tuple[str, int] | None = None
+    ) -> tuple[list[tuple[Any, ...]], int]:
+        """Release the claims of dead processes: requeue (attempt counted) or fail.
+
+        With `lease` (holder, term) the write happens only while that term holds (R7).
+        """
+        params = {"worker_ids": worker_ids, "poison_after": poison_after}
+        with self.connection() as conn, conn.transaction():
+            if lease is not None and not self._hold_lease(conn, lease):
+                return [], -1
+            requeued = conn.execute(QUERIES["rescue_requeue"], params).fetchall()
+            failed = conn.execute(QUERIES["rescue_fail"], params).fetchall()
+            conn.execute(QUERIES["delete_workers"], {"worker_ids": worker_ids})
+        return requeued, len(failed)
+
+    # -- reads and user actions ----------------------------------------------------------
+
+    def get_row(self, job_id: str) -> dict[str, Any] | None:
+        with self.connection() as conn:
+            cur = conn.cursor(row_factory=dict_row)
+            row = cur.execute(QUERIES["get_live"], {"id": job_id}).fetchone()
+            if row is None:
+                row = cur.execute(QUERIES["get_archived"], {"id": job_id}).fetchone()
+            return row
+
+    def cancel(self, job_id: str) -> str | None:
+        """'cancelled', 'requested' (it runs: its pool is told), or None (not live)."""
+        with self.connection() as conn, conn.transaction():
+            if conn.execute(QUERIES["cancel_waiting"], {"id": job_id}).fetchone():
+                return "cancelled"
+            if conn.execute(QUERIES["request_cancel_running"], {"id": job_id}).fetchone():
+                return "requested"
+        return None
+
+    def upsert_job_types(self, types: Sequence[JobTypeInfo]) -> None:
+        with self.connection() as conn, conn.transaction():
+            for t in types:
+                conn.execute(QUERIES["upsert_job_type"], {
+                    "name": t.name, "concurrency": t.concurrency, "processes": t.processes,
+                    "attempts": t.attempts, "delivery": t.delivery, "timeout_s": t.timeout_s,
+                })
+
+    def job_types(self) -> list[JobTypeInfo]:
+        with self.connection() as conn:
+            cur = conn.cursor(row_factory=class_row(JobTypeInfo))
+            return cur.execute(QUERIES["list_job_types"]).fetchall()
+
+    def type_counts(self) -> list[TypeCounts]:
+        with self.connection() as conn:
+            cur = conn.cursor(row_factory=class_row(TypeCounts))
+            return cur.execute(QUERIES["type_counts"]).fetchall()
+
+    def queued_counts(self) -> dict[tuple[str, int], int]:
+        with self.connection() as conn:
+            rows = conn.execute(QUERIES["queued_counts"]).fetchall()
+        return {(r[0], r[1]): r[2] for r in rows}
+
+    def running_counts(self) -> dict[str, int]:
+        with self.connection() as conn:
+            return dict(conn.execute(QUERIES["running_counts"]).fetchall())
+
+    # -- workers -----------------------------------------------------------------------
+
+    def register_worker(self, worker_id: str, host: str, pid: int, role: str,
+                        pool: str | None) -> None:
+        with self.connection() as conn:
+            conn.execute(QUERIES["register_worker"], {
+                "id": worker_id, "host": host, "pid": pid, "role": role, "pool": pool})
+
+    def heartbeat(self, worker_id: str) -> bool:
+        with self.connection() as conn:
+            return conn.execute(QUERIES["heartbeat"], {"id": worker_id}).fetchone() is not None
+
+    def deregister_worker(self, worker_id: str) -> None:
+        with self.connection() as conn:
+            conn.execute(QUERIES["deregister_worker"], {"id": worker_id})
+
+    def workers(self) -> list[WorkerInfo]:
+        with self.connection() as conn:
+            cur = conn.cursor(row_factory=class_row(WorkerInfo))
+            return cur.execute(QUERIES["list_workers"]).fetchall()
+
+    def find_dead_workers(self, stuck_after_s: float) -> list[str]:
+        with self.connection() as conn:
+            rows = conn.execute(QUERIES["find_dead_workers"],
+                                {"stuck_after_s": stuck_after_s}).fetchall()
+        return [r[0] for r in rows]
+
+    # -- coordinator -------------------------------------------------------------------
+
+    def lease_acquire(self, holder: str, ttl_s: float) -> int | None:
+        """The term when we hold the lease after this call, else None."""
+        with self.connection() as conn:
+            row = conn.execute(QUERIES["lease_acquire"],
+                               {"holder": holder, "ttl_s": ttl_s}).fetchone()
+        return None if row is None else int(row[0])
+
+    def lease_resign(self, holder: str) -> None:
+        with self.connection() as conn:
+            conn.execute(QUERIES["lease_resign"], {"holder": holder})
+            conn.execute("NOTIFY hivejobs_leader")
+
+    def lease_read(self) -> tuple[str | None, int, bool] | None:
+        with self.connection() as conn:
+            row = conn.execute(QUERIES["lease_read"]).fetchone()
+        return None if row is None else (row[0], int(row[1]), bool(row[2]))
+
+    def _hold_lease(self, conn: Conn, lease: tuple[str, int]) -> bool:
+        params = {"holder": lease[0], "term": lease[1]}
+        return conn.execute(QUERIES["lease_hold"], params).fetchone() is not None
+
+    def leader_write(self, lease: tuple[str, int], query: str,
+                     params: dict[str, Any]) -> list[tuple[Any, ...]] | None:
+        """Run one coordinator statement only while `lease` holds; None when it does not."""
+        with self.connection() as conn, conn.transaction():
+            if not self._hold_lease(conn, lease):
+                return None
+            return conn.execute(QUERIES[query], params).fetchall()
+
+    def queued_page(self, after: tuple[datetime, str] | None,
+                    limit: int) -> list[tuple[Any, ...]]:
+        after_at, after_id = after or (datetime(1970, 1, 1).astimezone(), "")
+        with self.connection() as conn:
+            return conn.execute(QUERIES["queued_page"], {
+                "after_at": after_at, "after_id": after_id, "limit": limit}).fetchall()
+
+    def set_gauges(self, values: Sequence[tuple[str, str, int]]) -> None:
+        with self.connection() as conn, conn.transaction():
+            for name, queue, value in values:
+                conn.execute(QUERIES["set_gauge"], {"name": name, "queue": queue,
+                                                    "value": value})
+
+    def prune_archive(self, retention_s: float) -> int:
+        with self.connection() as conn:
+            cur = conn.execute(QUERIES["prune_archive"], {"retention_s": retention_s})
+            return cur.rowcount
+
+
+def _insert_params(job: NewJob) -> dict[str, Any]:
+    return {
+        "id": job.id, "name": job.name, "priority": job.priority, "attempts": job.attempts,
+        "delivery": job.delivery, "payload": job.payload, "run_at": job.run_at,
+        "delay_s": job.delay_s, "expires_at": job.expires_at,
+    }
+
+
+def new_worker_id() -> str:
+    """A fresh identity for every process start (R4)."""
+    return str(uuid.uuid4())

@@ -1,0 +1,68 @@
+"""Apply the packaged migrations in order, one transaction each, under an advisory lock.
+
+Never edits a shipped migration: a schema change is a new numbered file.
+"""
+
+from __future__ import annotations
+
+import importlib.resources
+
+import psycopg
+
+from hivejobs.errors import SchemaMissing, SchemaOutdated
+
+_LOCK_KEY = 0x48495645  # "HIVE": serialises concurrent `hivejobs migrate` runs.
+
+
+def migration_files() -> list[tuple[int, str, str]]:
+    """(version, file name, sql) for every packaged migration, in order."""
+    folder = importlib.resources.files("hivejobs.store") / "migrations"
+    found = []
+    for entry in folder.iterdir():
+        if entry.name.endswith(".sql"):
+            found.append((int(entry.name.split("_", 1)[0]), entry.name, entry.read_text()))
+    return sorted(found)
+
+
+def latest_version() -> int:
+    return migration_files()[-1][0]
+
+
+def apply_migrations(conn: psycopg.Connection[object]) -> list[str]:
+    """Apply what is pending; return the file names applied (empty when up to date)."""
+    conn.autocommit = True
+    conn.execute("SELECT pg_advisory_lock(%s)", (_LOCK_KEY,))
+    try:
+        conn.execute(
+            "CREATE TABLE IF NOT EXISTS hivejobs_schema_version ("
+            " version integer PRIMARY KEY, name text NOT NULL,"
+            " applied_at timestamptz NOT NULL DEFAULT now())"
+        )
+        row = conn.execute("SELECT coalesce(max(version), 0) FROM hivejobs_schema_version")
+        current = row.fetchone()[0]  # type: ignore[index]
+        applied = []
+        for version, name, sql in migration_files():
+            if version <= current:
+                continue
+            with conn.transaction():
+                conn.execute(sql.encode())
+                conn.execute(
+                    "INSERT INTO hivejobs_schema_version (version, name) VALUES (%s, %s)",
+                    (version, name),
+                )
+            applied.append(name)
+        return applied
+    finally:
+        conn.execute("SELECT pg_advisory_unlock(%s)", (_LOCK_KEY,))
+
+
+def check_schema(conn: psycopg.Connection[object]) -> None:
+    """Raise a clear error telling the user to migrate when the schema is missing or old."""
+    row = conn.execute("SELECT to_regclass('hivejobs_schema_version') IS NOT NULL").fetchone()
+    if not row or not row[0]:  # type: ignore[index]
+        raise SchemaMissing()
+    found = conn.execute("SELECT coalesce(max(version), 0) FROM hivejobs_schema_version")
+    version: int = found.fetchone()[0]  # type: ignore[index]
+    needed = latest_version()
+    if version < needed:
+        raise SchemaOutdated(version, needed)

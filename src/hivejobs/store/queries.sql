@@ -1,0 +1,290 @@
+-- name: insert_job
+-- The run time is computed on the database clock (R5). ON CONFLICT leaves an existing id alone:
+-- the caller compares payloads to tell an idempotent retry from a conflict.
+WITH v AS (
+    SELECT coalesce(%(run_at)s::timestamptz,
+                    now() + %(delay_s)s::float8 * interval '1 second',
+                    now()) AS run_at
+)
+INSERT INTO hivejobs_job (id, name, state, priority, attempts, delivery, payload,
+                          run_at, queued_at, expires_at)
+SELECT %(id)s, %(name)s,
+       CASE WHEN v.run_at > now() THEN 'scheduled' ELSE 'queued' END,
+       %(priority)s, %(attempts)s, %(delivery)s, %(payload)s,
+       v.run_at, CASE WHEN v.run_at > now() THEN NULL ELSE now() END, %(expires_at)s
+  FROM v
+ON CONFLICT (id) DO NOTHING
+RETURNING id, name, state, priority;
+
+-- name: find_existing
+-- After a conflicting insert: the job with that id, live or finished.
+SELECT name, payload, 'live' AS place FROM hivejobs_job WHERE id = %(id)s
+UNION ALL
+SELECT name, payload, 'archive' AS place FROM hivejobs_archive WHERE id = %(id)s;
+
+-- name: archived_exists
+SELECT name, payload FROM hivejobs_archive WHERE id = %(id)s;
+
+-- name: delete_live
+DELETE FROM hivejobs_job WHERE id = %(id)s;
+
+-- name: claim_queued
+-- Claim by primary key: Postgres never scans a queue under contention. Ids no longer queued
+-- (claimed, cancelled, archived) are skipped. The attempt is counted here, in the claim (R2).
+UPDATE hivejobs_job
+   SET state = 'running', attempt = attempt + 1, worker_id = %(worker_id)s,
+       claim_token = nextval('hivejobs_claim_seq'), started_at = now()
+ WHERE id = ANY(%(ids)s) AND state = 'queued'
+   AND (expires_at IS NULL OR expires_at > now())
+RETURNING id, name, attempt, attempts, delivery, payload, claim_token, priority;
+
+-- name: archive_finished_if_running
+-- Fenced by claim token (R3): a late write from a rescued or timed-out claim changes nothing.
+WITH c AS (
+    SELECT * FROM unnest(%(ids)s::text[], %(tokens)s::bigint[], %(states)s::text[],
+                         %(errors)s::text[], %(results)s::bytea[])
+           AS c(id, token, final_state, final_error, final_result)
+), done AS (
+    DELETE FROM hivejobs_job j USING c
+     WHERE j.id = c.id AND j.state = 'running' AND j.claim_token = c.token
+    RETURNING j.*, c.final_state, c.final_error, c.final_result
+)
+INSERT INTO hivejobs_archive (id, name, state, priority, attempt, attempts, delivery, payload,
+                              created_at, run_at, started_at, finished_at, expires_at, error,
+                              result, claim_token)
+SELECT id, name,
+       CASE WHEN cancel_requested AND final_state <> 'succeeded' THEN 'cancelled'
+            ELSE final_state END,
+       priority, attempt, attempts, delivery, payload, created_at, run_at, started_at, now(),
+       expires_at, coalesce(final_error, error), final_result, claim_token
+  FROM done
+RETURNING id;
+
+-- name: requeue_if_running
+-- Retry (attempt stays counted) or suspension (uncount = 1: a graceful stop is not an
+-- attempt, R9). Fenced by claim token. Queued rows come back so the caller pushes their ids.
+UPDATE hivejobs_job j
+   SET state = CASE WHEN c.delay > 0 THEN 'scheduled' ELSE 'queued' END,
+       run_at = now() + c.delay * interval '1 second',
+       queued_at = CASE WHEN c.delay > 0 THEN NULL ELSE now() END,
+       attempt = j.attempt - c.uncount,
+       error = coalesce(c.error, j.error),
+       worker_id = NULL, claim_token = NULL
+  FROM unnest(%(ids)s::text[], %(tokens)s::bigint[], %(delays)s::float8[],
+              %(uncounts)s::int[], %(errors)s::text[]) AS c(id, token, delay, uncount, error)
+ WHERE j.id = c.id AND j.state = 'running' AND j.claim_token = c.token
+RETURNING j.id, j.name, j.priority, j.state;
+
+-- name: rescue_requeue
+-- Claims of dead processes: at-least-once jobs with attempts left and under the poison-pill
+-- limit go back to the queue with the attempt counted (R2); the rest are failed below.
+UPDATE hivejobs_job
+   SET state = 'queued', queued_at = now(), lost = lost + 1, worker_id = NULL,
+       claim_token = NULL, error = 'worker lost'
+ WHERE worker_id = ANY(%(worker_ids)s::uuid[]) AND state = 'running'
+   AND delivery = 'at_least_once' AND attempt < attempts AND lost + 1 < %(poison_after)s
+   AND NOT cancel_requested
+RETURNING id, name, priority;
+
+-- name: rescue_fail
+-- At-most-once and maybe started: fail it, never requeue.
+WITH done AS (
+    DELETE FROM hivejobs_job
+     WHERE worker_id = ANY(%(worker_ids)s::uuid[]) AND state = 'running'
+    RETURNING *
+)
+INSERT INTO hivejobs_archive (id, name, state, priority, attempt, attempts, delivery, payload,
+                              created_at, run_at, started_at, finished_at, expires_at, error,
+                              claim_token)
+SELECT id, name, CASE WHEN cancel_requested THEN 'cancelled' ELSE 'failed' END,
+       priority, attempt, attempts, delivery, payload, created_at, run_at, started_at, now(),
+       expires_at,
+       CASE WHEN delivery = 'at_least_once' AND lost + 1 >= %(poison_after)s
+            THEN 'worker lost (poison pill: its process died ' || (lost + 1) || ' times)'
+            ELSE 'worker lost' END,
+       claim_token
+  FROM done
+RETURNING id;
+
+-- name: cancel_waiting
+WITH done AS (
+    DELETE FROM hivejobs_job WHERE id = %(id)s AND state IN ('queued', 'scheduled')
+    RETURNING *
+)
+INSERT INTO hivejobs_archive (id, name, state, priority, attempt, attempts, delivery, payload,
+                              created_at, run_at, started_at, finished_at, expires_at, error)
+SELECT id, name, 'cancelled', priority, attempt, attempts, delivery, payload, created_at,
+       run_at, started_at, now(), expires_at, error
+  FROM done
+RETURNING id;
+
+-- name: request_cancel_running
+UPDATE hivejobs_job SET cancel_requested = true
+ WHERE id = %(id)s AND state = 'running'
+RETURNING id;
+
+-- name: get_live
+SELECT id, name, state, attempt, attempts, priority, delivery, payload, created_at, run_at,
+       started_at, NULL::timestamptz AS finished_at, expires_at, error, NULL::bytea AS result
+  FROM hivejobs_job WHERE id = %(id)s;
+
+-- name: get_archived
+SELECT id, name, state, attempt, attempts, priority, delivery, payload, created_at, run_at,
+       started_at, finished_at, expires_at, error, result
+  FROM hivejobs_archive WHERE id = %(id)s;
+
+-- name: upsert_job_type
+INSERT INTO hivejobs_job_type (name, concurrency, processes, attempts, delivery, timeout_s)
+VALUES (%(name)s, %(concurrency)s, %(processes)s, %(attempts)s, %(delivery)s, %(timeout_s)s)
+ON CONFLICT (name) DO UPDATE
+   SET concurrency = EXCLUDED.concurrency, processes = EXCLUDED.processes,
+       attempts = EXCLUDED.attempts, delivery = EXCLUDED.delivery,
+       timeout_s = EXCLUDED.timeout_s, updated_at = now();
+
+-- name: list_job_types
+SELECT name, concurrency, processes, attempts, delivery, timeout_s
+  FROM hivejobs_job_type ORDER BY name;
+
+-- name: type_counts
+WITH live AS (
+    SELECT name,
+           count(*) FILTER (WHERE state = 'queued') AS queued,
+           count(*) FILTER (WHERE state = 'scheduled') AS scheduled,
+           count(*) FILTER (WHERE state = 'running') AS running
+      FROM hivejobs_job GROUP BY name
+), recent AS (
+    SELECT name,
+           count(*) FILTER (WHERE state = 'failed') AS failed,
+           count(*) FILTER (WHERE state = 'succeeded') AS succeeded
+      FROM hivejobs_archive WHERE finished_at > now() - interval '1 hour' GROUP BY name
+), names AS (
+    SELECT name FROM hivejobs_job_type UNION SELECT name FROM live
+)
+SELECT n.name, coalesce(t.concurrency, 0) AS concurrency, coalesce(t.processes, 0) AS processes,
+       coalesce(l.queued, 0) AS queued, coalesce(l.scheduled, 0) AS scheduled,
+       coalesce(l.running, 0) AS running, coalesce(r.failed, 0) AS failed_last_hour,
+       coalesce(r.succeeded, 0) AS succeeded_last_hour
+  FROM names n
+  LEFT JOIN hivejobs_job_type t USING (name)
+  LEFT JOIN live l USING (name)
+  LEFT JOIN recent r USING (name)
+ ORDER BY n.name;
+
+-- name: register_worker
+INSERT INTO hivejobs_worker (id, host, pid, role, pool) VALUES (%(id)s, %(host)s, %(pid)s,
+       %(role)s, %(pool)s);
+
+-- name: heartbeat
+-- No row back means the coordinator declared this process dead: it must stop.
+UPDATE hivejobs_worker SET heartbeat_at = now() WHERE id = %(id)s RETURNING id;
+
+-- name: deregister_worker
+DELETE FROM hivejobs_worker WHERE id = %(id)s;
+
+-- name: list_workers
+SELECT w.id::text AS id, w.host, w.pid, w.role, w.pool, w.started_at, w.heartbeat_at,
+       extract(epoch FROM now() - w.heartbeat_at)::float8 AS heartbeat_age_s,
+       (SELECT count(*) FROM hivejobs_job j
+         WHERE j.worker_id = w.id AND j.state = 'running')::int AS running
+  FROM hivejobs_worker w ORDER BY w.role, w.pool, w.started_at;
+
+-- name: find_dead_workers
+-- Heartbeats judged on the database clock (R5). A running job whose worker row is missing is
+-- orphaned too (R4).
+SELECT id::text FROM hivejobs_worker WHERE heartbeat_at < now() - %(stuck_after_s)s * interval '1 second'
+UNION
+SELECT DISTINCT worker_id::text FROM hivejobs_job j
+ WHERE state = 'running'
+   AND NOT EXISTS (SELECT 1 FROM hivejobs_worker w WHERE w.id = j.worker_id);
+
+-- name: delete_workers
+DELETE FROM hivejobs_worker WHERE id = ANY(%(worker_ids)s::uuid[]);
+
+-- name: queued_page
+-- Keyset page over the queued index, oldest first: a full restore never scans the table.
+SELECT id, name, priority, queued_at FROM hivejobs_job
+ WHERE state = 'queued' AND (queued_at, id) > (%(after_at)s, %(after_id)s)
+ ORDER BY queued_at, id LIMIT %(limit)s;
+
+-- name: queued_counts
+SELECT name, priority, count(*) AS n FROM hivejobs_job WHERE state = 'queued'
+ GROUP BY name, priority;
+
+-- name: lease_acquire
+-- Take the lease when free or expired, renew it when ours; the term grows on every change of
+-- holder, and every coordinator write checks it (R7).
+INSERT INTO hivejobs_leader (name, holder, term, acquired_at, expires_at)
+VALUES ('coordinator', %(holder)s, 1, now(), now() + %(ttl_s)s * interval '1 second')
+ON CONFLICT (name) DO UPDATE
+   SET holder = EXCLUDED.holder,
+       term = CASE WHEN hivejobs_leader.holder = EXCLUDED.holder THEN hivejobs_leader.term
+                   ELSE hivejobs_leader.term + 1 END,
+       acquired_at = CASE WHEN hivejobs_leader.holder = EXCLUDED.holder
+                          THEN hivejobs_leader.acquired_at ELSE now() END,
+       expires_at = EXCLUDED.expires_at
+ WHERE hivejobs_leader.holder = EXCLUDED.holder
+    OR hivejobs_leader.holder IS NULL
+    OR hivejobs_leader.expires_at < now()
+RETURNING term;
+
+-- name: lease_resign
+UPDATE hivejobs_leader SET holder = NULL, expires_at = now()
+ WHERE name = 'coordinator' AND holder = %(holder)s;
+
+-- name: lease_read
+SELECT holder::text, term, expires_at > now() AS valid FROM hivejobs_leader
+ WHERE name = 'coordinator';
+
+-- name: lease_hold
+-- First statement of every coordinator transaction: FOR SHARE makes a takeover wait until this
+-- transaction ends, so no write of an old term lands after a new term began (I7).
+SELECT term FROM hivejobs_leader
+ WHERE name = 'coordinator' AND holder = %(holder)s AND term = %(term)s AND expires_at > now()
+   FOR SHARE;
+
+-- name: promote_due
+UPDATE hivejobs_job SET state = 'queued', queued_at = now()
+ WHERE id IN (SELECT id FROM hivejobs_job
+               WHERE state = 'scheduled' AND run_at <= now()
+               ORDER BY run_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED)
+RETURNING id, name, priority;
+
+-- name: end_waiting_jobs
+-- Jobs that can no longer start: past expires_at (expired), or cancelled while a retry waited.
+WITH done AS (
+    DELETE FROM hivejobs_job
+     WHERE id IN (SELECT id FROM hivejobs_job
+                   WHERE state IN ('queued', 'scheduled')
+                     AND (expires_at <= now() OR cancel_requested)
+                   LIMIT %(limit)s FOR UPDATE SKIP LOCKED)
+    RETURNING *
+)
+INSERT INTO hivejobs_archive (id, name, state, priority, attempt, attempts, delivery, payload,
+                              created_at, run_at, started_at, finished_at, expires_at, error)
+SELECT id, name, CASE WHEN cancel_requested THEN 'cancelled' ELSE 'expired' END, priority,
+       attempt, attempts, delivery, payload, created_at, run_at, started_at, now(), expires_at,
+       error
+  FROM done
+RETURNING id;
+
+-- name: stale_queued
+-- Queued longer than the grace: re-pushed oldest first when Redis holds fewer ids than Postgres.
+UPDATE hivejobs_job SET queued_at = now()
+ WHERE id IN (SELECT id FROM hivejobs_job
+               WHERE state = 'queued' AND name = %(name)s AND priority = %(priority)s
+                 AND queued_at < now() - %(grace_s)s * interval '1 second'
+               ORDER BY queued_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED)
+RETURNING id, name, priority;
+
+-- name: prune_archive
+DELETE FROM hivejobs_archive
+ WHERE id IN (SELECT id FROM hivejobs_archive
+               WHERE finished_at < now() - %(retention_s)s * interval '1 second'
+               LIMIT 10000);
+
+-- name: set_gauge
+INSERT INTO hivejobs_gauge (name, queue, value) VALUES (%(name)s, %(queue)s, %(value)s)
+ON CONFLICT (name, queue) DO UPDATE SET value = EXCLUDED.value, measured_at = now();
+
+-- name: running_counts
+SELECT name, count(*) AS n FROM hivejobs_job WHERE state = 'running' GROUP BY name;

@@ -1,0 +1,269 @@
+"""`hivejobs run MODULE:APP`: fork one process per pool (and one coordinator), restart crashed
+children with backoff, and shut down on SIGTERM without losing work.
+
+Holds no Postgres or Redis connection while it forks (children open their own). When a child
+dies abnormally its claims are released at once (R8): at-least-once jobs requeued with the
+attempt counted, at-most-once jobs failed "worker lost".
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+import select
+import signal
+import sys
+import time
+from dataclasses import dataclass
+
+import psycopg
+import redis
+from loguru import logger
+from setproctitle import setproctitle
+
+from hivejobs.app import App
+from hivejobs.broker import Broker
+from hivejobs.config import Settings
+from hivejobs.logs import setup_logging
+from hivejobs.store import Store, new_worker_id
+
+PR_SET_PDEATHSIG = 1
+EXIT_RELOAD = 75  # a pool asked for a reload (`hivejobs restart`): re-exec for new code
+RESTART_BACKOFF_MAX_S = 30.0
+
+
+@dataclass
+class Child:
+    role: str  # "pool" or "coordinator"
+    pool: str | None
+    slot: int
+    pid: int = 0
+    worker_id: str = ""
+    started: float = 0.0
+    crashes: int = 0
+    restart_at: float | None = None
+
+    @property
+    def title(self) -> str:
+        return f"pool {self.pool}#{self.slot}" if self.role == "pool" else "coordinator"
+
+
+class Supervisor:
+    def __init__(self, app: App, app_spec: str, settings: Settings,
+                 coordinator: bool = True) -> None:
+        self.app = app
+        self.app_spec = app_spec
+        self.settings = settings
+        self.children: list[Child] = []
+        for jt in app.types.values():
+            self.children += [Child("pool", jt.name, i) for i in range(jt.processes)]
+        if coordinator:
+            self.children.append(Child("coordinator", None, 0))
+        self.stopping = False
+        self.reload = False
+        self._wake_r, self._wake_w = os.pipe()
+
+    def run(self) -> int:
+        setup_logging("supervisor")
+        setproctitle(f"hivejobs supervisor {self.app_spec}")
+        store = Store(self.settings.database_url, max_size=1)
+        try:
+            store.check_schema()
+            store.upsert_job_types([jt.info() for jt in self.app.types.values()])
+        finally:
+            store.close()
+        if not self.app.types:
+            logger.warning("no job types registered in the app: only the coordinator runs")
+        os.set_blocking(self._wake_w, False)
+        signal.set_wakeup_fd(self._wake_w)
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD):
+            signal.signal(sig, self._on_signal)
+        logger.info("supervisor started", app=self.app_spec,
+                    pools={jt.name: jt.processes for jt in self.app.types.values()})
+        for child in self.children:
+            self._spawn(child)
+        while not self.stopping:
+            self._reap()
+            self._restart_due()
+            if self.reload:
+                break
+            self._sleep(self._next_wakeup())
+        code = self._shutdown()
+        if self.reload and not self.stopping:
+            # New code and new job types need a fresh interpreter: re-exec ourselves.
+            logger.info("reloading: re-executing the supervisor")
+            os.execv(sys.executable, [sys.executable, "-m", "hivejobs", *sys.argv[1:]])
+        return code
+
+    # -- signals -------------------------------------------------------------------------
+
+    def _on_signal(self, signum: int, _frame: object) -> None:
+        if signum in (signal.SIGTERM, signal.SIGINT):
+            self.stopping = True  # a repeated TERM changes nothing (R10)
+        elif signum == signal.SIGHUP:
+            self.reload = True
+
+    def _sleep(self, timeout: float) -> None:
+        try:
+            ready, _, _ = select.select([self._wake_r], [], [], max(0.0, timeout))
+            if ready:
+                os.read(self._wake_r, 4096)
+        except InterruptedError:
+            pass
+
+    def _next_wakeup(self) -> float:
+        due = [c.restart_at for c in self.children if c.restart_at is not None]
+        return min([1.0] + [d - time.monotonic() for d in due])
+
+    # -- children ----------------------------------------------------------------------
+
+    def _spawn(self, child: Child) -> None:
+        child.worker_id = new_worker_id()
+        child.started = time.monotonic()
+        child.restart_at = None
+        pid = os.fork()
+        if pid == 0:  # child
+            code = 1
+            try:
+                code = self._child_main(child)
+            except BaseException as exc:  # noqa: BLE001 - a child must never return into the loop
+                logger.opt(exception=exc).error("child crashed", role=child.role)
+            finally:
+                os._exit(code)
+        child.pid = pid
+        logger.info("started child", role=child.role, pool=child.pool, pid=pid,
+                    worker_id=child.worker_id)
+
+    def _child_main(self, child: Child) -> int:
+        signal.set_wakeup_fd(-1)
+        os.close(self._wake_r)
+        os.close(self._wake_w)
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD):
+            signal.signal(sig, signal.SIG_DFL)
+        _die_with_parent()
+        setproctitle(f"hivejobs {child.title} {self.app_spec}")
+        setup_logging(child.title)
+        if child.role == "coordinator":
+            from hivejobs.coordinator import run_coordinator
+
+            return run_coordinator(self.settings, child.worker_id)
+        from hivejobs.pool import run_pool
+
+        assert child.pool is not None
+        return run_pool(self.app, child.pool, child.worker_id, self.settings)
+
+    def _reap(self) -> list[Child]:
+        ended: list[Child] = []
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return ended
+            if pid == 0:
+                return ended
+            child = next((c for c in self.children if c.pid == pid), None)
+            if child is None:
+                continue
+            child.pid = 0
+            ended.append(child)
+            self._on_child_exit(child, status)
+
+    def _on_child_exit(self, child: Child, status: int) -> None:
+        clean = os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+        how = (f"exit {os.WEXITSTATUS(status)}" if os.WIFEXITED(status)
+               else f"signal {os.WTERMSIG(status)}")
+        if not clean and not (os.WIFEXITED(status) and os.WEXITSTATUS(status) == EXIT_RELOAD):
+            self._release_claims([child.worker_id])
+        if self.stopping:
+            return
+        if os.WIFEXITED(status) and os.WEXITSTATUS(status) == EXIT_RELOAD:
+            self.reload = True
+            return
+        if clean:
+            child.crashes = 0
+            child.restart_at = time.monotonic()  # recycled on purpose: restart at once
+            logger.info("child recycled", role=child.role, pool=child.pool)
+            return
+        if time.monotonic() - child.started > 60.0:
+            child.crashes = 0
+        child.crashes += 1
+        delay = min(RESTART_BACKOFF_MAX_S, 0.5 * 2 ** (child.crashes - 1))
+        child.restart_at = time.monotonic() + delay
+        logger.warning("child died, restarting", role=child.role, pool=child.pool, how=how,
+                       restart_in_s=delay)
+
+    def _restart_due(self) -> None:
+        now = time.monotonic()
+        for child in self.children:
+            if child.pid == 0 and child.restart_at is not None and child.restart_at <= now:
+                self._spawn(child)
+
+    def _release_claims(self, worker_ids: list[str]) -> None:
+        """R8: a child we saw die cannot finish its jobs; release them now, not after
+        stuck_after. A short-lived pool: nothing stays open across the next fork."""
+        try:
+            store = Store(self.settings.database_url, max_size=1)
+            try:
+                requeued, failed = store.rescue_workers(worker_ids,
+                                                        self.settings.poison_pill_after)
+            finally:
+                store.close()
+        except (psycopg.Error, Exception) as exc:  # noqa: BLE001 - the coordinator will rescue
+            logger.warning("could not release a dead child's jobs", error=repr(exc))
+            return
+        if requeued:
+            broker = Broker(self.settings)
+            try:
+                broker.push_many([(r[0], r[1], r[2]) for r in requeued])
+            except redis.RedisError as exc:
+                logger.warning("released jobs not pushed; the reconciler will",
+                               error=repr(exc))
+            finally:
+                broker.close()
+        if requeued or failed:
+            logger.warning("released jobs of a dead child", requeued=len(requeued),
+                           failed=failed)
+
+    # -- shutdown ----------------------------------------------------------------------
+
+    def _shutdown(self) -> int:
+        logger.info("shutting down", timeout_s=self.settings.shutdown_timeout_s)
+        for child in self.children:
+            if child.pid:
+                _kill(child.pid, signal.SIGTERM)
+        deadline = time.monotonic() + self.settings.shutdown_timeout_s + 2.0
+        while any(c.pid for c in self.children) and time.monotonic() < deadline:
+            self._reap()
+            self._sleep(min(0.2, deadline - time.monotonic()))
+        stragglers = [c for c in self.children if c.pid]
+        for child in stragglers:
+            logger.error("child did not stop in time: killing it", pid=child.pid)
+            _kill(child.pid, signal.SIGKILL)
+            try:
+                os.waitpid(child.pid, 0)
+            except ChildProcessError:
+                pass
+        if stragglers:
+            self._release_claims([c.worker_id for c in stragglers])
+        logger.info("supervisor stopped")
+        return 0
+
+
+def _kill(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except OSError as exc:
+        if exc.errno != errno.ESRCH:
+            raise
+
+
+def _die_with_parent() -> None:
+    """A killed supervisor must not leave pools heartbeating with nobody to restart them."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() == 1:
+        os._exit(1)
