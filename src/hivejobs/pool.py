@@ -68,8 +68,9 @@ class Pool:
     def run(self) -> int:
         self.store.register_worker(self.worker_id, socket.gethostname(), os.getpid(), "pool",
                                    self.jt.name)
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, self._on_stop_signal)
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                signal.signal(sig, self._on_stop_signal)
         self.completer.start()
         threads = [threading.Thread(target=self._runner, name=f"runner-{i}", daemon=True)
                    for i in range(self.jt.concurrency)]

@@ -1,0 +1,108 @@
+"""The app that process and fault tests run with `hivejobs run tests.apps.faultapp:app`.
+
+Handlers write a ledger line per event to $HJ_LEDGER/ledger.<pid> (O_APPEND, one write per
+line, so lines survive kill -9 and never interleave). HJ_TYPES selects the job types to
+register (default: all), HJ_CONCURRENCY_<TYPE> overrides a type's concurrency.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+from hivejobs import App, Backoff, Interrupted, JobContext
+
+app = App()
+LEDGER = os.environ.get("HJ_LEDGER", "/tmp")
+SELECTED = set(filter(None, os.environ.get("HJ_TYPES", "").split(",")))
+
+
+def note(*fields: object) -> None:
+    line = " ".join(str(f) for f in fields) + "\n"
+    fd = os.open(f"{LEDGER}/ledger.{os.getpid()}", os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    try:
+        os.write(fd, line.encode())
+    finally:
+        os.close(fd)
+
+
+def start(ctx: JobContext) -> None:
+    note("start", ctx.job_id, ctx.attempt, os.getpid(), time.monotonic_ns(),
+         threading.get_ident())
+
+
+def end(ctx: JobContext, outcome: str) -> None:
+    note("end", ctx.job_id, ctx.attempt, outcome, os.getpid())
+
+
+def register(name: str, **options: object):  # type: ignore[no-untyped-def]
+    def wrap(fn):  # type: ignore[no-untyped-def]
+        if SELECTED and name not in SELECTED:
+            return fn
+        key = "HJ_CONCURRENCY_" + name.upper()
+        if key in os.environ:
+            options["concurrency"] = int(os.environ[key])
+        return app.job(name, **options)(fn)  # type: ignore[arg-type]
+    return wrap
+
+
+@register("alo", concurrency=8, attempts=5)
+def alo(ctx: JobContext, payload: dict[str, float]) -> None:
+    start(ctx)
+    time.sleep(payload.get("ms", 10) / 1000)
+    end(ctx, "ok")
+
+
+@register("amo", concurrency=4, delivery="at_most_once")
+def amo(ctx: JobContext, payload: dict[str, float]) -> None:
+    start(ctx)
+    time.sleep(payload.get("ms", 10) / 1000)
+    end(ctx, "ok")
+
+
+@register("long_coop", concurrency=6, attempts=3)
+def long_coop(ctx: JobContext, payload: dict[str, float]) -> None:
+    """Long work that checks ctx.stopping every 100 ms and stops cooperatively."""
+    start(ctx)
+    deadline = time.monotonic() + payload.get("s", 20)
+    while time.monotonic() < deadline:
+        if ctx.stopping.wait(0.1):
+            end(ctx, "interrupted")
+            raise Interrupted()
+    end(ctx, "ok")
+
+
+@register("long_stubborn", concurrency=2, attempts=3)
+def long_stubborn(ctx: JobContext, payload: dict[str, float]) -> None:
+    """Long work that ignores ctx.stopping."""
+    start(ctx)
+    time.sleep(payload.get("s", 20))
+    end(ctx, "ok")
+
+
+@register("long_amo", concurrency=2, delivery="at_most_once")
+def long_amo(ctx: JobContext, payload: dict[str, float]) -> None:
+    start(ctx)
+    time.sleep(payload.get("s", 20))
+    end(ctx, "ok")
+
+
+@register("hang", concurrency=2, attempts=1, timeout=1.0)
+def hang(ctx: JobContext, payload: dict[str, float]) -> None:
+    """Never returns and ignores ctx.stopping."""
+    start(ctx)
+    threading.Event().wait()
+
+
+@register("exit", concurrency=2, delivery="at_most_once")
+def exit_job(ctx: JobContext, payload: dict[str, float]) -> None:
+    start(ctx)
+    os._exit(1)
+
+
+@register("raises", concurrency=2, attempts=3, backoff=Backoff(base_s=0.1))
+def raises(ctx: JobContext, payload: dict[str, float]) -> None:
+    start(ctx)
+    end(ctx, "error")
+    raise ValueError("always fails")

@@ -1,0 +1,122 @@
+"""Per run: a migrated template database. Per test: a clone of it and a Redis key prefix.
+
+Everything created is dropped afterwards, so runs never see each other's data.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+import redis
+
+from hivejobs import App
+from tests.harness import (
+    FAST_SETTINGS,
+    REDIS_URL,
+    ROOT,
+    Instance,
+    db_url,
+    pg_admin_url,
+)
+
+RUN_ID = uuid.uuid4().hex[:8]
+
+
+@pytest.fixture(scope="session")
+def admin_url() -> str:
+    return pg_admin_url()
+
+
+@pytest.fixture(scope="session")
+def template_db(admin_url: str) -> Iterator[str]:
+    name = f"hjtest_tmpl_{RUN_ID}"
+    with psycopg.connect(admin_url, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    app = App(database_url=db_url(admin_url, name), redis_url=REDIS_URL)
+    app.migrate()
+    app.close()
+    yield name
+    with psycopg.connect(admin_url, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture
+def database_url(admin_url: str, template_db: str) -> Iterator[str]:
+    name = f"hjtest_{RUN_ID}_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(admin_url, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template_db}"')
+    yield db_url(admin_url, name)
+    with psycopg.connect(admin_url, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture
+def redis_prefix() -> Iterator[str]:
+    prefix = f"hjtest:{RUN_ID}:{uuid.uuid4().hex[:8]}:"
+    yield prefix
+    client = redis.Redis.from_url(REDIS_URL)
+    keys = list(client.scan_iter(match=prefix.replace("{", "\\{") + "*", count=1000))
+    if keys:
+        client.delete(*keys)
+    client.close()
+
+
+@pytest.fixture
+def make_app(database_url: str, redis_prefix: str) -> Iterator[Callable[..., App]]:
+    apps: list[App] = []
+
+    def factory(**overrides: float) -> App:
+        settings = {**FAST_SETTINGS, **overrides}
+        app = App(database_url=database_url, redis_url=REDIS_URL, prefix=redis_prefix,
+                  **settings)
+        apps.append(app)
+        return app
+
+    yield factory
+    for app in apps:
+        app.close()
+
+
+@pytest.fixture
+def ledger_dir(tmp_path: Path) -> Path:
+    folder = tmp_path / "ledger"
+    folder.mkdir()
+    return folder
+
+
+@pytest.fixture
+def instance_env(database_url: str, redis_prefix: str, ledger_dir: Path) -> dict[str, str]:
+    """Environment for `hivejobs run tests.apps.faultapp:app` with the fast test settings."""
+    env = dict(os.environ)
+    env.update({
+        "HIVEJOBS_DATABASE_URL": database_url,
+        "HIVEJOBS_REDIS_URL": REDIS_URL,
+        "HIVEJOBS_PREFIX": redis_prefix,
+        "HJ_LEDGER": str(ledger_dir),
+        "HIVEJOBS_TESTING": "1",
+        "PYTHONPATH": str(ROOT),
+    })
+    env.update({"HIVEJOBS_" + k.upper(): str(v) for k, v in FAST_SETTINGS.items()})
+    return env
+
+
+@pytest.fixture
+def start_instance(instance_env: dict[str, str],
+                   tmp_path: Path) -> Iterator[Callable[..., Instance]]:
+    started: list[Instance] = []
+
+    def start(extra_env: dict[str, str] | None = None,
+              args: list[str] | None = None) -> Instance:
+        env = {**instance_env, **(extra_env or {})}
+        inst = Instance(env, tmp_path / f"instance{len(started)}.log", args)
+        started.append(inst)
+        return inst
+
+    yield start
+    for inst in started:
+        inst.stop()

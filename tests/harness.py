@@ -1,0 +1,168 @@
+"""Test harness shared by integration and process tests: servers, waiting, ledger, instances.
+
+Cross-process waits poll a condition with a deadline (wait_until); never a fixed sleep.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+ROOT = Path(__file__).resolve().parents[1]
+REDIS_URL = os.environ.get("HIVEJOBS_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+
+# Test speed settings (RELIABILITY.md 4.0); production defaults are in config.Settings.
+FAST_SETTINGS: dict[str, float] = {
+    "heartbeat_s": 1.0,
+    "stuck_after_s": 5.0,
+    "coordinator_interval_s": 0.5,
+    "promote_interval_s": 0.1,
+    "lease_ttl_s": 5.0,
+    "lease_renew_s": 1.0,
+    "shutdown_timeout_s": 5.0,
+    "stop_grace_s": 2.0,
+    "timeout_grace_s": 1.0,
+}
+
+
+def wait_until(predicate: Callable[[], Any], timeout: float = 30.0, interval: float = 0.05,
+               what: str = "condition") -> Any:
+    """Poll until predicate() is truthy; return its value, or fail with `what`."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
+
+
+def pg_admin_url() -> str:
+    """The maintenance database as whichever superuser this machine has (postgres or root)."""
+    for user in (os.environ.get("PGUSER"), "postgres", "root"):
+        if not user:
+            continue
+        url = f"postgresql://{user}@127.0.0.1:5432/postgres"
+        try:
+            psycopg.connect(url, connect_timeout=3).close()
+            return url
+        except psycopg.OperationalError:
+            continue
+    raise RuntimeError("no Postgres superuser answers on 127.0.0.1:5432 (run .ci/run)")
+
+
+def db_url(admin_url: str, name: str) -> str:
+    return admin_url.rsplit("/", 1)[0] + "/" + name
+
+
+def sql(url: str, query: str, params: Any = None) -> list[tuple[Any, ...]]:
+    with psycopg.connect(url, autocommit=True) as conn:
+        cur = conn.execute(query, params)
+        return cur.fetchall() if cur.description else []
+
+
+# -- ledger: one line per handler event, O_APPEND, survives kill -9 ----------------------
+
+def read_ledger(folder: Path) -> list[list[str]]:
+    lines = []
+    for path in folder.glob("ledger.*"):
+        lines += [line.split() for line in path.read_text().splitlines() if line.strip()]
+    return lines
+
+
+def ledger_starts(folder: Path) -> Counter[str]:
+    return Counter(parts[1] for parts in read_ledger(folder) if parts[0] == "start")
+
+
+def ledger_oks(folder: Path) -> Counter[str]:
+    return Counter(parts[1] for parts in read_ledger(folder)
+                   if parts[0] == "end" and parts[3] == "ok")
+
+
+def running_in_pid(folder: Path, pid: int, prefix: str = "") -> set[str]:
+    """Jobs with a start line from `pid` and no end line from it yet (mid-run)."""
+    started: set[str] = set()
+    for parts in read_ledger(folder):
+        if parts[0] == "start" and int(parts[3]) == pid and parts[1].startswith(prefix):
+            started.add(parts[1])
+        elif parts[0] == "end" and int(parts[4]) == pid:
+            started.discard(parts[1])
+    return started
+
+
+# -- a real `hivejobs run` instance ------------------------------------------------------
+
+class Instance:
+    """`hivejobs run tests.apps.faultapp:app` in its own session (pgid == pid)."""
+
+    def __init__(self, env: dict[str, str], log_path: Path, extra_args: list[str] | None = None):
+        self.log_path = log_path
+        self._log = open(log_path, "ab")  # noqa: SIM115 - closed in stop()
+        args = [sys.executable, "-m", "hivejobs", "run", "tests.apps.faultapp:app",
+                *(extra_args or [])]
+        self.proc = subprocess.Popen(args, cwd=ROOT, env=env, stdout=self._log,
+                                     stderr=subprocess.STDOUT, start_new_session=True)
+        self.pid = self.proc.pid
+
+    def signal_group(self, sig: int) -> None:
+        try:
+            os.killpg(self.pid, sig)
+        except ProcessLookupError:
+            pass
+
+    def wait(self, timeout: float) -> int:
+        return self.proc.wait(timeout)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.signal_group(signal.SIGKILL)
+            self.proc.wait(10)
+        else:
+            self.signal_group(signal.SIGKILL)  # children left behind, if any
+        self._log.close()
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+
+def pool_pids(url: str, pool: str, host_pid: int | None = None) -> list[int]:
+    """Live pool process pids for a type, from the workers table."""
+    rows = sql(url, "SELECT pid FROM hivejobs_worker WHERE role = 'pool' AND pool = %s",
+               (pool,))
+    pids = [r[0] for r in rows if _alive(r[0])]
+    if host_pid is not None:
+        pids = [p for p in pids if _parent(p) == host_pid]
+    return pids
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    status = Path(f"/proc/{pid}/stat")
+    try:
+        return status.read_text().split(") ", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, IndexError):
+        return False
+
+
+def _parent(pid: int) -> int:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1].split()[1])
+    except (FileNotFoundError, IndexError, ValueError):
+        return -1
+
+
+def alive(pid: int) -> bool:
+    return _alive(pid)
