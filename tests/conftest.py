@@ -20,6 +20,7 @@ from tests.harness import (
     REDIS_URL,
     ROOT,
     Instance,
+    RedisServer,
     db_url,
     pg_admin_url,
 )
@@ -70,9 +71,9 @@ def redis_prefix() -> Iterator[str]:
 def make_app(database_url: str, redis_prefix: str) -> Iterator[Callable[..., App]]:
     apps: list[App] = []
 
-    def factory(**overrides: float) -> App:
+    def factory(redis_url: str = REDIS_URL, **overrides: float) -> App:
         settings = {**FAST_SETTINGS, **overrides}
-        app = App(database_url=database_url, redis_url=REDIS_URL, prefix=redis_prefix,
+        app = App(database_url=database_url, redis_url=redis_url, prefix=redis_prefix,
                   **settings)
         apps.append(app)
         return app
@@ -120,3 +121,11 @@ def start_instance(instance_env: dict[str, str],
     yield start
     for inst in started:
         inst.stop()
+
+
+@pytest.fixture
+def own_redis(tmp_path: Path) -> Iterator[RedisServer]:
+    """A redis-server of this test's own, for faults that would hurt a shared one."""
+    server = RedisServer(tmp_path)
+    yield server
+    server.stop()

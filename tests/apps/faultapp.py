@@ -106,3 +106,24 @@ def raises(ctx: JobContext, payload: dict[str, float]) -> None:
     start(ctx)
     end(ctx, "error")
     raise ValueError("always fails")
+
+
+def _poison(ctx: JobContext, payload: dict[str, str]) -> str:
+    """Behaviour chosen by the payload: ok, raise, exit (kills the process), hang."""
+    start(ctx)
+    action = payload.get("do", "ok")
+    if action == "raise":
+        end(ctx, "error")
+        raise ValueError("poison raised")
+    if action == "exit":
+        os._exit(1)
+    if action == "hang":
+        threading.Event().wait()
+    time.sleep(0.01)
+    end(ctx, "ok")
+    return action
+
+
+register("poison", concurrency=4, attempts=3, timeout=1.0,
+         backoff=Backoff(base_s=0.1))(_poison)
+register("poison_amo", concurrency=2, delivery="at_most_once", timeout=1.0)(_poison)

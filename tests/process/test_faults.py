@@ -1,0 +1,259 @@
+"""Fault injection against real `hivejobs run` processes (RELIABILITY.md section 4).
+
+Each test builds its state, injects one fault with real signals or real Redis commands, then
+checks the invariants from Postgres and the handlers' ledger. Waits poll with deadlines.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import redis
+
+from hivejobs import App
+from tests.harness import (
+    Instance,
+    RedisServer,
+    alive,
+    ledger_oks,
+    ledger_starts,
+    pool_pids,
+    read_ledger,
+    running_in_pid,
+    sql,
+    wait_until,
+)
+
+pytestmark = pytest.mark.faults
+
+
+def count(url: str, where: str = "true", params: tuple[object, ...] = ()) -> int:
+    return int(sql(url, f"SELECT count(*) FROM hivejobs_archive WHERE {where}", params)[0][0])
+
+
+def live(url: str) -> int:
+    return int(sql(url, "SELECT count(*) FROM hivejobs_job")[0][0])
+
+
+def fleet_app(make_app: Callable[..., App], url: str, types: list[str],
+              **kw: object) -> App:
+    """An App that enqueues through the types the running fleet declared in Postgres."""
+    wait_until(lambda: all(pool_pids(url, t) for t in types), what=f"pools {types}")
+    app = make_app(**kw)
+    app.types.clear()
+    return app
+
+
+def test_kill_pool_mid_job(make_app: Callable[..., App], start_instance: Callable[..., Instance],
+                           database_url: str, ledger_dir: Path) -> None:
+    """S1: kill -9 pool processes mid-job; alo re-run with the attempt counted, amo never twice."""
+    start_instance({"HJ_TYPES": "alo,amo"})
+    app = fleet_app(make_app, database_url, ["alo", "amo"])
+    rng = random.Random(7)
+    alo_ids = app.enqueue_many("alo", [{"ms": rng.randint(20, 80)} for _ in range(2000)])
+    amo_ids = app.enqueue_many("amo", [{"ms": 100}] * 500)
+    killed_amo: set[str] = set()
+    killed: set[int] = set()
+    for kind, needed in (("alo", 6), ("alo", 6), ("amo", 3), ("alo", 6)):
+        victim = wait_until(lambda k=kind: pool_pids(database_url, k), what="pool")[0]
+        wait_until(lambda v=victim, n=needed, k=kind: len(running_in_pid(ledger_dir, v)) >= n,
+                   timeout=30, what=f"{kind} jobs mid-run")
+        mid_run = running_in_pid(ledger_dir, victim)
+        os.kill(victim, signal.SIGKILL)
+        killed.add(victim)
+        killed_at = time.monotonic()
+        # R8: the supervisor's waitpid fast path releases the orphans within 2 s.
+        wait_until(lambda ids=mid_run: not sql(
+            database_url, "SELECT 1 FROM hivejobs_job WHERE id = ANY(%s) AND state = 'running'",
+            (list(ids),)), timeout=5, what="orphans released")
+        assert time.monotonic() - killed_at < 2.5
+        if kind == "amo":
+            killed_amo |= mid_run
+        wait_until(lambda v=victim, k=kind: [p for p in pool_pids(database_url, k) if p != v],
+                   what="replacement pool")
+    wait_until(lambda: live(database_url) == 0, timeout=90, what="all jobs finished")
+
+    # Each job ended ok at least once, and at most once outside the killed processes (a run
+    # that ended in a killed process just before its completion was committed runs again).
+    oks, starts = ledger_oks(ledger_dir), ledger_starts(ledger_dir)
+    survivors = ledger_oks(ledger_dir, killed)
+    assert [i for i in alo_ids if oks[i] < 1 or survivors[i] > 1] == []
+    assert count(database_url, "name = 'alo' AND state = 'succeeded'") == 2000
+    assert [i for i in amo_ids if starts[i] > 1] == []
+    lost = {r[0] for r in sql(database_url, "SELECT id FROM hivejobs_archive WHERE name = 'amo'"
+                                            " AND state = 'failed' AND error = 'worker lost'")}
+    assert killed_amo and killed_amo <= lost
+    assert count(database_url, "name = 'amo'") == 500
+    # Re-run jobs carry the attempt of the killed run.
+    assert count(database_url, "name = 'alo' AND attempt = 2") >= 18
+
+
+def leader_pid(url: str) -> tuple[int, int]:
+    rows = sql(url, "SELECT w.pid, l.term FROM hivejobs_leader l JOIN hivejobs_worker w "
+                    "ON w.id = l.holder WHERE l.expires_at > now()")
+    return (int(rows[0][0]), int(rows[0][1])) if rows else (0, 0)
+
+
+def test_kill_active_coordinator(make_app: Callable[..., App],
+                                 start_instance: Callable[..., Instance],
+                                 database_url: str, ledger_dir: Path) -> None:
+    """S2: kill -9 the leader's coordinator; another instance's takes over within 10 s."""
+    start_instance({"HJ_TYPES": "alo"})
+    start_instance({"HJ_TYPES": "alo"})
+    wait_until(lambda: len(pool_pids(database_url, "alo")) == 2, what="two instances")
+    app = fleet_app(make_app, database_url, ["alo"])
+    ids = app.enqueue_many("alo", [{"ms": 10}] * 1700)
+    delayed = [app.enqueue("alo", {"ms": 1}, delay=random.uniform(1, 8)) for _ in range(300)]
+    terms = []
+    for _ in range(2):
+        pid, term = wait_until(lambda: leader_pid(database_url)[0] and leader_pid(database_url),
+                               what="a leader")
+        terms.append(term)
+        os.kill(pid, signal.SIGKILL)
+        killed = time.monotonic()
+        wait_until(lambda p=pid: leader_pid(database_url)[0] not in (0, p), timeout=12,
+                   what="takeover")
+        assert time.monotonic() - killed < 10
+    terms.append(leader_pid(database_url)[1])
+    assert terms == sorted(set(terms))  # terms strictly increase
+    wait_until(lambda: live(database_url) == 0, timeout=60, what="all jobs finished")
+    oks = ledger_oks(ledger_dir)
+    assert [i for i in ids + delayed if oks[i] != 1] == []
+    late = sql(database_url, "SELECT count(*) FROM hivejobs_archive WHERE id = ANY(%s) "
+                             "AND started_at < run_at", (delayed,))
+    assert late[0][0] == 0  # no delayed job started before it was due
+
+
+def test_flushall_while_queued(make_app: Callable[..., App],
+                               start_instance: Callable[..., Instance], database_url: str,
+                               ledger_dir: Path, own_redis: RedisServer) -> None:
+    """S4: FLUSHALL with 2,000 jobs queued loses nothing: the reconciler restores the lists."""
+    start_instance({"HJ_TYPES": "alo", "HIVEJOBS_REDIS_URL": own_redis.url,
+                    "HJ_CONCURRENCY_ALO": "2"})
+    app = fleet_app(make_app, database_url, ["alo"], redis_url=own_redis.url)
+    ids = app.enqueue_many("alo", [{"ms": 5}] * 2000)
+    wait_until(lambda: count(database_url) >= 50, what="some jobs done")
+    client = redis.Redis.from_url(own_redis.url)
+    client.flushall()
+    flushed = time.monotonic()
+    wait_until(lambda: client.exists(app.broker.boot_key), timeout=5, what="restore")
+    assert time.monotonic() - flushed < 5
+    wait_until(lambda: live(database_url) == 0, timeout=90, what="all jobs finished")
+    assert [i for i in ids if ledger_oks(ledger_dir)[i] != 1] == []
+    client.close()
+
+
+def test_redis_paused(make_app: Callable[..., App], start_instance: Callable[..., Instance],
+                      database_url: str, ledger_dir: Path, own_redis: RedisServer) -> None:
+    """S6: Redis SIGSTOPped for 10 s: no thread hangs, no rescue, enqueues still acknowledged."""
+    start_instance({"HJ_TYPES": "alo", "HIVEJOBS_REDIS_URL": own_redis.url,
+                    "HJ_CONCURRENCY_ALO": "4"})
+    app = fleet_app(make_app, database_url, ["alo"], redis_url=own_redis.url,
+                    redis_socket_timeout_s=2.0)
+    ids = app.enqueue_many("alo", [{"ms": 5}] * 2000)
+    wait_until(lambda: count(database_url) >= 300, what="some jobs done")
+    os.kill(own_redis.pid, signal.SIGSTOP)
+    try:
+        begun = time.monotonic()
+        during = [app.enqueue("alo", {"ms": 1}) for _ in range(3)]  # acked: PG has them
+        assert time.monotonic() - begun < 3 * (2.0 + 1.0)
+        wait_until(lambda: time.monotonic() - begun > 10, timeout=15, interval=0.5,
+                   what="the 10 s pause")  # the fault's own duration
+    finally:
+        os.kill(own_redis.pid, signal.SIGCONT)
+    resumed = time.monotonic()
+    done_at_resume = count(database_url)
+    wait_until(lambda: count(database_url) > done_at_resume + 100, timeout=10,
+               what="throughput back after SIGCONT")
+    assert time.monotonic() - resumed < 10
+    wait_until(lambda: live(database_url) == 0, timeout=90, what="all jobs finished")
+    assert [i for i in ids + during if ledger_oks(ledger_dir)[i] != 1] == []
+    assert count(database_url, "error = 'worker lost'") == 0  # no false rescue
+
+
+def test_rolling_restart(make_app: Callable[..., App], start_instance: Callable[..., Instance],
+                         database_url: str, ledger_dir: Path) -> None:
+    """S3: SIGTERM (twice) with long jobs in flight; A exits 0 in time; B finishes everything;
+    suspended attempts are not counted; amo jobs that started are failed, never re-run."""
+    types = "long_coop,long_stubborn,long_amo,alo"
+    a = start_instance({"HJ_TYPES": types})
+    app = fleet_app(make_app, database_url, ["long_coop", "long_stubborn", "long_amo", "alo"])
+    coop = app.enqueue_many("long_coop", [{"s": 20}] * 6)
+    stubborn = app.enqueue_many("long_stubborn", [{"s": 20}] * 2)
+    amo = app.enqueue_many("long_amo", [{"s": 20}] * 4)
+    short = app.enqueue_many("alo", [{"ms": 10}] * 2000)
+    wait_until(lambda: sum(1 for i in coop + stubborn + amo if ledger_starts(ledger_dir)[i])
+               >= 10, what="long jobs running on A")
+    a_pids = set(pool_pids(database_url, "long_coop") + pool_pids(database_url, "alo"))
+    b = start_instance({"HJ_TYPES": types, "HIVEJOBS_SHUTDOWN_TIMEOUT_S": "30"})
+    wait_until(lambda: len(pool_pids(database_url, "long_coop")) == 2, what="B's pools")
+    started_amo = {i for i in amo if ledger_starts(ledger_dir)[i]}
+    a.signal_group(signal.SIGTERM)
+    termed = time.monotonic()
+    wait_until(lambda: time.monotonic() - termed > 1, interval=0.1, what="1 s")
+    a.signal_group(signal.SIGTERM)  # Heroku may send several: no escalation
+    assert a.wait(5 + 3) == 0
+    assert time.monotonic() - termed <= 7.5
+    a_exit = time.monotonic_ns()
+    assert not [p for p in a_pids if alive(p)]
+    wait_until(lambda: live(database_url) == 0, timeout=90, what="B finished everything")
+
+    oks, starts = ledger_oks(ledger_dir), ledger_starts(ledger_dir)
+    for job_id in coop + stubborn:
+        info = app.get_job(job_id)
+        assert info.state == "succeeded" and info.attempt == 1, info
+        assert oks[job_id] == 1
+    for job_id in amo:
+        info = app.get_job(job_id)
+        if job_id in started_amo:
+            assert (info.state, info.error) == ("failed", "interrupted by shutdown")
+        assert starts[job_id] == 1
+    assert [i for i in short if oks[i] != 1] == []
+    # B never started a suspended job before A's processes were gone.
+    b_pids = {int(p[3]) for p in read_ledger(ledger_dir) if p[0] == "start"} - a_pids
+    for parts in read_ledger(ledger_dir):
+        if parts[0] == "start" and parts[1] in coop and int(parts[3]) in b_pids:
+            assert int(parts[4]) <= a_exit + 10**9 * 100
+    b.signal_group(signal.SIGTERM)
+    assert b.wait(40) == 0
+
+
+def test_poison_handlers(make_app: Callable[..., App], start_instance: Callable[..., Instance],
+                         database_url: str, ledger_dir: Path) -> None:
+    """A hang, an os._exit(1) and a raise each end in the right terminal state, and the
+    other jobs of their pools are not held up."""
+    start_instance({"HJ_TYPES": "poison,poison_amo"})
+    app = fleet_app(make_app, database_url, ["poison", "poison_amo"])
+    hang = app.enqueue("poison", {"do": "hang"})
+    raises = app.enqueue("poison", {"do": "raise"})
+    normal = app.enqueue_many("poison", [{"do": "ok"}] * 1000)
+    # The process deaths come after the hang ended, or they would end it as a worker loss.
+    wait_until(lambda: app.get_job(hang).state == "failed", timeout=30, what="hang timed out")
+    exits = app.enqueue("poison", {"do": "exit"})
+    amo_exit = app.enqueue("poison_amo", {"do": "exit"})
+    normal += app.enqueue_many("poison", [{"do": "ok"}] * 500)
+    normal_amo = app.enqueue_many("poison_amo", [{"do": "ok"}] * 1000)
+    wait_until(lambda: live(database_url) == 0, timeout=90, what="all jobs finished")
+
+    def state(job_id: str) -> tuple[str, str, int]:
+        info = app.get_job(job_id)
+        return info.state, (info.error or "").strip().splitlines()[-1], info.attempt
+
+    assert state(hang) == ("failed", "timed out after 1s", 3)
+    assert state(raises) == ("failed", "ValueError: poison raised", 3)
+    assert state(exits)[0] == "failed" and state(exits)[1].startswith("worker lost")
+    assert state(amo_exit) == ("failed", "worker lost", 1)
+    assert ledger_starts(ledger_dir)[amo_exit] == 1
+    # Jobs that shared a process with an os._exit died with it: at-least-once ones ran again,
+    # at-most-once ones failed "worker lost"; none started twice.
+    states = dict(sql(database_url, "SELECT id, coalesce(error, state) FROM hivejobs_archive"))
+    assert {states[i] for i in normal} == {"succeeded"}
+    assert {states[i] for i in normal_amo} <= {"succeeded", "worker lost"}
+    starts = ledger_starts(ledger_dir)
+    assert [i for i in normal_amo if starts[i] != 1] == []
