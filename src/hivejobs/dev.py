@@ -33,6 +33,8 @@ from hivejobs.embedded import (
     stop_embedded,
 )
 
+# How to call our own CLI in a subprocess; a list so that tests can point it at a fake.
+HIVEJOBS_COMMAND = [sys.executable, "-m", "hivejobs"]
 # Longer than the worker's own shutdown timeout (Settings.shutdown_timeout_s = 25 s).
 WORKER_STOP_TIMEOUT_S = 40.0
 
@@ -78,14 +80,14 @@ class _Signals:
 
 def _run_worker(app_spec: str, env: dict[str, str], signals: _Signals) -> int:
     """Migrate, then run the worker until it exits or we are told to stop."""
-    migrate = subprocess.run([sys.executable, "-m", "hivejobs", "migrate"], env=env, check=False)
+    migrate = subprocess.run([*HIVEJOBS_COMMAND, "migrate"], env=env, check=False)
     if migrate.returncode != 0:
         logger.error("hivejobs migrate failed with exit code {}", migrate.returncode)
         return migrate.returncode
     if signals.received():
         return 0
     worker = subprocess.Popen(
-        [sys.executable, "-m", "hivejobs", "run", app_spec],
+        [*HIVEJOBS_COMMAND, "run", app_spec],
         env=env,
         process_group=0,  # terminal Ctrl-C reaches us only; we forward one SIGTERM
         preexec_fn=parent_death_preexec(),  # no stray worker if we are SIGKILLed

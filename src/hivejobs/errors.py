@@ -96,3 +96,14 @@ class Interrupted(Exception):
 
     Not a HivejobsError: it is control flow, like Retry.
     """
+
+
+class ChainInvalid(HivejobsError):
+    """A chain that cannot run (cycle, unknown job type or dependency, bad sequence): refused
+    before anything is stored. The message names the jobs at fault."""
+
+
+class ChainNotFound(HivejobsError):
+    def __init__(self, request_id: str) -> None:
+        super().__init__(f"no chain with request id {request_id!r} (see `hivejobs chain list`)")
+        self.request_id = request_id

@@ -115,3 +115,70 @@ class WorkerInfo(msgspec.Struct, frozen=True, kw_only=True):
     heartbeat_at: datetime
     heartbeat_age_s: float
     running: int
+
+
+# -- chains (spincycle's request, job chain and job log) ----------------------------------
+
+ChainState = Literal["pending", "running", "succeeded", "failed", "stopped", "suspended"]
+ChainJobState = Literal["pending", "running", "succeeded", "failed", "stopped"]
+
+
+class ChainJobStatus(msgspec.Struct, frozen=True, kw_only=True):
+    """One job of a chain: `try_` counts against `tries` in the current sequence try (a
+    stopped try is not counted); `total_tries` counts every try ever started."""
+
+    key: str
+    type: str
+    state: ChainJobState
+    after: list[str]
+    sequence: str | None
+    try_: int = msgspec.field(name="try")
+    tries: int
+    total_tries: int
+    sequence_try: int | None
+    job_id: str | None
+    started_at: datetime | None
+    finished_at: datetime | None
+    status: str | None
+    result: object
+    error: str | None
+
+
+class ChainStatus(msgspec.Struct, frozen=True, kw_only=True):
+    id: str
+    name: str
+    state: ChainState
+    args: object
+    stop_requested: bool
+    suspensions: int
+    created_at: datetime
+    started_at: datetime | None
+    suspended_at: datetime | None
+    resumed_at: datetime | None
+    finished_at: datetime | None
+    jobs: list[ChainJobStatus]
+
+
+class ChainSummary(msgspec.Struct, frozen=True, kw_only=True):
+    id: str
+    name: str
+    state: ChainState
+    jobs: int
+    succeeded: int
+    created_at: datetime
+    finished_at: datetime | None
+
+
+class JobLogEntry(msgspec.Struct, frozen=True, kw_only=True):
+    """One try of one chain job: `try_` is the job's total try number at that try."""
+
+    key: str
+    try_: int = msgspec.field(name="try")
+    type: str
+    job_id: str
+    sequence_try: int | None
+    state: Literal["succeeded", "failed", "stopped"]
+    started_at: datetime | None
+    finished_at: datetime
+    duration_s: float | None
+    error: str | None
