@@ -60,6 +60,10 @@ class Pool:
         self.stop_acquiring = threading.Event()
         self.shutting_down = threading.Event()
         self.recycle_reason: str | None = None
+        # A job whose process died before runs alone, so a poison pill cannot take innocent
+        # neighbours down with it again (their deaths would count against them).
+        self.isolation = threading.Lock()
+        self.isolating = False
         self.last_heartbeat_ok = time.monotonic()
         self.log = logger.bind(pool=jt.name, worker_id=worker_id)
 
@@ -159,7 +163,7 @@ class Pool:
         while not self.stop_acquiring.is_set():
             with self.lock:
                 free = self.jt.concurrency - self.reserved
-                if free <= 0:
+                if free <= 0 or self.isolating:
                     self.lock.wait(0.5)
                     continue
             if time.monotonic() - self.last_heartbeat_ok > self.settings.stuck_after_s / 2:
@@ -220,6 +224,36 @@ class Pool:
             self._run_one(job)
 
     def _run_one(self, job: ClaimedJob) -> None:
+        suspect = job.lost > 0
+        if suspect:
+            self.isolation.acquire()
+        try:
+            if self._wait_turn(suspect):
+                self._run_started(job)
+            else:
+                self._suspend(job, started=False)
+                self._release_slot()
+        finally:
+            if suspect:
+                with self.lock:
+                    self.isolating = False
+                    self.lock.notify_all()
+                self.isolation.release()
+
+    def _wait_turn(self, suspect: bool) -> bool:
+        """A suspect waits until nothing else runs; others wait while a suspect runs.
+        False when shutdown began meanwhile (the job was never started)."""
+        with self.lock:
+            if suspect:
+                self.isolating = True
+            while not self.shutting_down.is_set():
+                busy = any(not r.abandoned for r in self.running.values())
+                if (suspect and not busy) or (not suspect and not self.isolating):
+                    return True
+                self.lock.wait(0.1)
+            return False
+
+    def _run_started(self, job: ClaimedJob) -> None:
         ctx = JobContext(job, self.app, self.broker)
         entry = Running(job, ctx)
         with self.lock:

@@ -36,7 +36,7 @@ UPDATE hivejobs_job
        claim_token = nextval('hivejobs_claim_seq'), started_at = now()
  WHERE id = ANY(%(ids)s) AND state = 'queued'
    AND (expires_at IS NULL OR expires_at > now())
-RETURNING id, name, attempt, attempts, delivery, payload, claim_token, priority;
+RETURNING id, name, attempt, attempts, delivery, payload, claim_token, priority, lost;
 
 -- name: archive_finished_if_running
 -- Fenced by claim token (R3): a late write from a rescued or timed-out claim changes nothing.
