@@ -1,0 +1,300 @@
+"""Shared plumbing for the peer drivers: the workload, the completion counter, process control.
+
+This module is imported both by every driver (running in that peer's own virtualenv) and by
+the peer's worker processes (where the job bodies call :func:`record`), so it only depends on
+the standard library and redis-py, which every venv installs.
+
+Completion counter: every job, in every system, ends with ONE Redis round trip (a Lua script
+on the peer's own Redis db) that increments ``peers:done``, stores the first and last
+completion timestamps, and for latency jobs also appends ``start - enqueue_ts``. That costs
+each peer the same, whatever it uses as a broker or store, and needs no peer-specific
+result backend.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import redis
+
+DRIVERS_DIR = Path(__file__).resolve().parent
+REDIS_URL_ENV = "PEERS_REDIS_URL"
+PG_URL_ENV = "PEERS_PG_URL"
+DONE, FIRST, LAST, LAT = "peers:done", "peers:first", "peers:last", "peers:lat"
+
+# KEYS: done, first, last, lat ; ARGV: now, latency (negative = not a latency job)
+_RECORD_LUA = """
+local n = redis.call('INCR', KEYS[1])
+if n == 1 then redis.call('SET', KEYS[2], ARGV[1]) end
+redis.call('SET', KEYS[3], ARGV[1])
+if tonumber(ARGV[2]) >= 0 then redis.call('RPUSH', KEYS[4], ARGV[2]) end
+return n
+"""
+
+_sync_script = None
+_async_script = None
+
+
+def record(enqueued_at: float, started: float) -> None:
+    """Count one finished job (sync job bodies). ``enqueued_at`` > 0 marks a latency job.
+
+    The client is created lazily so that it is made after any fork, once per worker process.
+    """
+    global _sync_script
+    if _sync_script is None:
+        _sync_script = redis.Redis.from_url(os.environ[REDIS_URL_ENV]).register_script(_RECORD_LUA)
+    latency = started - enqueued_at if enqueued_at > 0 else -1.0
+    _sync_script(keys=[DONE, FIRST, LAST, LAT], args=[time.time(), latency])
+
+
+async def arecord(enqueued_at: float, started: float) -> None:
+    """Same as :func:`record` for asyncio job bodies (same single round trip, no loop block)."""
+    global _async_script
+    if _async_script is None:
+        import redis.asyncio as aredis
+
+        # blocking pool: peers that run many jobs at once on one loop (pgqueuer) must queue
+        # for a connection instead of failing with "Too many connections"
+        pool = aredis.BlockingConnectionPool.from_url(
+            os.environ[REDIS_URL_ENV], max_connections=16, timeout=None
+        )
+        client = aredis.Redis(connection_pool=pool)
+        _async_script = client.register_script(_RECORD_LUA)
+    latency = started - enqueued_at if enqueued_at > 0 else -1.0
+    await _async_script(keys=[DONE, FIRST, LAST, LAT], args=[time.time(), latency])
+
+
+# --------------------------------------------------------------------------- driver side
+
+
+def parse_args(needs_pg: bool = False) -> argparse.Namespace:
+    """Arguments every driver accepts (run.py passes all of them).
+
+    URLs are required, never defaulted: a default would land in Redis db 0 or some shared
+    database instead of the run's own isolated one.
+    """
+    p = argparse.ArgumentParser()
+    p.add_argument("--jobs", type=int, default=20_000)
+    p.add_argument("--redis-url", required=True)
+    p.add_argument("--pg-url", required=needs_pg, default="")
+    p.add_argument("--latency-jobs", type=int, default=200)
+    p.add_argument("--latency-gap", type=float, default=0.020)
+    p.add_argument("--timeout", type=float, default=300.0)
+    p.add_argument("--variant", default="")
+    args = p.parse_args()
+    # worker processes inherit these and build their app/broker from them at import time
+    os.environ[REDIS_URL_ENV] = args.redis_url
+    os.environ[PG_URL_ENV] = args.pg_url
+    return args
+
+
+def install_sigterm() -> None:
+    """Turn SIGTERM into SystemExit so the driver's ``finally`` still kills its workers."""
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+
+
+class Workers:
+    """Worker OS processes, each started in its own session so ``killpg`` reaches children.
+
+    Output goes to a log file (not the driver's stdout, which carries the JSON result).
+    """
+
+    def __init__(self, log_path: Path) -> None:
+        self.procs: list[subprocess.Popen] = []
+        self.log = open(log_path, "ab")  # noqa: SIM115 - closed in stop()
+        self.log_path = log_path
+
+    def start(self, cmd: list[str], cwd: Path | None = None, env: dict | None = None) -> None:
+        full_env = {**os.environ, **(env or {})}
+        path = [str(DRIVERS_DIR)] + [p for p in [full_env.get("PYTHONPATH", "")] if p]
+        full_env["PYTHONPATH"] = os.pathsep.join(path)
+        self.procs.append(
+            subprocess.Popen(
+                cmd,
+                cwd=cwd or DRIVERS_DIR,
+                env=full_env,
+                stdin=subprocess.DEVNULL,
+                stdout=self.log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        )
+
+    def check_alive(self) -> None:
+        """Fail fast (with the log tail) when a worker died instead of waiting for a timeout."""
+        for p in self.procs:
+            if p.poll() is not None:
+                raise RuntimeError(f"worker {p.args} exited {p.returncode}: {self.tail()}")
+
+    def tail(self, n: int = 1500) -> str:
+        self.log.flush()
+        return self.log_path.read_bytes()[-n:].decode(errors="replace")
+
+    def stop(self, grace: float = 10.0) -> None:
+        """SIGTERM each process group, wait up to ``grace``, then SIGKILL what is left."""
+        for p in self.procs:
+            _signal_group(p, signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        for p in self.procs:
+            try:
+                p.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+            # children (prefork pools, forked horses) may outlive the leader: always sweep
+            _signal_group(p, signal.SIGKILL)
+            p.wait()
+        self.procs.clear()
+        self.log.close()
+
+
+def _signal_group(p: subprocess.Popen, sig: int) -> None:
+    try:
+        os.killpg(p.pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def wait_until(
+    cond: Callable[[], bool],
+    timeout: float,
+    what: str,
+    poll: float = 0.002,
+    check: Callable[[], None] | None = None,
+) -> None:
+    """Poll ``cond`` until true; raise after ``timeout`` seconds (no blind sleeps)."""
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
+        if check is not None:
+            check()
+        time.sleep(poll)
+
+
+def split_enqueue(jobs: int, has_bulk: bool) -> tuple[int, int]:
+    """How many of the ``jobs`` to enqueue one by one, and how many with the bulk API.
+
+    N = min(jobs, 5000) single calls, the rest bulk; when that would leave the bulk API fewer
+    than half the jobs (small runs), split half and half so the bulk number still means
+    something. Without a bulk API everything is enqueued one by one.
+    """
+    if not has_bulk:
+        return jobs, 0
+    single = min(jobs, 5000)
+    if jobs - single < jobs // 2:
+        single = jobs - jobs // 2
+    return single, jobs - single
+
+
+def run_workload(
+    args: argparse.Namespace,
+    *,
+    system: str,
+    version: str,
+    keeps_jobs_in: str,
+    enqueue_one: Callable[[float], object],
+    enqueue_bulk: Callable[[list[float]], object] | None,
+    start_workers: Callable[[Workers], None],
+    settings: str,
+    bulk_chunk: int = 1000,
+    log_dir: Path | None = None,
+) -> dict:
+    """Run the three phases against one peer and return the result dict.
+
+    1. enqueue: ``single`` one-by-one calls then ``bulk`` jobs via the bulk API, workers off;
+    2. drain: start the workers, wait for the counter to reach ``jobs``; throughput is measured
+       from the first to the last completion, wall from worker start to the last completion;
+    3. pickup latency: workers idle, ``latency_jobs`` enqueued ``latency_gap`` apart.
+    """
+    r = redis.Redis.from_url(args.redis_url)
+    r.delete(DONE, FIRST, LAST, LAT)
+    n_single, n_bulk = split_enqueue(args.jobs, enqueue_bulk is not None)
+
+    t0 = time.perf_counter()
+    for _ in range(n_single):
+        enqueue_one(0.0)
+    single_rate = n_single / (time.perf_counter() - t0)
+
+    bulk_rate = None
+    if n_bulk:
+        t0 = time.perf_counter()
+        for i in range(0, n_bulk, bulk_chunk):
+            enqueue_bulk([0.0] * min(bulk_chunk, n_bulk - i))
+        bulk_rate = n_bulk / (time.perf_counter() - t0)
+
+    log_path = (log_dir or Path("/tmp")) / f"peers-{system}-{os.getpid()}.log"
+    workers = Workers(log_path)
+    try:
+        started = time.time()
+        start_workers(workers)
+
+        def drained(target: int) -> Callable[[], bool]:
+            return lambda: int(r.get(DONE) or 0) >= target
+
+        wait_until(
+            drained(args.jobs), args.timeout, f"{args.jobs} completions", check=workers.check_alive
+        )
+        first, last = float(r.get(FIRST)), float(r.get(LAST))
+        throughput = (args.jobs - 1) / (last - first) if last > first else None
+        wall = last - started
+
+        # pickup latency: paced enqueues against idle workers (pacing, not synchronization)
+        base = time.perf_counter()
+        for i in range(args.latency_jobs):
+            delay = base + i * args.latency_gap - time.perf_counter()
+            if delay > 0:
+                time.sleep(delay)
+            enqueue_one(time.time())
+        wait_until(
+            lambda: r.llen(LAT) >= args.latency_jobs, 60, "latency jobs", check=workers.check_alive
+        )
+        lat_ms = sorted(float(x) * 1000 for x in r.lrange(LAT, 0, -1))
+        # more completions than jobs means a peer ran some job twice: report it, don't hide it
+        completions = int(r.get(DONE) or 0)
+    except BaseException:
+        sys.stderr.write(f"--- {system} worker log tail ---\n{workers.tail()}\n")
+        raise
+    finally:
+        workers.stop()
+    return {
+        "system": system,
+        "version": version,
+        "keeps_jobs_in": keeps_jobs_in,
+        "settings": settings,
+        "jobs": args.jobs,
+        "single_enqueued": n_single,
+        "bulk_enqueued": n_bulk,
+        "enqueue_single_per_s": round(single_rate, 1),
+        "enqueue_bulk_per_s": round(bulk_rate, 1) if bulk_rate else None,
+        "throughput_per_s": round(throughput, 1) if throughput else None,
+        "drain_wall_s": round(wall, 3),
+        "pickup_p50_ms": round(percentile(lat_ms, 50), 2),
+        "pickup_p99_ms": round(percentile(lat_ms, 99), 2),
+        "latency_samples": len(lat_ms),
+        "completions": completions,
+    }
+
+
+def percentile(sorted_values: list[float], pct: float) -> float:
+    """Nearest-rank percentile (p99 of 200 samples is the 198th value)."""
+    if not sorted_values:
+        return float("nan")
+    if pct == 50:
+        return statistics.median(sorted_values)
+    rank = max(1, -(-len(sorted_values) * pct // 100))  # ceil without math import
+    return sorted_values[int(rank) - 1]
+
+
+def emit(result: dict) -> None:
+    """The driver's contract with run.py: exactly one JSON line on stdout."""
+    sys.stdout.write(json.dumps(result) + "\n")
+    sys.stdout.flush()

@@ -1,0 +1,85 @@
+"""pgqueuer driver: Postgres via asyncpg, 2 ``pgq run`` processes with ``--batch-size 10``
+(LISTEN/NOTIFY wake-ups, its default). Bulk = ``Queries.enqueue`` with lists."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from importlib.metadata import version
+from pathlib import Path
+
+import _common
+import asyncpg
+from pgqueuer import AsyncpgDriver, Job, PgQueuer, Queries
+
+
+@asynccontextmanager
+async def create_pgqueuer() -> AsyncIterator[PgQueuer]:
+    """Factory for ``pgq run``: one asyncpg connection per worker process."""
+    conn = await asyncpg.connect(os.environ[_common.PG_URL_ENV])
+    pgq = PgQueuer(AsyncpgDriver(conn))
+
+    @pgq.entrypoint("noop")
+    async def noop(job: Job) -> None:
+        """The no-op job: only reports its start time to the shared counter."""
+        started = time.time()
+        await _common.arecord(float(job.payload or b"0"), started)
+
+    try:
+        yield pgq
+    finally:
+        await conn.close()
+
+
+def main() -> None:
+    args = _common.parse_args(needs_pg=True)
+    _common.install_sigterm()
+    loop = asyncio.new_event_loop()
+    conn = loop.run_until_complete(asyncpg.connect(args.pg_url))
+    queries = Queries(AsyncpgDriver(conn))
+    loop.run_until_complete(queries.install())
+
+    def enqueue_bulk(ts: list[float]) -> None:
+        payloads = [repr(t).encode() for t in ts]
+        loop.run_until_complete(queries.enqueue(["noop"] * len(ts), payloads, [0] * len(ts)))
+
+    def start_workers(w: _common.Workers) -> None:
+        exe = str(Path(sys.executable).parent / "pgq")
+        for _ in range(2):
+            w.start(
+                [
+                    exe,
+                    "run",
+                    "pgqueuer_driver:create_pgqueuer",
+                    "--batch-size",
+                    "10",
+                    "--log-level",
+                    "WARNING",
+                ]
+            )
+
+    try:
+        result = _common.run_workload(
+            args,
+            system="pgqueuer",
+            version=version("pgqueuer"),
+            keeps_jobs_in="Postgres",
+            enqueue_one=lambda t: loop.run_until_complete(
+                queries.enqueue("noop", repr(t).encode())
+            ),
+            enqueue_bulk=enqueue_bulk,
+            start_workers=start_workers,
+            settings="asyncpg, 2 x `pgq run --batch-size 10`, LISTEN/NOTIFY",
+        )
+    finally:
+        loop.run_until_complete(conn.close())
+        loop.close()
+    _common.emit(result)
+
+
+if __name__ == "__main__":
+    main()
