@@ -80,7 +80,9 @@ class _Signals:
 
 def _run_worker(app_spec: str, env: dict[str, str], signals: _Signals) -> int:
     """Migrate, then run the worker until it exits or we are told to stop."""
-    migrate = subprocess.run([*HIVEJOBS_COMMAND, "migrate"], env=env, check=False)
+    migrate = subprocess.run(
+        [*HIVEJOBS_COMMAND, "migrate", "--app", app_spec], env=env, check=False
+    )
     if migrate.returncode != 0:
         logger.error("hivejobs migrate failed with exit code {}", migrate.returncode)
         return migrate.returncode

@@ -472,6 +472,25 @@ def _postmaster_running(pgdata: Path) -> bool:
     return _proc_alive(pid)
 
 
+def _await_stale_postmaster(pgdata: Path, deadline: float) -> None:
+    """Wait until a killed postmaster recorded in ``postmaster.pid`` has been reaped.
+
+    After its parent was killed, a postmaster killed by the parent-death signal is a zombie
+    until init reaps it, and Postgres takes a zombie's pid as a running postmaster ("lock file
+    already exists"). Some container inits reap lazily, so poll (bounded) instead of failing.
+    """
+    try:
+        pid = int((pgdata / "postmaster.pid").read_text().split("\n", 1)[0])
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, ValueError, IndexError):
+        return
+    if state != "Z":
+        return
+    logger.info("waiting for the killed postmaster {} to be reaped", pid)
+    while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
 def _collect_orphan_clusters(clusters: Path) -> None:
     """Remove clusters (ours, under ROOT_CACHE) whose data dir no longer links to them."""
     for home in clusters.iterdir():
@@ -796,6 +815,7 @@ def start_embedded(
         cold = not (pgdata / "PG_VERSION").exists()
         if cold:
             _initdb(bin_dir, pgdata, run_as, logs / "initdb.log")
+        _await_stale_postmaster(pgdata, deadline)
         old = state or {}
         procs: dict[str, subprocess.Popen[bytes]] = {}
         try:
