@@ -225,8 +225,10 @@ class Pool:
 
     def _run_one(self, job: ClaimedJob) -> None:
         suspect = job.lost > 0
-        if suspect:
-            self.isolation.acquire()
+        if suspect and not self.isolation.acquire(blocking=False):
+            self._suspend(job, started=False)  # another suspect runs: give way, uncounted
+            self._release_slot()
+            return
         try:
             if self._wait_turn(suspect):
                 self._run_started(job)
@@ -241,14 +243,17 @@ class Pool:
                 self.isolation.release()
 
     def _wait_turn(self, suspect: bool) -> bool:
-        """A suspect waits until nothing else runs; others wait while a suspect runs.
-        False when shutdown began meanwhile (the job was never started)."""
+        """A suspect waits until nothing else runs. Other claims give way while it runs (back
+        to the queue, uncounted): a death now must be charged to the suspect alone.
+        False means: do not start this job."""
         with self.lock:
-            if suspect:
-                self.isolating = True
+            if not suspect:
+                return not self.isolating and not self.shutting_down.is_set()
+            self.isolating = True
             while not self.shutting_down.is_set():
-                busy = any(not r.abandoned for r in self.running.values())
-                if (suspect and not busy) or (not suspect and not self.isolating):
+                # Only this claim held: claimed neighbours give way in their runners.
+                abandoned = sum(1 for r in self.running.values() if r.abandoned)
+                if self.reserved - abandoned <= 1:
                     return True
                 self.lock.wait(0.1)
             return False

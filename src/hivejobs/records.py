@@ -63,6 +63,7 @@ class ClaimedJob(msgspec.Struct, kw_only=True):
     payload: bytes
     claim_token: int
     priority: int
+    lost: int = 0  # times a process died running it: > 0 runs it alone (quarantine)
 
 
 class Completion(msgspec.Struct, frozen=True, kw_only=True):
