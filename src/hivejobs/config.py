@@ -107,6 +107,12 @@ def settings_from_env(
 _INT_FIELDS = {"max_payload_bytes", "poison_pill_after"}
 
 
+def with_database(url: str, dbname: str) -> str:
+    """The same server URL naming another database (query options kept)."""
+    parts = urlsplit(url)
+    return urlunsplit(parts._replace(path="/" + dbname))
+
+
 def redact_url(url: str) -> str:
     """Hide the password of a URL so that it can be logged or shown in an error."""
     try:

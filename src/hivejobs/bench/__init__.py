@@ -1,0 +1,205 @@
+"""`hivejobs bench`: load-test hivejobs on this machine, in a sandbox of its own.
+
+Runs the chosen scenarios `--repeats` times and reports medians next to this machine's
+ceilings measured in the same run. Speed lives here and in bench/, never in unit tests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import msgspec
+
+from hivejobs.bench import scenarios
+from hivejobs.bench.environment import BenchEnvironment
+from hivejobs.config import DEFAULT_DATABASE_URL, DEFAULT_REDIS_URL
+
+SCENARIOS = ("enqueue", "throughput", "latency", "chain", "backlog")
+DEFAULT_SCENARIOS = "enqueue,throughput,latency"
+
+
+class BenchOptions(msgspec.Struct, kw_only=True):
+    scenarios: list[str]
+    jobs: int
+    processes: int
+    concurrency: int
+    payload_bytes: int
+    rate: float
+    duration: float
+    work_ms: float
+    repeats: int
+    backlog_jobs: int
+
+
+def add_bench_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--scenarios", default=DEFAULT_SCENARIOS,
+                   help=f"comma-separated, from {', '.join(SCENARIOS)} "
+                        f"(default {DEFAULT_SCENARIOS})")
+    p.add_argument("--jobs", type=int, default=20_000, help="backlog size for throughput")
+    p.add_argument("--processes", type=int, default=2, help="worker OS processes")
+    p.add_argument("--concurrency", type=int, default=8, help="threads per process")
+    p.add_argument("--payload-bytes", type=int, default=0)
+    p.add_argument("--rate", type=float, default=1000.0, help="jobs/s for latency")
+    p.add_argument("--duration", type=float, default=5.0, help="seconds of latency load")
+    p.add_argument("--work-ms", type=float, default=0.0, help="simulated work per job")
+    p.add_argument("--repeats", type=int, default=3, help="runs per scenario (median)")
+    p.add_argument("--backlog-jobs", type=int, default=1_000_000)
+    p.add_argument("--json", metavar="FILE", help="write machine-readable results")
+    p.add_argument("--plot", metavar="FILE.png", help="latency and throughput plot")
+    p.add_argument("--database-url", help="server to bench on (a new database is made)")
+    p.add_argument("--redis-url")
+    p.add_argument("--keep", action="store_true", help="keep the bench database (debugging)")
+
+
+def parse_options(args: argparse.Namespace) -> BenchOptions:
+    """Check the options before anything is created; errors say which option is wrong."""
+    from hivejobs.cli import UsageError
+
+    chosen = [s.strip() for s in args.scenarios.split(",") if s.strip()]
+    unknown = [s for s in chosen if s not in SCENARIOS]
+    if unknown or not chosen:
+        raise UsageError(f"unknown scenario {unknown or chosen}: choose from "
+                         f"{', '.join(SCENARIOS)}")
+    for name in ("jobs", "processes", "concurrency", "repeats", "backlog_jobs"):
+        if getattr(args, name) < 1:
+            raise UsageError(f"--{name.replace('_', '-')} must be at least 1")
+    if args.rate <= 0 or args.duration <= 0:
+        raise UsageError("--rate and --duration must be positive")
+    if args.work_ms < 0 or args.payload_bytes < 0:
+        raise UsageError("--work-ms and --payload-bytes cannot be negative")
+    return BenchOptions(scenarios=chosen, jobs=args.jobs, processes=args.processes,
+                        concurrency=args.concurrency, payload_bytes=args.payload_bytes,
+                        rate=args.rate, duration=args.duration, work_ms=args.work_ms,
+                        repeats=args.repeats, backlog_jobs=args.backlog_jobs)
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    opts = parse_options(args)
+    database_url = (args.database_url or os.environ.get("HIVEJOBS_DATABASE_URL")
+                    or os.environ.get("DATABASE_URL") or DEFAULT_DATABASE_URL)
+    redis_url = (args.redis_url or os.environ.get("HIVEJOBS_REDIS_URL")
+                 or os.environ.get("REDIS_URL") or DEFAULT_REDIS_URL)
+    with BenchEnvironment(database_url, redis_url, keep=args.keep) as env:
+        print(f"hivejobs bench on {env.describe()} ({os.cpu_count()} cores)", file=sys.stderr)
+        report = run_scenarios(env, opts)
+        report["versions"] = versions(env)
+    print(format_report(report))
+    if args.json:
+        with open(args.json, "wb") as out:
+            out.write(msgspec.json.format(msgspec.json.encode(report), indent=2))
+    if args.plot:
+        plot(report, args.plot)
+    return 0
+
+
+def run_scenarios(env: BenchEnvironment, opts: BenchOptions) -> dict[str, Any]:
+    progress = scenarios.stderr_progress
+    plan: list[tuple[str, Callable[[], scenarios.Figures]]] = [
+        ("ceilings", lambda: scenarios.ceilings(env))]
+    if "enqueue" in opts.scenarios:
+        plan.append(("enqueue", lambda: scenarios.enqueue(env, opts.jobs, opts.payload_bytes)))
+    if "throughput" in opts.scenarios:
+        plan.append(("throughput", lambda: scenarios.throughput(
+            env, opts.jobs, opts.processes, opts.concurrency, opts.work_ms,
+            opts.payload_bytes, progress)))
+    if "latency" in opts.scenarios:
+        plan.append(("latency", lambda: scenarios.latency(
+            env, opts.rate, opts.duration, opts.processes, opts.concurrency, progress)))
+    if "chain" in opts.scenarios:
+        from hivejobs.bench.chain import chain_scenario
+
+        plan.append(("chain", lambda: chain_scenario(env, opts.processes, progress)))
+    if "backlog" in opts.scenarios:
+        plan.append(("backlog", lambda: scenarios.backlog(
+            env, opts.backlog_jobs, opts.processes, opts.concurrency, progress)))
+    runs: dict[str, list[scenarios.Figures]] = {}
+    started = time.perf_counter()
+    for name, fn in plan:
+        repeats = 1 if name == "backlog" else opts.repeats
+        for i in range(repeats):
+            print(f"{name} run {i + 1}/{repeats}", file=sys.stderr)
+            runs.setdefault(name, []).append(fn())
+    medians = {name: _medians(r) for name, r in runs.items()}
+    return {"options": msgspec.to_builtins(opts), "runs": runs, "medians": medians,
+            "wall_s": time.perf_counter() - started}
+
+
+def _medians(runs: list[scenarios.Figures]) -> scenarios.Figures:
+    keys = {k for r in runs for k in r}
+    return {k: statistics.median([r[k] for r in runs if k in r]) for k in sorted(keys)}
+
+
+def versions(env: BenchEnvironment) -> dict[str, Any]:
+    import redis
+
+    client = redis.Redis.from_url(env.redis_url)
+    redis_version = str(client.info("server").get("redis_version"))
+    client.close()
+    return {
+        "python": platform.python_version(),
+        "postgres": env.sql("SHOW server_version")[0][0],
+        "redis": redis_version,
+        "cpus": os.cpu_count(),
+        "machine": platform.machine(),
+        "hivejobs": _package_version(),
+    }
+
+
+def _package_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("hivejobs")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+def format_report(report: dict[str, Any]) -> str:
+    """One table of medians; throughput and enqueue also as a fraction of the ceilings."""
+    med = report["medians"]
+    ceil = med.get("ceilings", {})
+    rows = [("figure", "median", "vs this machine's ceiling")]
+    for name in ("ceilings", "enqueue", "throughput", "latency", "chain", "backlog"):
+        for key, value in med.get(name, {}).items():
+            rows.append((key, f"{value:,.1f}", _fraction(key, value, ceil)))
+    widths = [max(len(r[i]) for r in rows) for i in range(3)]
+    lines = ["  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip()
+             for r in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def _fraction(key: str, value: float, ceil: scenarios.Figures) -> str:
+    if key == "enqueue_single_per_s" and ceil.get("pg_commits_per_s"):
+        return f"{value / ceil['pg_commits_per_s']:.0%} of raw 1-INSERT commits/s"
+    if key == "throughput_jobs_per_s" and ceil.get("pg_batched_lifecycle_jobs_per_s"):
+        return (f"{value / ceil['pg_batched_lifecycle_jobs_per_s']:.0%} of batched PG "
+                "life-cycle")
+    return ""
+
+
+def plot(report: dict[str, Any], path: str) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("--plot needs matplotlib: pip install 'hivejobs[plot]'", file=sys.stderr)
+        return
+    med = report["medians"]
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    names = [k for k in ("throughput", "enqueue") if k in med]
+    values = [med["throughput"]["throughput_jobs_per_s"] if n == "throughput"
+              else med["enqueue"]["enqueue_bulk_per_s"] for n in names]
+    ax.bar(names, values)
+    ax.set_ylabel("jobs/s (median)")
+    fig.tight_layout()
+    fig.savefig(path)

@@ -1,0 +1,134 @@
+"""The bench's own sandbox: a fresh database and Redis prefix, a real `hivejobs run`, cleanup.
+
+Never touches a user's data: everything lives in `hivejobs_bench_<random>` and under a
+`hivejobs-bench:<random>:` Redis prefix, both removed at the end (also on Ctrl-C).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import redis
+
+from hivejobs.app import App
+from hivejobs.config import redact_url, with_database
+from hivejobs.store import connect
+
+
+class BenchEnvironment:
+    def __init__(self, database_url: str, redis_url: str, keep: bool = False) -> None:
+        self.run_id = uuid.uuid4().hex[:8]
+        self.dbname = f"hivejobs_bench_{self.run_id}"
+        self.server_url = database_url
+        self.database_url = with_database(database_url, self.dbname)
+        self.redis_url = redis_url
+        self.prefix = f"hivejobs-bench:{self.run_id}:"
+        self.keep = keep
+        self.workdir = Path(tempfile.mkdtemp(prefix="hivejobs-bench-"))
+        self.worker: subprocess.Popen[bytes] | None = None
+        self.app: App | None = None
+
+    def __enter__(self) -> BenchEnvironment:
+        maintenance = with_database(self.server_url, "postgres")
+        with connect(maintenance) as conn:
+            conn.execute(f'CREATE DATABASE "{self.dbname}"')
+        self.app = App(database_url=self.database_url, redis_url=self.redis_url,
+                       prefix=self.prefix)
+        self.app.migrate()
+        from hivejobs import benchapp
+
+        # The bench enqueues through the worker's job type, declared as the worker would.
+        self.app.types = {"bench_noop": benchapp.app.types["bench_noop"]}
+        self.app.store.upsert_job_types([t.info() for t in self.app.types.values()])
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop_worker()
+        if self.app is not None:
+            self.app.close()
+        if self.keep:
+            return
+        client = redis.Redis.from_url(self.redis_url)
+        keys = list(client.scan_iter(match=self.prefix + "*", count=1000))
+        if keys:
+            client.delete(*keys)
+        client.close()
+        maintenance = with_database(self.server_url, "postgres")
+        with connect(maintenance) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{self.dbname}" WITH (FORCE)')
+        for path in self.workdir.glob("*"):
+            path.unlink()
+        self.workdir.rmdir()
+
+    def describe(self) -> str:
+        return f"{redact_url(self.database_url)} and {redact_url(self.redis_url)}"
+
+    def sql(self, query: str, params: Any = None) -> list[tuple[Any, ...]]:
+        with connect(self.database_url) as conn:
+            cur = conn.execute(query, params)
+            return cur.fetchall() if cur.description else []
+
+    def start_worker(self, processes: int, concurrency: int, work_ms: float) -> None:
+        """A real supervisor with its pool processes and coordinator, as in production."""
+        env = dict(os.environ)
+        env.update({
+            "HIVEJOBS_DATABASE_URL": self.database_url,
+            "HIVEJOBS_REDIS_URL": self.redis_url,
+            "HIVEJOBS_PREFIX": self.prefix,
+            "HIVEJOBS_BENCH_PROCESSES": str(processes),
+            "HIVEJOBS_BENCH_CONCURRENCY": str(concurrency),
+            "HIVEJOBS_BENCH_WORK_MS": str(work_ms),
+            "HIVEJOBS_BENCH_DIR": str(self.workdir),
+            "HIVEJOBS_LOG_LEVEL": "WARNING",
+        })
+        log = open(self.workdir / "worker.log", "ab")  # noqa: SIM115 - owned by the child
+        self.worker = subprocess.Popen(
+            [sys.executable, "-m", "hivejobs", "run", "hivejobs.benchapp:app",
+             "--shutdown-timeout", "5"],
+            env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        log.close()
+        deadline = time.monotonic() + 30
+        while len(self.pool_pids()) < processes:
+            if self.worker.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("the bench worker did not start; see "
+                                   f"{self.workdir / 'worker.log'}")
+            time.sleep(0.05)
+
+    def pool_pids(self) -> list[int]:
+        rows = self.sql("SELECT pid FROM hivejobs_worker WHERE role = 'pool'")
+        return [int(r[0]) for r in rows]
+
+    def stop_worker(self) -> None:
+        if self.worker is None:
+            return
+        if self.worker.poll() is None:
+            os.killpg(self.worker.pid, signal.SIGTERM)
+            try:
+                self.worker.wait(15)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.worker.pid, signal.SIGKILL)
+                self.worker.wait(5)
+        self.worker = None
+
+    def archived(self) -> int:
+        return int(self.sql("SELECT count(*) FROM hivejobs_archive")[0][0])
+
+    def reset_jobs(self) -> None:
+        self.sql("TRUNCATE hivejobs_job, hivejobs_archive")
+        for path in self.workdir.glob("latency.*"):
+            path.unlink()
+
+    def latencies_us(self) -> list[int]:
+        values: list[int] = []
+        for path in self.workdir.glob("latency.*"):
+            values += [int(v) for v in path.read_text().split()]
+        return values

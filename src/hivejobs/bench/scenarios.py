@@ -1,0 +1,208 @@
+"""Bench scenarios. Each returns a flat dict of figures; the caller repeats and takes medians.
+
+Ceilings are measured in the same run on the same services, so every hivejobs figure can be
+stated as a fraction of what this machine allows.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import redis
+
+from hivejobs.bench.environment import BenchEnvironment
+from hivejobs.store import connect
+
+Figures = dict[str, float]
+Progress = Callable[[str, int, int, float], None]
+JOB = "bench_noop"
+
+
+def payload(size: int) -> dict[str, Any]:
+    return {"pad": "x" * max(0, size - 12)} if size > 12 else {}
+
+
+def ceilings(env: BenchEnvironment, seconds: float = 1.0) -> Figures:
+    """Raw Redis round trips, raw single-row commits, and the batched job life cycle."""
+    client = redis.Redis.from_url(env.redis_url)
+    n, end = 0, time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        client.ping()
+        n += 1
+    redis_rtt = n / seconds
+    client.close()
+    with connect(env.database_url) as conn:
+        conn.execute("CREATE TEMP TABLE ceiling (id text PRIMARY KEY, state text, body bytea)")
+        n, start = 0, time.perf_counter()
+        while time.perf_counter() - start < seconds:
+            conn.execute("INSERT INTO ceiling VALUES (%s, 'queued', %s)",
+                         (uuid.uuid4().hex, b"{}"))
+            n += 1
+        commits = n / (time.perf_counter() - start)
+        conn.execute("CREATE TEMP TABLE ceiling_done (LIKE ceiling)")
+        jobs, start = 0, time.perf_counter()
+        while time.perf_counter() - start < seconds:
+            ids = [uuid.uuid4().hex for _ in range(100)]
+            conn.execute("INSERT INTO ceiling SELECT unnest(%s::text[]), 'queued', '\\x7b7d'",
+                         (ids,))
+            conn.execute("UPDATE ceiling SET state = 'running' WHERE id = ANY(%s)", (ids,))
+            conn.execute("WITH d AS (DELETE FROM ceiling WHERE id = ANY(%s) RETURNING *) "
+                         "INSERT INTO ceiling_done SELECT * FROM d", (ids,))
+            jobs += 100
+        lifecycle = jobs / (time.perf_counter() - start)
+    return {"redis_round_trips_per_s": redis_rtt, "pg_commits_per_s": commits,
+            "pg_batched_lifecycle_jobs_per_s": lifecycle}
+
+
+def enqueue(env: BenchEnvironment, jobs: int, payload_bytes: int) -> Figures:
+    """Single enqueue calls from one thread, then enqueue_many in batches of 10,000."""
+    assert env.app is not None
+    body = payload(payload_bytes)
+    single = min(jobs, 2000)
+    start = time.perf_counter()
+    for _ in range(single):
+        env.app.enqueue(JOB, body)
+    single_rate = single / (time.perf_counter() - start)
+    bulk = max(jobs, 10_000)
+    start = time.perf_counter()
+    for offset in range(0, bulk, 10_000):
+        env.app.enqueue_many(JOB, [body] * min(10_000, bulk - offset))
+    bulk_rate = bulk / (time.perf_counter() - start)
+    env.reset_jobs()
+    _flush_redis(env)
+    return {"enqueue_single_per_s": single_rate, "enqueue_bulk_per_s": bulk_rate}
+
+
+def throughput(env: BenchEnvironment, jobs: int, processes: int, concurrency: int,
+               work_ms: float, payload_bytes: int, progress: Progress) -> Figures:
+    """A backlog drained by a real `hivejobs run`: steady rate from first to last finish."""
+    assert env.app is not None
+    body = payload(payload_bytes)
+    for offset in range(0, jobs, 10_000):
+        env.app.enqueue_many(JOB, [body] * min(10_000, jobs - offset))
+    started = time.perf_counter()
+    env.start_worker(processes, concurrency, work_ms)
+    _wait_done(env, jobs, started, "throughput", progress)
+    wall = time.perf_counter() - started
+    first, last = env.sql("SELECT extract(epoch FROM min(finished_at)), "
+                          "extract(epoch FROM max(finished_at)) FROM hivejobs_archive")[0]
+    env.stop_worker()
+    steady = (jobs - 1) / max(float(last) - float(first), 1e-6)
+    env.reset_jobs()
+    return {"throughput_jobs_per_s": steady, "drain_wall_s": wall}
+
+
+def latency(env: BenchEnvironment, rate: float, duration: float, processes: int,
+            concurrency: int, progress: Progress) -> Figures:
+    """Steady enqueue rate against idle workers: enqueue call to handler start."""
+    assert env.app is not None
+    env.start_worker(processes, concurrency, 0.0)
+    total = int(rate * duration)
+    interval = 1.0 / rate
+    begin = time.perf_counter()
+    for i in range(total):
+        due = begin + i * interval
+        pause = due - time.perf_counter()
+        if pause > 0:
+            time.sleep(pause)  # pacing the load generator, not synchronisation
+        env.app.enqueue(JOB, {"t": time.time()})
+        if i % 200 == 0:
+            progress("latency", i, total, time.perf_counter() - begin)
+    _wait_done(env, total, begin, "latency", progress)
+    env.stop_worker()
+    values = sorted(env.latencies_us())
+    env.reset_jobs()
+    if not values:
+        return {}
+    q = statistics.quantiles(values, n=100, method="inclusive")
+    return {"pickup_p50_ms": q[49] / 1000, "pickup_p95_ms": q[94] / 1000,
+            "pickup_p99_ms": q[98] / 1000, "pickup_max_ms": values[-1] / 1000,
+            "achieved_rate_per_s": total / (time.perf_counter() - begin)}
+
+
+def backlog(env: BenchEnvironment, jobs: int, processes: int, concurrency: int,
+            progress: Progress) -> Figures:
+    """A large backlog drained: throughput at start vs end, RSS and hot-table size."""
+    assert env.app is not None
+    for offset in range(0, jobs, 10_000):
+        env.app.enqueue_many(JOB, [{}] * min(10_000, jobs - offset))
+        progress("backlog enqueue", offset, jobs, 0.0)
+    size_start = _hot_table_bytes(env)
+    begin = time.perf_counter()
+    env.start_worker(processes, concurrency, 0.0)
+    rss_start = _rss_kib(env.pool_pids())
+    window = max(jobs // 20, 1000)
+    rates: list[float] = []
+    done, mark, mark_t = 0, 0, time.perf_counter()
+    while done < jobs:
+        time.sleep(0.5)  # sampling interval of a long drain
+        done = env.archived()
+        if done - mark >= window:
+            rates.append((done - mark) / (time.perf_counter() - mark_t))
+            mark, mark_t = done, time.perf_counter()
+        progress("backlog", done, jobs, time.perf_counter() - begin)
+    rss_end = _rss_kib(env.pool_pids())
+    env.stop_worker()
+    env.sql("VACUUM hivejobs_job")
+    return {"backlog_rate_start_per_s": statistics.median(rates[:3]) if rates else 0.0,
+            "backlog_rate_end_per_s": statistics.median(rates[-3:]) if rates else 0.0,
+            "backlog_pool_rss_start_kib": rss_start, "backlog_pool_rss_end_kib": rss_end,
+            "backlog_hot_table_bytes_start": size_start,
+            "backlog_hot_table_bytes_end": _hot_table_bytes(env),
+            "backlog_wall_s": time.perf_counter() - begin}
+
+
+def _wait_done(env: BenchEnvironment, total: int, began: float, label: str,
+               progress: Progress) -> None:
+    deadline = time.perf_counter() + 600
+    while True:
+        done = env.archived()
+        progress(label, done, total, time.perf_counter() - began)
+        if done >= total:
+            return
+        if time.perf_counter() > deadline or (env.worker and env.worker.poll() is not None):
+            raise RuntimeError(f"{label}: {done}/{total} done; see {env.workdir}/worker.log")
+        time.sleep(0.1)  # progress polling interval
+
+
+def _flush_redis(env: BenchEnvironment) -> None:
+    client = redis.Redis.from_url(env.redis_url)
+    keys = [k for k in client.scan_iter(match=env.prefix + "*") if not k.endswith(b"boot")]
+    if keys:
+        client.delete(*keys)
+    client.close()
+
+
+def _hot_table_bytes(env: BenchEnvironment) -> float:
+    return float(env.sql("SELECT pg_total_relation_size('hivejobs_job')")[0][0])
+
+
+def _rss_kib(pids: list[int]) -> float:
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/status") as status:
+                for line in status:
+                    if line.startswith("VmRSS:"):
+                        total += int(line.split()[1])
+        except FileNotFoundError:
+            continue
+    return float(total)
+
+
+def stderr_progress(label: str, done: int, total: int, elapsed: float) -> None:
+    """Live progress: jobs done, rate, ETA, on one rewritten line."""
+    if not sys.stderr.isatty() and done < total:
+        return
+    rate = done / elapsed if elapsed > 0 else 0.0
+    eta = (total - done) / rate if rate > 0 else float("inf")
+    end = "\n" if done >= total else "\r"
+    sys.stderr.write(f"  {label}: {done}/{total} jobs  {rate:,.0f}/s  ETA {eta:.0f}s   {end}")
+    sys.stderr.flush()
+
+
