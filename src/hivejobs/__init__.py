@@ -4,8 +4,11 @@ Public API only.
 """
 
 from hivejobs.app import App, Backoff, Retry
+from hivejobs.chains import Chain, ChainInfo, JobRef
 from hivejobs.context import JobContext
 from hivejobs.errors import (
+    ChainInvalid,
+    ChainNotFound,
     ConfigError,
     ConnectionFailed,
     HivejobsError,
@@ -24,7 +27,8 @@ from hivejobs.errors import (
 from hivejobs.records import JobInfo, JobState
 
 __all__ = [
-    "App", "Backoff", "ConfigError", "ConnectionFailed", "HivejobsError", "Interrupted",
+    "App", "Backoff", "Chain", "ChainInfo", "ChainInvalid", "ChainNotFound", "JobRef",
+    "ConfigError", "ConnectionFailed", "HivejobsError", "Interrupted",
     "InvalidArgument", "InvalidJobType", "JobContext", "JobIdConflict", "JobInfo",
     "JobNotFinished", "JobNotFound", "JobState", "PayloadInvalid", "PayloadTooLarge", "Retry",
     "SchemaMissing", "SchemaOutdated", "UnknownJobType",

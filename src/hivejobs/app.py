@@ -12,11 +12,12 @@ import random
 import re
 import threading
 import time
+import unicodedata
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import psycopg
 import redis
@@ -36,6 +37,10 @@ from hivejobs.records import PRIORITIES, Delivery, JobInfo, JobTypeInfo, NewJob
 from hivejobs.serialization import PayloadCodec, decode_json, payload_type_of
 from hivejobs.store import Store
 
+if TYPE_CHECKING:
+    from hivejobs.chains.builder import Chain
+    from hivejobs.records import ChainStatus, ChainSummary, JobLogEntry
+
 NAME_RE = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
 MAX_DELAY_S = 366 * 24 * 3600.0
 Handler = Callable[..., object]
@@ -47,6 +52,8 @@ class Retry(Exception):  # noqa: N818 - control flow, named for what the handler
 
     def __init__(self, delay: float | None = None, reason: str | None = None) -> None:
         super().__init__(reason or "retry requested")
+        if delay is not None:
+            _check_delay(delay)
         self.delay = delay
 
 
@@ -250,10 +257,11 @@ class App:
         _check_priority(prio)
         if delay is not None and run_at is not None:
             raise InvalidArgument("give either delay or run_at, not both")
-        if delay is not None and not (0 <= delay <= MAX_DELAY_S):
-            raise InvalidArgument(
-                f"delay must be between 0 and {MAX_DELAY_S:.0f} seconds, not {delay}")
+        if delay is not None:
+            _check_delay(delay)
         for label, moment in (("run_at", run_at), ("expires_at", expires_at)):
+            if moment is not None and not isinstance(moment, datetime):
+                raise InvalidArgument(f"{label} must be a datetime, not {type(moment).__name__}")
             if moment is not None and moment.tzinfo is None:
                 raise InvalidArgument(f"{label} must be timezone-aware (e.g. datetime.now(UTC))")
         if expires_at is not None and expires_at.timestamp() <= time.time():
@@ -304,14 +312,52 @@ class App:
             raise JobNotFinished(job_id, info.state)
         return self.enqueue(info.name, info.payload, priority=info.priority)
 
+    # -- chains (hivejobs.chains.api does the work) ----------------------------------------
+
+    def run_chain(self, chain: Chain) -> str:
+        """Validate and store a chain (ChainInvalid stores nothing); returns its request id."""
+        from hivejobs.chains.api import run_chain
+
+        return run_chain(self, chain)
+
+    def chain_status(self, request_id: str) -> ChainStatus:
+        from hivejobs.chains.api import chain_status
+
+        return chain_status(self, request_id)
+
+    def stop_chain(self, request_id: str) -> bool:
+        """Stop a live chain (it ends `stopped`); False when it had already finished."""
+        from hivejobs.chains.api import stop_chain
+
+        return stop_chain(self, request_id)
+
+    def job_log(self, request_id: str) -> list[JobLogEntry]:
+        """One entry per try of every job of the chain, in the order they finished."""
+        from hivejobs.chains.api import job_log
+
+        return job_log(self, request_id)
+
+    def list_chains(self, limit: int = 50) -> list[ChainSummary]:
+        from hivejobs.chains.api import list_chains
+
+        return list_chains(self, limit)
+
+
+def _check_delay(delay: float) -> None:
+    if isinstance(delay, bool) or not isinstance(delay, int | float):
+        raise InvalidArgument(f"delay must be a number of seconds, not {type(delay).__name__}")
+    if not (0 <= delay <= MAX_DELAY_S):  # also refuses NaN
+        raise InvalidArgument(
+            f"delay must be between 0 and {MAX_DELAY_S:.0f} seconds, not {delay}")
+
 
 def _check_priority(priority: int) -> None:
-    if not isinstance(priority, int) or priority not in PRIORITIES:
+    if isinstance(priority, bool) or not isinstance(priority, int) or priority not in PRIORITIES:
         raise InvalidArgument(f"priority must be an integer 0-9 (0 runs first), not {priority!r}")
 
 
 def _check_id(job_id: str) -> None:
     if not isinstance(job_id, str) or not 1 <= len(job_id) <= MAX_ID_LENGTH:
         raise InvalidArgument(f"job id must be a string of 1-{MAX_ID_LENGTH} characters")
-    if any(ord(ch) < 32 or ord(ch) == 127 for ch in job_id):
+    if any(unicodedata.category(ch) == "Cc" for ch in job_id):
         raise InvalidArgument(f"job id {job_id!r} contains control characters")

@@ -17,6 +17,7 @@ import msgspec
 from hivejobs.app import App
 from hivejobs.config import redact_url
 from hivejobs.errors import (
+    ChainInvalid,
     ConfigError,
     HivejobsError,
     InvalidArgument,
@@ -27,7 +28,7 @@ from hivejobs.errors import (
     UnknownJobType,
 )
 
-USAGE_ERRORS = (InvalidArgument, PayloadInvalid, PayloadTooLarge, UnknownJobType,
+USAGE_ERRORS = (ChainInvalid, InvalidArgument, PayloadInvalid, PayloadTooLarge, UnknownJobType,
                 InvalidJobType, ConfigError, JobIdConflict)
 
 
@@ -144,6 +145,36 @@ def cmd_restart(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_chain(args: argparse.Namespace) -> int:
+    """`hivejobs chain run FILE.json | status ID | stop ID | list`."""
+    from hivejobs.chains import Chain
+    from hivejobs.chains.render import render
+
+    app = _app(args)
+    if args.chain_command == "run":
+        try:
+            with open(args.file, "rb") as fh:
+                text = fh.read()
+        except OSError as exc:
+            raise UsageError(f"cannot read {args.file}: {exc.strerror}") from None
+        print(app.run_chain(Chain.from_json(text)))
+    elif args.chain_command == "status":
+        print(render(app.chain_status(args.request_id)))
+    elif args.chain_command == "stop":
+        done = app.stop_chain(args.request_id)
+        print("stop requested" if done else "already finished")
+        return 0 if done else 1
+    else:
+        table: list[tuple[object, ...]] = [("id", "name", "state", "jobs", "succeeded",
+                                            "created", "finished")]
+        table += [(c.id, c.name, c.state, c.jobs, c.succeeded,
+                   c.created_at.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S"),
+                   c.finished_at.astimezone(UTC).strftime("%H:%M:%S") if c.finished_at
+                   else "-") for c in app.list_chains(args.limit)]
+        _print_table(table)
+    return 0
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     from hivejobs.bench import run_bench
 
@@ -190,6 +221,15 @@ def build_parser() -> Parser:
     p.add_argument("job_id")
     p = add("restart", cmd_restart, "reload every worker instance gracefully (new code)")
     p.add_argument("--pool", help="only this job type's pools")
+    p = add("chain", cmd_chain, "run, show, stop and list job chains")
+    chain_sub = p.add_subparsers(dest="chain_command", required=True, parser_class=Parser)
+    chain_sub.add_parser("run", help="validate and start a chain from a JSON file; prints "
+                         "its request id").add_argument("file", metavar="FILE.json")
+    chain_sub.add_parser("status", help="the chain's DAG in layers, each job's state"
+                         ).add_argument("request_id")
+    chain_sub.add_parser("stop", help="stop a running chain").add_argument("request_id")
+    chain_sub.add_parser("list", help="the latest chains").add_argument(
+        "--limit", type=int, default=50)
     p = add("bench", cmd_bench, "load-test hivejobs on this machine", False)
     from hivejobs.bench import add_bench_arguments
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
+from collections.abc import Callable
 
 import psycopg
 import redis
@@ -23,9 +24,11 @@ MAX_BATCH = 500
 
 
 class Completer:
-    def __init__(self, store: Store, broker: Broker) -> None:
+    def __init__(self, store: Store, broker: Broker,
+                 on_written: Callable[[list[Completion]], None] | None = None) -> None:
         self.store = store
         self.broker = broker
+        self.on_written = on_written
         self._queue: queue.SimpleQueue[Completion | None] = queue.SimpleQueue()
         self._pending = 0
         self._idle = threading.Condition()
@@ -39,6 +42,10 @@ class Completer:
         with self._idle:
             self._pending += 1
         self._queue.put(completion)
+
+    def idle(self) -> bool:
+        with self._idle:
+            return self._pending == 0
 
     def flush(self, timeout_s: float) -> bool:
         """Wait until everything submitted so far is written; False on timeout."""
@@ -71,6 +78,13 @@ class Completer:
                 self._pending -= len(batch)
                 self._idle.notify_all()
 
+    def _write_unwritable(self, item: Completion, exc: Exception) -> None:
+        logger.error("completion cannot be written; failing the job", job_id=item.id,
+                     error=repr(exc))
+        if item.outcome != "failed":
+            self._write([Completion(id=item.id, claim_token=item.claim_token, outcome="failed",
+                                    error=f"completion could not be stored: {exc!r}")])
+
     def _write(self, batch: list[Completion]) -> None:
         delay = 0.05
         while True:
@@ -78,12 +92,23 @@ class Completer:
                 with self.store.connection() as conn:
                     written, requeued = self.store.finish(batch, conn)
                 break
+            except (psycopg.DataError, psycopg.ProgrammingError) as exc:
+                # Not a connection problem: retrying the same batch would fail for ever.
+                # Write one by one; a completion that cannot be written fails its job.
+                if len(batch) > 1:
+                    for item in batch:
+                        self._write([item])
+                    return
+                self._write_unwritable(batch[0], exc)
+                return
             except psycopg.Error as exc:
                 # Fenced writes are idempotent: retrying after an unknown outcome is safe.
                 logger.warning("completion batch failed, retrying", jobs=len(batch),
                                error=repr(exc), retry_in_s=delay)
                 time.sleep(delay)
                 delay = min(delay * 2, 2.0)
+        if self.on_written is not None:
+            self.on_written(batch)
         if written < len(batch):
             self.fenced_out += len(batch) - written
             logger.warning("claim lost: completion fenced out (job rescued or timed out)",

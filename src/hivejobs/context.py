@@ -14,6 +14,7 @@ if TYPE_CHECKING:
 
     from hivejobs.app import App
     from hivejobs.broker import Broker
+    from hivejobs.chains.context import ChainInfo, ChainView
 
 
 class JobContext:
@@ -33,6 +34,37 @@ class JobContext:
         self.app = app
         self.stopping = threading.Event()
         self.cancelled = False
-        self.logger: Logger = logger.bind(job_id=job.id, job_type=job.name,
-                                          attempt=job.attempt)
+        self._logger: Logger | None = None
         self._broker = broker
+        self._chain: ChainView | None = None
+
+    @property
+    def logger(self) -> Logger:
+        """Bound to job id, type and attempt; made on first use (no cost for quiet jobs)."""
+        if self._logger is None:
+            self._logger = logger.bind(job_id=self.job_id, job_type=self.name,
+                                       attempt=self.attempt)
+        return self._logger
+
+    # -- chains: loaded on first use, so plain jobs never pay for them ------------------
+
+    @property
+    def chain(self) -> ChainInfo | None:
+        """The chain this job runs in (request id, args, key, try number); None if none."""
+        return self._chain_view().info
+
+    @property
+    def upstream(self) -> dict[str, object]:
+        """The results of this chain job's predecessors, by key ({} for a plain job)."""
+        return self._chain_view().upstream()
+
+    def set_status(self, text: str) -> None:
+        """A live status line for `hivejobs chain status` ("copied 40%"); plain jobs: no-op."""
+        self._chain_view().set_status(text)
+
+    def _chain_view(self) -> ChainView:
+        if self._chain is None:
+            from hivejobs.chains.context import ChainView
+
+            self._chain = ChainView(self.app, self.job_id)
+        return self._chain

@@ -52,9 +52,15 @@ class Pool:
         self.jt = jt
         self.worker_id = worker_id
         self.settings = settings
-        self.store = Store(settings.database_url, max_size=3)
+        # At-least-once claims and completions may commit asynchronously: one lost in a
+        # Postgres crash means a re-run, never a loss (the claim check below finds it).
+        self.async_commit = jt.delivery == "at_least_once"
+        self.store = Store(settings.database_url, max_size=3,
+                           synchronous_commit=not self.async_commit)
         self.broker = Broker(settings)
-        self.completer = Completer(self.store, self.broker)
+        self.completer = Completer(self.store, self.broker, self._forget)
+        self.held: dict[str, int] = {}  # claims not yet finished in Postgres: id -> token
+        self.claim_lock = threading.Lock()
         self.work: queue.SimpleQueue[ClaimedJob | None] = queue.SimpleQueue()
         self.running: dict[str, Running] = {}
         self.lock = threading.Condition()
@@ -189,12 +195,15 @@ class Pool:
                 backoff = min(backoff * 2, 2.0)
 
     def _claim(self, ids: list[str]) -> bool:
-        try:
-            with self.store.connection() as conn:
-                jobs = self.store.claim_queued(ids, self.worker_id, conn)
-        except psycopg.Error:
-            self._release_ambiguous(ids)
-            raise
+        with self.claim_lock:
+            try:
+                with self.store.connection() as conn:
+                    jobs = self.store.claim_queued(ids, self.worker_id, conn)
+            except psycopg.Error:
+                self._release_ambiguous(ids)
+                raise
+            with self.lock:
+                self.held.update((j.id, j.claim_token) for j in jobs)
         failpoint("pool.after_claim_commit")
         with self.lock:
             self.reserved += len(jobs)
@@ -217,6 +226,25 @@ class Pool:
             except (psycopg.Error, redis.RedisError):
                 if self.stop_acquiring.wait(0.5):
                     return
+
+    def _forget(self, written: list[Completion]) -> None:
+        with self.lock:
+            for c in written:
+                if self.held.get(c.id) == c.claim_token:
+                    del self.held[c.id]
+
+    def _release_untracked_claims(self) -> None:
+        """After a Postgres crash an asynchronously committed completion may be gone, leaving
+        a `running` row that this live process no longer tracks: put it back in the queue."""
+        with self.claim_lock:
+            rows = self.store.running_claims(self.worker_id)
+            with self.lock:
+                lost = [(i, t) for i, t in rows if self.held.get(i) != t]
+        if lost:
+            released = self.store.release_claims(lost)
+            self.broker.push_many([(r[0], r[1], r[2]) for r in released])
+            self.log.warning("released claims this process no longer tracks",
+                             jobs=len(released))
 
     # -- runners -----------------------------------------------------------------------
 
@@ -365,12 +393,16 @@ class Pool:
     def _heartbeat(self) -> None:
         while True:
             try:
+                if self.shutting_down.is_set() and self.completer.idle():
+                    return  # our row is about to go: a missing row now is not a death
                 if not self.store.heartbeat(self.worker_id):
                     # The coordinator rescued our claims: anything we finish now is fenced.
                     self.log.error("worker row gone (declared dead): exiting")
                     os._exit(3)
                 self.last_heartbeat_ok = time.monotonic()
-            except psycopg.Error as exc:
+                if self.async_commit:
+                    self._release_untracked_claims()
+            except (psycopg.Error, redis.RedisError) as exc:
                 self.log.warning("heartbeat failed", error=repr(exc))
             time.sleep(self.settings.heartbeat_s)
 

@@ -299,9 +299,6 @@ def test_retry_counts_as_an_attempt_and_the_next_one_can_succeed(
     assert (info.attempt, info.result) == (2, 2)
 
 
-@pytest.mark.xfail(reason="BUG: Retry(delay=nan/inf/1e300) reaches requeue_if_running, whose "
-                          "'interval out of range' the Completer retries for ever: the pool's "
-                          "completions stall", strict=True)
 def test_retry_with_an_unusable_delay_does_not_stall_the_pool(
         make_app: Callable[..., App], start_pool: StartPool) -> None:
     """While failing, this leaves a completer thread retrying its batch for ever (as in a

@@ -16,7 +16,6 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-import psycopg
 import redis
 
 from hivejobs.app import App

@@ -18,6 +18,7 @@ import redis
 from loguru import logger
 
 from hivejobs.broker import Broker
+from hivejobs.chains.traverser import Traverser
 from hivejobs.config import Settings
 from hivejobs.coordinator.elector import Elector
 from hivejobs.coordinator.services import Gauges, Promoter, Reconciler, Rescuer
@@ -36,13 +37,16 @@ class Coordinator:
         self.rescuer = Rescuer(self.store, self.broker, settings)
         self.reconciler = Reconciler(self.store, self.broker)
         self.gauges = Gauges(self.store)
+        self.traverser = Traverser(self.store, self.broker)
+        self._chains_due = True  # a NOTIFY on hivejobs_chain: traverse at once
         self.stop = threading.Event()
         self._due: dict[str, float] = {}
         self._listen: psycopg.Connection[object] | None = None
 
     def run(self) -> int:
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, lambda *_: self.stop.set())
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                signal.signal(sig, lambda *_: self.stop.set())
         self.store.register_worker(self.worker_id, socket.gethostname(), os.getpid(),
                                    "coordinator", None)
         last_beat = 0.0
@@ -81,10 +85,17 @@ class Coordinator:
                 lease, self.elector.healthy_for()))
         if self._every("reconcile", s.coordinator_interval_s):
             self._guard("reconcile", lambda: self.reconciler.run_once(lease))
+        if self._chains_due or self._every("traverse", s.coordinator_interval_s):
+            self._chains_due = False
+            self._guard("traverse", lambda: self._traverse(lease))
         if self._every("gauges", max(5.0, s.coordinator_interval_s)):
             self._guard("gauges", self.gauges.run_once)
         if self._every("prune", 60.0):
             self._guard("prune", lambda: self.store.prune_archive(s.archive_retention_s))
+
+    def _traverse(self, lease: tuple[str, int]) -> None:
+        result = self.traverser.run_once(lease)
+        self._chains_due = result.more
 
     def _guard(self, what: str, fn: object) -> None:
         try:
@@ -94,15 +105,29 @@ class Coordinator:
 
     def _wait_for_dispatch(self, leader: bool) -> None:
         """Sleep until the next tick, pushing ids of transactional enqueues as they commit."""
-        timeout = self.settings.promote_interval_s
+        # Chain work left over from a capped pass: only collect what is already here.
+        busy = leader and self._chains_due
+        timeout = 0.0 if busy else self.settings.promote_interval_s
         try:
             if self._listen is None:
                 self._listen = connect(self.settings.database_url)
                 self._listen.execute("LISTEN hivejobs_dispatch")
+                self._listen.execute("LISTEN hivejobs_chain")
             entries = []
             for note in self._listen.notifies(timeout=timeout, stop_after=1000):
+                if note.channel == "hivejobs_chain":
+                    # A chain try finished (or a chain came, or was stopped): traverse now,
+                    # this is the hop latency between a job and its successor. One pass
+                    # serves every notification already here, so drain them first.
+                    self._chains_due = True
+                    break
                 name, priority, job_id = note.payload.split("\t", 2)
                 entries.append((job_id, name, int(priority)))
+            if self._chains_due:
+                for note in self._listen.notifies(timeout=0.0, stop_after=1000):
+                    if note.channel != "hivejobs_chain":
+                        name, priority, job_id = note.payload.split("\t", 2)
+                        entries.append((job_id, name, int(priority)))
             if entries and leader:
                 self.broker.push_many(entries)
         except (psycopg.Error, redis.RedisError, ValueError) as exc:

@@ -30,6 +30,7 @@ from hivejobs.records import (
     TypeCounts,
     WorkerInfo,
 )
+from hivejobs.store.chains import suspend_chain_tries
 from hivejobs.store.migrate import apply_migrations, check_schema
 
 Conn = psycopg.Connection[Any]
@@ -81,7 +82,8 @@ def create_database_if_missing(url: str) -> bool:
 class Store:
     """A connection pool plus one method per statement."""
 
-    def __init__(self, url: str, max_size: int = 4, min_size: int = 1) -> None:
+    def __init__(self, url: str, max_size: int = 4, min_size: int = 1,
+                 synchronous_commit: bool = True) -> None:
         self.url = url
         connect(url).close()  # fail fast with a clear message
         self._pool: ConnectionPool[Conn] = ConnectionPool(
@@ -89,6 +91,7 @@ class Store:
             min_size=min_size,
             max_size=max_size,
             kwargs={"autocommit": True, "connect_timeout": 5},
+            configure=None if synchronous_commit else _asynchronous_commit,
             open=True,
             name="hivejobs",
         )
@@ -193,17 +196,21 @@ class Store:
                     "ids": [c.id for c in archive],
                     "tokens": [c.claim_token for c in archive],
                     "states": [c.outcome for c in archive],
-                    "errors": [c.error for c in archive],
+                    "errors": [_text(c.error) for c in archive],
                     "results": [c.result for c in archive],
                 }).fetchall()
                 written += len(rows)
             if requeue:
+                suspends = [c for c in requeue if c.outcome == "suspend"]
+                if suspends:
+                    # Chain tries end here (their chain is suspended); plain jobs requeue.
+                    written += suspend_chain_tries(conn, suspends)
                 requeued = conn.execute(QUERIES["requeue_if_running"], {
                     "ids": [c.id for c in requeue],
                     "tokens": [c.claim_token for c in requeue],
                     "delays": [c.retry_delay_s for c in requeue],
                     "uncounts": [1 if c.outcome == "suspend" else 0 for c in requeue],
-                    "errors": [c.error for c in requeue],
+                    "errors": [_text(c.error) for c in requeue],
                 }).fetchall()
                 written += len(requeued)
         return written, requeued
@@ -223,6 +230,16 @@ class Store:
             failed = conn.execute(QUERIES["rescue_fail"], params).fetchall()
             conn.execute(QUERIES["delete_workers"], {"worker_ids": worker_ids})
         return requeued, len(failed)
+
+    def running_claims(self, worker_id: str) -> list[tuple[str, int]]:
+        with self.connection() as conn:
+            rows = conn.execute(QUERIES["running_claims"], {"worker_id": worker_id}).fetchall()
+        return [(r[0], int(r[1])) for r in rows]
+
+    def release_claims(self, claims: list[tuple[str, int]]) -> list[tuple[Any, ...]]:
+        with self.connection() as conn:
+            return conn.execute(QUERIES["release_claims_if_running"], {
+                "ids": [c[0] for c in claims], "tokens": [c[1] for c in claims]}).fetchall()
 
     # -- reads and user actions ----------------------------------------------------------
 
@@ -345,6 +362,15 @@ class Store:
         with self.connection() as conn:
             cur = conn.execute(QUERIES["prune_archive"], {"retention_s": retention_s})
             return cur.rowcount
+
+
+def _text(value: str | None) -> str | None:
+    """Postgres text cannot hold NUL; an error message from user code might."""
+    return None if value is None else value.replace("\x00", "\\x00")
+
+
+def _asynchronous_commit(conn: Conn) -> None:
+    conn.execute("SET synchronous_commit = off")
 
 
 def _insert_params(job: NewJob) -> dict[str, Any]:

@@ -75,6 +75,18 @@ UPDATE hivejobs_job j
  WHERE j.id = c.id AND j.state = 'running' AND j.claim_token = c.token
 RETURNING j.id, j.name, j.priority, j.state;
 
+-- name: running_claims
+SELECT id, claim_token FROM hivejobs_job WHERE worker_id = %(worker_id)s AND state = 'running';
+
+-- name: release_claims_if_running
+-- Claims a live pool no longer tracks (its completion was lost in a Postgres crash under
+-- asynchronous commit): back to the queue, the attempt stays counted, like a worker loss.
+UPDATE hivejobs_job j
+   SET state = 'queued', queued_at = now(), worker_id = NULL, claim_token = NULL
+  FROM unnest(%(ids)s::text[], %(tokens)s::bigint[]) AS c(id, token)
+ WHERE j.id = c.id AND j.state = 'running' AND j.claim_token = c.token
+RETURNING j.id, j.name, j.priority;
+
 -- name: rescue_requeue
 -- Claims of dead processes: at-least-once jobs with attempts left and under the poison-pill
 -- limit go back to the queue with the attempt counted (R2); the rest are failed below.

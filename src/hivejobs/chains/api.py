@@ -1,0 +1,118 @@
+"""The App's chain calls: run_chain, chain_status, stop_chain, job_log, list_chains.
+
+run_chain validates everything (DAG, sequences, job types, payloads) before the one
+transaction that stores the chain; the coordinator's traverser does the rest. stop_chain
+flags the chain and tells running tries to stop over the control channel; a Redis failure
+there only delays the stop (the tries end cancelled whenever they fail or finish).
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+import redis
+from loguru import logger
+
+from hivejobs.broker import ControlMessage
+from hivejobs.chains.builder import Chain
+from hivejobs.errors import (
+    ChainInvalid,
+    ChainNotFound,
+    PayloadInvalid,
+    PayloadTooLarge,
+    UnknownJobType,
+)
+from hivejobs.records import PRIORITIES, ChainJobStatus, ChainStatus, ChainSummary, JobLogEntry
+from hivejobs.serialization import decode_json
+from hivejobs.store.chains import ChainStore
+
+if TYPE_CHECKING:
+    from hivejobs.app import App
+
+_encoder = msgspec.json.Encoder(order="deterministic")
+
+
+def run_chain(app: App, chain: Chain) -> str:
+    """Validate, store in one transaction, wake the traverser; returns the request id."""
+    if not isinstance(chain, Chain):
+        raise ChainInvalid(f"run_chain takes a hivejobs.Chain, not {type(chain).__name__}")
+    valid = chain.validate()
+    try:
+        args = _encoder.encode(chain.args)
+    except (TypeError, msgspec.EncodeError, OverflowError) as exc:
+        raise ChainInvalid(f"chain {chain.name!r}: args are not JSON-serialisable: {exc}") from None
+    jobs: list[dict[str, Any]] = []
+    for key in valid.order:
+        spec = chain.jobs[key]
+        try:
+            jt = app.job_type(spec.type)
+            payload = jt.codec.encode(spec.payload)
+        except (UnknownJobType, PayloadInvalid, PayloadTooLarge) as exc:
+            raise ChainInvalid(f"job {key!r}: {exc}") from None
+        if jt.delivery == "at_most_once" and spec.tries != 1:
+            raise ChainInvalid(f"job {key!r}: job type {jt.name!r} is at_most_once, so it runs "
+                               f"at most one try: tries={spec.tries} is impossible")
+        priority = jt.priority if spec.priority is None else spec.priority
+        if isinstance(priority, bool) or priority not in PRIORITIES:
+            raise ChainInvalid(f"job {key!r}: priority must be an integer 0-9, not {priority!r}")
+        jobs.append({"key": key, "name": jt.name, "payload": payload, "priority": priority,
+                     "delivery": jt.delivery, "after": list(spec.after),
+                     "seq": valid.sequence_of.get(key), "tries": spec.tries,
+                     "retry_wait_s": spec.retry_wait_s})
+    sequences = [{"start": start, "retries": s.retries, "retry_wait_s": s.retry_wait_s}
+                 for start, s in valid.starts.items()]
+    request_id = uuid.uuid4().hex
+    ChainStore(app.store).create(
+        {"id": request_id, "name": chain.name, "args": args, "jobs": len(jobs)}, jobs,
+        sequences)
+    logger.info("chain stored", chain_id=request_id, chain=chain.name, jobs=len(jobs))
+    return request_id
+
+
+def chain_status(app: App, request_id: str) -> ChainStatus:
+    found = ChainStore(app.store).get(request_id)
+    if found is None:
+        raise ChainNotFound(request_id)
+    head, rows = found
+    jobs = []
+    for row in rows:
+        row["try_"] = row.pop("try")
+        row["result"] = decode_json(bytes(row["result"]) if row["result"] is not None else None)
+        jobs.append(ChainJobStatus(**row))
+    head["args"] = decode_json(bytes(head["args"]))
+    return ChainStatus(**head, jobs=jobs)
+
+
+def stop_chain(app: App, request_id: str) -> bool:
+    """Stop a live chain: nothing new starts, running tries are told to stop, and the chain
+    ends `stopped` once they have. False when it had already finished."""
+    live, running = ChainStore(app.store).request_stop(request_id)
+    if not live:
+        chain_status(app, request_id)  # raises ChainNotFound for unknown ids
+        return False
+    for job_id in running:
+        try:
+            app.broker.publish_control(ControlMessage(action="cancel", job_id=job_id))
+        except redis.RedisError as exc:
+            logger.warning("chain stop stored but not broadcast; its running jobs end "
+                           "cancelled when they fail", chain_id=request_id, error=repr(exc))
+            break
+    logger.info("chain stop requested", chain_id=request_id, running=len(running))
+    return True
+
+
+def job_log(app: App, request_id: str) -> list[JobLogEntry]:
+    rows = ChainStore(app.store).job_log(request_id)
+    if not rows:
+        chain_status(app, request_id)  # raises ChainNotFound for unknown ids
+    out = []
+    for row in rows:
+        row["try_"] = row.pop("try")
+        out.append(JobLogEntry(**row))
+    return out
+
+
+def list_chains(app: App, limit: int = 50) -> list[ChainSummary]:
+    return [ChainSummary(**row) for row in ChainStore(app.store).list_chains(limit)]

@@ -1,0 +1,54 @@
+"""What a handler sees of its chain: ctx.chain, ctx.upstream, ctx.set_status.
+
+Loaded from Postgres on first use, by the try's job id, so plain jobs never pay for it.
+Writes only the status line, and only while this try is the chain job's current one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from hivejobs.serialization import decode_json
+from hivejobs.store.chains import ChainStore
+
+if TYPE_CHECKING:
+    from hivejobs.app import App
+
+MAX_STATUS = 1000
+
+
+@dataclass(frozen=True)
+class ChainInfo:
+    """ctx.chain: the chain request this try belongs to."""
+
+    request_id: str
+    args: dict[str, Any]
+    key: str
+    try_number: int  # the job's total try number, as in the job log
+
+
+class ChainView:
+    def __init__(self, app: App, job_id: str) -> None:
+        self._chains = ChainStore(app.store)
+        self._job_id = job_id
+        self._after: list[str] = []
+        self.info: ChainInfo | None = None
+        found = self._chains.try_context(job_id)
+        if found is not None:
+            chain_id, key, total, after, args = found
+            decoded = decode_json(args)
+            self.info = ChainInfo(chain_id, decoded if isinstance(decoded, dict) else {},
+                                  key, total)
+            self._after = after
+
+    def upstream(self) -> dict[str, object]:
+        """Results of this job's predecessors by key (their return values)."""
+        if self.info is None or not self._after:
+            return {}
+        raw = self._chains.upstream(self.info.request_id, self._after)
+        return {key: decode_json(value) for key, value in raw.items()}
+
+    def set_status(self, text: str) -> None:
+        if self.info is not None:
+            self._chains.set_status(self._job_id, str(text)[:MAX_STATUS])

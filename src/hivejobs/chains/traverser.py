@@ -1,0 +1,245 @@
+"""Traverser: the coordinator service that runs chains (spincycle's traverser and reaper).
+
+One pass, per chain that needs it, in one transaction under the leader lease:
+  reap      finished tries (from the archive) into chain-job states and job-log rows;
+  resume    a suspended chain: its stopped jobs go back to pending;
+  retry     a sequence with a job failed for good, nothing of it running and retries left:
+            all its jobs back to pending, the start job after retry_wait;
+  run       every pending job whose predecessors all succeeded (a new try = a new job);
+  finalize  when nothing runs and nothing can: succeeded, failed, or stopped.
+Decisions are computed from the stored state alone, never from memory of an earlier pass,
+so a coordinator killed at any point leaves a chain that the next leader traverses the same
+way: no progress lost, and no try created twice (a try exists only if its pending -> running
+change committed). Never runs a handler and never writes outside store.chains.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+import msgspec
+import redis
+from loguru import logger
+
+from hivejobs.broker import Broker
+from hivejobs.failpoints import failpoint
+from hivejobs.store import Store
+from hivejobs.store.chains import (
+    ChainStore,
+    JobChange,
+    JobRow,
+    Lease,
+    LogRow,
+    Plan,
+    Snapshot,
+    StaleSnapshot,
+    try_id,
+)
+
+BATCH = 100
+_RANK = {"keep": 0, "reap": 1, "start": 2, "reset": 3}
+
+
+class TraverseResult(msgspec.Struct):
+    chains: int = 0
+    started: int = 0
+    ended: int = 0
+    more: bool = False  # chains left for another pass right away
+    lease_lost: bool = False
+
+
+class Traverser:
+    def __init__(self, store: Store, broker: Broker, batch: int = BATCH) -> None:
+        self.chains = ChainStore(store)
+        self.broker = broker
+        self.batch = batch
+        self._decided: Plan | None = None  # the last plan, for logging after its commit
+
+    def run_once(self, lease: Lease) -> TraverseResult:
+        result = TraverseResult()
+        ids = self.chains.chains_to_traverse(self.batch + 1)
+        result.more = len(ids) > self.batch
+        for chain_id in ids[:self.batch]:
+            self._decided = None
+            try:
+                pushes = self.chains.traverse(lease, chain_id, self._plan)
+            except StaleSnapshot:
+                result.more = True  # changed while we planned: look again next pass
+                continue
+            if pushes is None:
+                result.lease_lost = True
+                return result
+            result.chains += 1
+            result.started += len(pushes)
+            final = self._decided.state if self._decided is not None else None
+            if final in ("succeeded", "failed", "stopped"):
+                result.ended += 1
+                logger.info("chain finished", chain_id=chain_id, state=final)
+            failpoint("chain.after_commit_before_push")
+            if pushes:
+                try:
+                    self.broker.push_many(pushes)
+                except redis.RedisError as exc:
+                    # The tries are queued in Postgres: the reconciler pushes them (R1).
+                    logger.warning("chain tries stored but not pushed; the reconciler will",
+                                   chain_id=chain_id, jobs=len(pushes), error=repr(exc))
+        return result
+
+
+    def _plan(self, snapshot: Snapshot) -> Plan | None:
+        self._decided = plan_chain(snapshot)
+        return self._decided
+
+
+class _Draft:
+    """The plan under construction: rows change in place, `was` keeps the stored state
+    each update is fenced on."""
+
+    def __init__(self, snap: Snapshot) -> None:
+        self.snap = snap
+        self.plan = Plan(state=snap.state)
+        self.was: dict[str, str] = {}
+        self.modes: dict[str, str] = {}
+        self.reaped: dict[str, JobChange] = {}
+
+    def touch(self, row: JobRow, mode: str) -> None:
+        self.was.setdefault(row.key, row.state)
+        if _RANK[mode] > _RANK[self.modes.get(row.key, "keep")]:
+            self.modes[row.key] = mode
+
+    def changes(self) -> list[JobChange]:
+        out = []
+        for key, was in self.was.items():
+            row = self.snap.jobs[key]
+            reaped = self.reaped.get(key)
+            change = JobChange(key=key, was=was, state=row.state, try_=row.try_,
+                               total_tries=row.total_tries, job_id=row.job_id,
+                               not_before=row.not_before, mode=self.modes[key])
+            if reaped is not None:
+                change.started_at, change.finished_at = reaped.started_at, reaped.finished_at
+                change.result, change.error = reaped.result, reaped.error
+            out.append(change)
+        return out
+
+
+def plan_chain(snap: Snapshot) -> Plan | None:
+    """Everything one pass decides for one chain, from its stored state alone."""
+    draft = _Draft(snap)
+    succeeded_any = _reap(draft)
+    # By what is stopped, not by the chain's state: a pool may stop a try (and mark the
+    # chain suspended) while a pass that has already read the chain is committing.
+    stopped = any(row.state == "stopped" for row in snap.jobs.values())
+    if (stopped or snap.state == "suspended") and not snap.stop_requested:
+        _resume(draft)
+    if not snap.stop_requested:
+        _retry_sequences(draft)
+        _start_runnable(draft)
+        if succeeded_any and draft.plan.tries:
+            failpoint("chain.after_success_before_successor")
+    _finalize(draft)
+    draft.plan.changes = draft.changes()
+    return draft.plan
+
+
+def _reap(draft: _Draft) -> bool:
+    snap, succeeded_any = draft.snap, False
+    for done in snap.finished:
+        row = snap.jobs[done.key]
+        seq_try = snap.seq_tries.get(row.seq) if row.seq else None
+        draft.touch(row, "reap")
+        change = JobChange(key=row.key, was=row.state, state="", try_=0, total_tries=0,
+                           job_id=None, started_at=done.started_at,
+                           finished_at=done.finished_at)
+        if done.state == "succeeded":
+            row.state, change.result, log_state = "succeeded", done.result, "succeeded"
+            succeeded_any = True
+        elif done.state == "cancelled" and snap.stop_requested:
+            # Stopping is not failing: the try is not counted (spincycle rolls it back).
+            row.state, row.try_, log_state = "stopped", row.try_ - 1, "stopped"
+            change.error = done.error
+        else:
+            change.error = done.error or f"try ended {done.state}"
+            log_state = "failed"
+            if row.try_ < row.tries and not snap.stop_requested:
+                row.state = "pending"
+                row.not_before = _after(snap, row.retry_wait_s)
+            else:
+                row.state = "failed"
+        draft.reaped[row.key] = change
+        draft.plan.log.append(LogRow(
+            key=row.key, try_=row.total_tries, name=row.name, job_id=done.id, seq_try=seq_try,
+            state=log_state, started_at=done.started_at, finished_at=done.finished_at,
+            error=change.error))
+    return succeeded_any
+
+
+def _resume(draft: _Draft) -> None:
+    """Stopped jobs run again; their stopped tries were already uncounted when they ended."""
+    for row in draft.snap.jobs.values():
+        if row.state == "stopped":
+            draft.touch(row, "keep")
+            row.state, row.not_before = "pending", None
+    draft.plan.resumed = True
+    failpoint("chain.mid_resume")
+
+
+def _retry_sequences(draft: _Draft) -> None:
+    snap = draft.snap
+    for start, (retries, wait_s) in snap.seq_limits.items():
+        members = [row for row in snap.jobs.values() if row.seq == start]
+        if not any(r.state == "failed" for r in members):
+            continue
+        if any(r.state == "running" for r in members):
+            continue  # retry once the sequence's other jobs have ended
+        seq_try = snap.seq_tries[start]
+        if seq_try > retries:
+            continue  # exhausted: the job stays failed and the chain fails
+        for row in members:
+            draft.touch(row, "reset")
+            row.state, row.try_, row.not_before = "pending", 0, None
+        snap.jobs[start].not_before = _after(snap, wait_s)
+        snap.seq_tries[start] = draft.plan.seq_tries[start] = seq_try + 1
+        logger.warning("job failed for good: retrying its sequence", chain_id=snap.id,
+                       sequence=start, sequence_try=seq_try + 1, retry_in_s=wait_s)
+
+
+def _start_runnable(draft: _Draft) -> None:
+    snap = draft.snap
+    for row in snap.jobs.values():
+        if row.state != "pending" or not _preds_succeeded(snap, row):
+            continue
+        if row.not_before is not None and row.not_before > snap.now:
+            continue
+        draft.touch(row, "start")
+        row.try_ += 1
+        row.total_tries += 1
+        row.job_id = try_id(snap.id, row.key, row.total_tries)
+        row.state, row.not_before = "running", None
+        draft.plan.tries.append(row)
+
+
+def _finalize(draft: _Draft) -> None:
+    snap, plan = draft.snap, draft.plan
+    waits = [row.not_before for row in snap.jobs.values()
+             if not snap.stop_requested and row.state == "pending"
+             and _preds_succeeded(snap, row) and row.not_before is not None]
+    running = any(row.state == "running" for row in snap.jobs.values())
+    plan.wake_at = min((w for w in waits if w is not None), default=None)
+    if running or waits:
+        stays_suspended = snap.state == "suspended" and snap.stop_requested
+        plan.state = "suspended" if stays_suspended else "running"
+    elif snap.stop_requested:
+        plan.state = "stopped"
+    elif all(row.state == "succeeded" for row in snap.jobs.values()):
+        plan.state = "succeeded"
+    else:
+        plan.state = "failed"  # what is still pending cannot be reached any more
+
+
+def _preds_succeeded(snap: Snapshot, row: JobRow) -> bool:
+    return all(snap.jobs[k].state == "succeeded" for k in row.after_keys)
+
+
+def _after(snap: Snapshot, wait_s: float) -> datetime | None:
+    """When a wait ends, on the database clock (R5); None for no wait."""
+    return snap.now + timedelta(seconds=wait_s) if wait_s > 0 else None

@@ -1,0 +1,236 @@
+-- Chain statements (store/chains.py), one named block each, as in queries.sql.
+
+-- name: insert_chain
+INSERT INTO hivejobs_chain (id, name, args, jobs) VALUES (%(id)s, %(name)s, %(args)s, %(jobs)s);
+
+-- name: insert_chain_jobs
+INSERT INTO hivejobs_chain_job (chain_id, key, name, payload, priority, delivery, after_keys,
+                                seq, tries, retry_wait_s)
+SELECT %(chain_id)s, u.key, u.name, u.payload, u.priority, u.delivery,
+       CASE WHEN u.after_keys = '' THEN '{}'::text[] ELSE string_to_array(u.after_keys, ' ') END,
+       u.seq, u.tries, u.retry_wait_s
+  FROM unnest(%(keys)s::text[], %(names)s::text[], %(payloads)s::bytea[], %(priorities)s::int2[],
+              %(deliveries)s::text[], %(afters)s::text[], %(seqs)s::text[], %(tries)s::int[],
+              %(waits)s::float8[])
+       AS u(key, name, payload, priority, delivery, after_keys, seq, tries, retry_wait_s);
+
+-- name: insert_chain_sequences
+INSERT INTO hivejobs_chain_sequence (chain_id, start_key, retries, retry_wait_s)
+SELECT %(chain_id)s, u.start_key, u.retries, u.retry_wait_s
+  FROM unnest(%(starts)s::text[], %(retries)s::int[], %(waits)s::float8[])
+       AS u(start_key, retries, retry_wait_s);
+
+-- name: chains_to_traverse
+-- New, suspended and woken chains, and chains with a finished try not yet reaped. The join
+-- reads the partial index of running chain jobs, so idle chains cost nothing.
+SELECT id FROM hivejobs_chain
+ WHERE state IN ('pending', 'running', 'suspended')
+   AND (state <> 'running' OR wake_at <= now())
+UNION
+SELECT cj.chain_id FROM hivejobs_chain_job cj
+  JOIN hivejobs_archive a ON a.id = cj.job_id
+ WHERE cj.state = 'running'
+LIMIT %(limit)s;
+
+-- name: lock_chain
+-- The row lock orders the traverser with stop_chain and with suspensions written by pools.
+SELECT id, state, stop_requested, now() AS now FROM hivejobs_chain
+ WHERE id = %(id)s AND state IN ('pending', 'running', 'suspended')
+   FOR UPDATE;
+
+-- name: load_chain_jobs
+SELECT key, name, payload, priority, delivery, after_keys, seq, tries, retry_wait_s, state,
+       try, total_tries, job_id, not_before
+  FROM hivejobs_chain_job WHERE chain_id = %(id)s;
+
+-- name: load_chain_sequences
+SELECT start_key, retries, retry_wait_s, seq_try FROM hivejobs_chain_sequence
+ WHERE chain_id = %(id)s;
+
+-- name: finished_tries
+-- Tries of running chain jobs that reached the archive: what the reaper collects.
+SELECT cj.key, a.id, a.state, a.error, a.result, a.started_at, a.finished_at
+  FROM hivejobs_chain_job cj
+  JOIN hivejobs_archive a ON a.id = cj.job_id
+ WHERE cj.chain_id = %(id)s AND cj.state = 'running';
+
+-- name: update_chain_jobs
+-- Fenced by the state each change was computed from (`was`), inside the chain's row lock.
+-- `mode` says what happens to the try's details: reap (take them from the finished try),
+-- start (a new try: times cleared), reset (sequence retry: all cleared), keep.
+UPDATE hivejobs_chain_job cj
+   SET state = u.state, try = u.try, total_tries = u.total_tries, job_id = u.job_id,
+       not_before = u.not_before,
+       started_at = CASE u.mode WHEN 'reap' THEN u.started_at WHEN 'keep' THEN cj.started_at
+                    END,
+       finished_at = CASE u.mode WHEN 'reap' THEN u.finished_at
+                     WHEN 'keep' THEN cj.finished_at END,
+       result = CASE u.mode WHEN 'reap' THEN u.result WHEN 'keep' THEN cj.result END,
+       error = CASE u.mode WHEN 'reap' THEN u.error WHEN 'reset' THEN NULL
+               ELSE coalesce(u.error, cj.error) END,
+       status = CASE u.mode WHEN 'reset' THEN NULL ELSE cj.status END
+  FROM unnest(%(keys)s::text[], %(was)s::text[], %(states)s::text[], %(tries)s::int[],
+              %(totals)s::int[], %(job_ids)s::text[], %(not_befores)s::timestamptz[],
+              %(started)s::timestamptz[], %(finished)s::timestamptz[], %(results)s::bytea[],
+              %(errors)s::text[], %(modes)s::text[])
+       AS u(key, was, state, try, total_tries, job_id, not_before, started_at, finished_at,
+            result, error, mode)
+ WHERE cj.chain_id = %(id)s AND cj.key = u.key AND cj.state = u.was
+RETURNING cj.key;
+
+-- name: insert_job_log
+INSERT INTO hivejobs_job_log (chain_id, key, try, name, job_id, seq_try, state, started_at,
+                              finished_at, error)
+SELECT %(id)s, u.key, u.try, u.name, u.job_id, u.seq_try, u.state, u.started_at,
+       u.finished_at, u.error
+  FROM unnest(%(keys)s::text[], %(tries)s::int[], %(names)s::text[], %(job_ids)s::text[],
+              %(seq_tries)s::int[], %(states)s::text[], %(started)s::timestamptz[],
+              %(finished)s::timestamptz[], %(errors)s::text[])
+       AS u(key, try, name, job_id, seq_try, state, started_at, finished_at, error)
+ON CONFLICT (chain_id, key, try) DO NOTHING;
+
+-- name: insert_tries
+-- One hivejobs job per try, attempts = 1: the chain counts tries, not the pool. The id names
+-- the try, so an insert repeated after a crash conflicts instead of running it twice.
+INSERT INTO hivejobs_job (id, name, state, priority, attempts, delivery, payload, run_at,
+                          queued_at)
+SELECT u.id, u.name, 'queued', u.priority, 1, u.delivery, u.payload, now(), now()
+  FROM unnest(%(ids)s::text[], %(names)s::text[], %(priorities)s::int2[],
+              %(deliveries)s::text[], %(payloads)s::bytea[])
+       AS u(id, name, priority, delivery, payload)
+ON CONFLICT (id) DO NOTHING
+RETURNING id, name, priority;
+
+-- name: update_sequence_tries
+UPDATE hivejobs_chain_sequence s SET seq_try = u.seq_try
+  FROM unnest(%(starts)s::text[], %(seq_tries)s::int[]) AS u(start_key, seq_try)
+ WHERE s.chain_id = %(id)s AND s.start_key = u.start_key;
+
+-- name: update_chain
+UPDATE hivejobs_chain
+   SET state = %(state)s, wake_at = %(wake_at)s,
+       started_at = coalesce(started_at, CASE WHEN %(state)s <> 'pending' THEN now() END),
+       resumed_at = CASE WHEN %(resumed)s THEN now() ELSE resumed_at END,
+       finished_at = CASE WHEN %(state)s IN ('succeeded', 'failed', 'stopped') THEN now() END
+ WHERE id = %(id)s;
+
+-- name: suspend_chain_tries
+-- A pool suspends chain tries on shutdown: unlike a plain job (requeued, R9) the try ends
+-- here, uncounted: its hivejobs job is archived cancelled with the attempt given back, the
+-- chain job is stopped with its try uncounted and a job-log row, the chain suspended. The
+-- traverser resumes it with a new try. Fenced by claim token like every end of a claim (R3).
+WITH c AS (
+    SELECT * FROM unnest(%(ids)s::text[], %(tokens)s::bigint[]) AS c(id, token)
+), tries AS (
+    SELECT j.id, cj.chain_id, cj.key
+      FROM hivejobs_job j
+      JOIN c ON j.id = c.id AND j.state = 'running' AND j.claim_token = c.token
+      JOIN hivejobs_chain_job cj ON cj.job_id = j.id AND cj.state = 'running'
+), gone AS (
+    DELETE FROM hivejobs_job j USING tries t WHERE j.id = t.id RETURNING j.*
+), archived AS (
+    INSERT INTO hivejobs_archive (id, name, state, priority, attempt, attempts, delivery,
+                                  payload, created_at, run_at, started_at, finished_at,
+                                  expires_at, error, claim_token)
+    SELECT id, name, 'cancelled', priority, attempt - 1, attempts, delivery, payload,
+           created_at, run_at, started_at, now(), expires_at,
+           'interrupted by shutdown: chain suspended', claim_token
+      FROM gone
+    RETURNING id, started_at
+), stopped AS (
+    UPDATE hivejobs_chain_job cj
+       SET state = 'stopped', try = cj.try - 1, finished_at = now(),
+           started_at = a.started_at
+      FROM tries t JOIN archived a ON a.id = t.id
+     WHERE cj.chain_id = t.chain_id AND cj.key = t.key
+    RETURNING cj.chain_id, cj.key, cj.total_tries, cj.name, cj.job_id, cj.seq, a.started_at
+), logged AS (
+    INSERT INTO hivejobs_job_log (chain_id, key, try, name, job_id, seq_try, state,
+                                  started_at, finished_at, error)
+    SELECT s.chain_id, s.key, s.total_tries, s.name, s.job_id, q.seq_try, 'stopped',
+           s.started_at, now(), 'interrupted by shutdown'
+      FROM stopped s
+      LEFT JOIN hivejobs_chain_sequence q ON q.chain_id = s.chain_id AND q.start_key = s.seq
+    ON CONFLICT DO NOTHING
+), suspended AS (
+    UPDATE hivejobs_chain ch
+       SET state = 'suspended', suspended_at = now(), suspensions = suspensions + 1
+     WHERE ch.id IN (SELECT chain_id FROM stopped) AND ch.state IN ('pending', 'running')
+)
+SELECT id FROM archived;
+
+-- name: request_stop
+UPDATE hivejobs_chain SET stop_requested = true, wake_at = now()
+ WHERE id = %(id)s AND state IN ('pending', 'running', 'suspended')
+RETURNING id;
+
+-- name: cancel_waiting_tries
+-- Tries not yet claimed end cancelled now; the traverser stops their chain jobs.
+WITH done AS (
+    DELETE FROM hivejobs_job
+     WHERE id IN (SELECT job_id FROM hivejobs_chain_job
+                   WHERE chain_id = %(id)s AND state = 'running')
+       AND state IN ('queued', 'scheduled')
+    RETURNING *
+)
+INSERT INTO hivejobs_archive (id, name, state, priority, attempt, attempts, delivery, payload,
+                              created_at, run_at, started_at, finished_at, expires_at, error)
+SELECT id, name, 'cancelled', priority, attempt, attempts, delivery, payload, created_at,
+       run_at, started_at, now(), expires_at, 'chain stopped'
+  FROM done
+RETURNING id;
+
+-- name: cancel_running_tries
+UPDATE hivejobs_job SET cancel_requested = true
+ WHERE id IN (SELECT job_id FROM hivejobs_chain_job
+               WHERE chain_id = %(id)s AND state = 'running')
+   AND state = 'running'
+RETURNING id;
+
+-- name: get_chain
+SELECT id, name, state, args, stop_requested, suspensions, created_at, started_at,
+       suspended_at, resumed_at, finished_at
+  FROM hivejobs_chain WHERE id = %(id)s;
+
+-- name: chain_job_rows
+-- A running try's start time comes from its live job row until the reaper copies it.
+SELECT cj.key, cj.name AS type, cj.state, cj.after_keys AS after, cj.seq AS sequence,
+       cj.try AS "try", cj.tries, cj.total_tries, q.seq_try AS sequence_try, cj.job_id,
+       coalesce(cj.started_at, CASE WHEN cj.state = 'running' THEN j.started_at END)
+           AS started_at,
+       cj.finished_at, cj.status, cj.result, cj.error
+  FROM hivejobs_chain_job cj
+  LEFT JOIN hivejobs_job j ON j.id = cj.job_id AND cj.state = 'running'
+  LEFT JOIN hivejobs_chain_sequence q ON q.chain_id = cj.chain_id AND q.start_key = cj.seq
+ WHERE cj.chain_id = %(id)s
+ ORDER BY cj.key;
+
+-- name: job_log
+SELECT key, try AS "try", name AS type, job_id, seq_try AS sequence_try, state, started_at,
+       finished_at, extract(epoch FROM finished_at - started_at)::float8 AS duration_s, error
+  FROM hivejobs_job_log WHERE chain_id = %(id)s
+ ORDER BY finished_at, key, try;
+
+-- name: list_chains
+SELECT c.id, c.name, c.state, c.jobs,
+       (SELECT count(*) FROM hivejobs_chain_job cj
+         WHERE cj.chain_id = c.id AND cj.state = 'succeeded')::int AS succeeded,
+       c.created_at, c.finished_at
+  FROM hivejobs_chain c
+ ORDER BY c.created_at DESC LIMIT %(limit)s;
+
+-- name: try_context
+-- What a handler's ctx.chain needs, found by its try's job id.
+SELECT cj.chain_id, cj.key, cj.total_tries, cj.after_keys, c.args
+  FROM hivejobs_chain_job cj JOIN hivejobs_chain c ON c.id = cj.chain_id
+ WHERE cj.job_id = %(job_id)s;
+
+-- name: upstream_results
+SELECT key, result FROM hivejobs_chain_job
+ WHERE chain_id = %(id)s AND key = ANY(%(keys)s::text[]);
+
+-- name: set_status
+-- Only the current try may write: a late write from an ended try changes nothing.
+UPDATE hivejobs_chain_job SET status = %(status)s
+ WHERE job_id = %(job_id)s AND state = 'running'
+RETURNING key;

@@ -1,0 +1,315 @@
+"""Chain statements: chains, chain jobs, sequences and the job log (chain_queries.sql).
+
+Part of store/, so the only chain code that speaks SQL. Decides nothing: the traverser hands
+in a Plan computed from a Snapshot, and this module writes it inside the transaction that
+read the snapshot, under the leader lease (R7) and the chain's row lock. Imported by the
+store package itself (Store.finish suspends chain tries), so it never imports it back.
+"""
+
+from __future__ import annotations
+
+import importlib.resources
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from psycopg.rows import dict_row
+
+from hivejobs.records import Completion
+
+if TYPE_CHECKING:
+    import psycopg
+
+    from hivejobs.store import Store
+
+    Conn = psycopg.Connection[Any]
+
+
+def _load() -> dict[str, str]:
+    text = (importlib.resources.files("hivejobs.store") / "chain_queries.sql").read_text()
+    blocks = re.split(r"^-- name: (\w+)\n", text, flags=re.MULTILINE)
+    return {name: sql.strip() for name, sql in zip(blocks[1::2], blocks[2::2], strict=True)}
+
+
+CHAIN_QUERIES = _load()
+Lease = tuple[str, int]
+Push = tuple[str, str, int]  # (job id, type, priority) for the broker
+
+
+# -- what the traverser reads and writes ---------------------------------------------------
+
+@dataclass
+class JobRow:
+    key: str
+    name: str
+    payload: bytes
+    priority: int
+    delivery: str
+    after_keys: list[str]
+    seq: str | None
+    tries: int
+    retry_wait_s: float
+    state: str
+    try_: int
+    total_tries: int
+    job_id: str | None
+    not_before: datetime | None
+
+
+@dataclass
+class FinishedTry:
+    key: str
+    id: str
+    state: str  # archive state: succeeded, failed, cancelled, expired
+    error: str | None
+    result: bytes | None
+    started_at: datetime | None
+    finished_at: datetime
+
+
+@dataclass
+class Snapshot:
+    id: str
+    state: str
+    stop_requested: bool
+    now: datetime
+    jobs: dict[str, JobRow]
+    seq_tries: dict[str, int]  # start key -> sequence try under way
+    seq_limits: dict[str, tuple[int, float]]  # start key -> (retries, retry_wait_s)
+    finished: list[FinishedTry]
+
+
+@dataclass
+class JobChange:
+    key: str
+    was: str
+    state: str
+    try_: int
+    total_tries: int
+    job_id: str | None
+    not_before: datetime | None = None
+    mode: str = "keep"  # reap | start | reset | keep
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+    result: bytes | None = None
+    error: str | None = None
+
+
+@dataclass
+class LogRow:
+    key: str
+    try_: int
+    name: str
+    job_id: str
+    seq_try: int | None
+    state: str
+    started_at: datetime | None
+    finished_at: datetime
+    error: str | None
+
+
+@dataclass
+class Plan:
+    state: str
+    wake_at: datetime | None = None
+    resumed: bool = False
+    changes: list[JobChange] = field(default_factory=list)
+    log: list[LogRow] = field(default_factory=list)
+    tries: list[JobRow] = field(default_factory=list)  # rows already moved to their new try
+    seq_tries: dict[str, int] = field(default_factory=dict)
+
+
+class StaleSnapshot(Exception):  # noqa: N818 - control flow: traverse the chain again
+    """A plan's fenced update missed a row: the transaction is rolled back, nothing written."""
+
+
+def try_id(chain_id: str, key: str, total_try: int) -> str:
+    """The job id of one try: unique for ever, so re-inserting it after a crash is a no-op."""
+    return f"{chain_id}:{key}:{total_try}"
+
+
+# -- called by Store.finish, inside the completer's transaction ----------------------------
+
+def suspend_chain_tries(conn: Conn, suspends: Sequence[Completion]) -> int:
+    """End suspended chain tries (see suspend_chain_tries in chain_queries.sql); returns
+    how many were chain tries. The rest are left to the plain requeue."""
+    rows = conn.execute(CHAIN_QUERIES["suspend_chain_tries"], {
+        "ids": [c.id for c in suspends], "tokens": [c.claim_token for c in suspends],
+    }).fetchall()
+    if rows:
+        conn.execute("SELECT pg_notify('hivejobs_chain', '')")
+    return len(rows)
+
+
+class ChainStore:
+    """Chain reads and writes over a Store's connection pool."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    # -- create and user actions ---------------------------------------------------------
+
+    def create(self, chain: dict[str, Any], jobs: list[dict[str, Any]],
+               sequences: list[dict[str, Any]]) -> None:
+        """Store a validated chain in one transaction and wake the traverser on commit."""
+        with self.store.connection() as conn, conn.transaction():
+            conn.execute(CHAIN_QUERIES["insert_chain"], chain)
+            conn.execute(CHAIN_QUERIES["insert_chain_jobs"], {
+                "chain_id": chain["id"],
+                "keys": [j["key"] for j in jobs], "names": [j["name"] for j in jobs],
+                "payloads": [j["payload"] for j in jobs],
+                "priorities": [j["priority"] for j in jobs],
+                "deliveries": [j["delivery"] for j in jobs],
+                "afters": [" ".join(j["after"]) for j in jobs],
+                "seqs": [j["seq"] for j in jobs], "tries": [j["tries"] for j in jobs],
+                "waits": [j["retry_wait_s"] for j in jobs],
+            })
+            if sequences:
+                conn.execute(CHAIN_QUERIES["insert_chain_sequences"], {
+                    "chain_id": chain["id"], "starts": [s["start"] for s in sequences],
+                    "retries": [s["retries"] for s in sequences],
+                    "waits": [s["retry_wait_s"] for s in sequences],
+                })
+            conn.execute("SELECT pg_notify('hivejobs_chain', '')")
+
+    def request_stop(self, chain_id: str) -> tuple[bool, list[str]]:
+        """Flag the chain stopped, end its waiting tries, and mark its running tries
+        cancel-requested; returns (was live, running try ids to tell their pools)."""
+        params = {"id": chain_id}
+        with self.store.connection() as conn, conn.transaction():
+            if conn.execute(CHAIN_QUERIES["request_stop"], params).fetchone() is None:
+                return False, []
+            conn.execute(CHAIN_QUERIES["cancel_waiting_tries"], params)
+            running = conn.execute(CHAIN_QUERIES["cancel_running_tries"], params).fetchall()
+            conn.execute("SELECT pg_notify('hivejobs_chain', '')")
+        return True, [r[0] for r in running]
+
+    # -- reads ---------------------------------------------------------------------------
+
+    def get(self, chain_id: str) -> tuple[dict[str, Any], list[dict[str, Any]]] | None:
+        with self.store.connection() as conn:
+            cur = conn.cursor(row_factory=dict_row)
+            chain = cur.execute(CHAIN_QUERIES["get_chain"], {"id": chain_id}).fetchone()
+            if chain is None:
+                return None
+            jobs = cur.execute(CHAIN_QUERIES["chain_job_rows"], {"id": chain_id}).fetchall()
+        return chain, jobs
+
+    def job_log(self, chain_id: str) -> list[dict[str, Any]]:
+        with self.store.connection() as conn:
+            cur = conn.cursor(row_factory=dict_row)
+            return cur.execute(CHAIN_QUERIES["job_log"], {"id": chain_id}).fetchall()
+
+    def list_chains(self, limit: int) -> list[dict[str, Any]]:
+        with self.store.connection() as conn:
+            cur = conn.cursor(row_factory=dict_row)
+            return cur.execute(CHAIN_QUERIES["list_chains"], {"limit": limit}).fetchall()
+
+    # -- handlers (ctx.chain, ctx.upstream, ctx.set_status) --------------------------------
+
+    def try_context(self, job_id: str) -> tuple[str, str, int, list[str], bytes] | None:
+        with self.store.connection() as conn:
+            row = conn.execute(CHAIN_QUERIES["try_context"], {"job_id": job_id}).fetchone()
+        return None if row is None else (row[0], row[1], row[2], row[3], bytes(row[4]))
+
+    def upstream(self, chain_id: str, keys: list[str]) -> dict[str, bytes | None]:
+        with self.store.connection() as conn:
+            rows = conn.execute(CHAIN_QUERIES["upstream_results"],
+                                {"id": chain_id, "keys": keys}).fetchall()
+        return {r[0]: None if r[1] is None else bytes(r[1]) for r in rows}
+
+    def set_status(self, job_id: str, status: str) -> bool:
+        with self.store.connection() as conn:
+            row = conn.execute(CHAIN_QUERIES["set_status"],
+                               {"job_id": job_id, "status": status}).fetchone()
+        return row is not None
+
+    # -- traverser -----------------------------------------------------------------------
+
+    def chains_to_traverse(self, limit: int) -> list[str]:
+        with self.store.connection() as conn:
+            rows = conn.execute(CHAIN_QUERIES["chains_to_traverse"], {"limit": limit})
+            return [r[0] for r in rows.fetchall()]
+
+    def traverse(self, lease: Lease, chain_id: str,
+                 plan: Callable[[Snapshot], Plan | None]) -> list[Push] | None:
+        """Read one chain, let `plan` decide, write the plan; one transaction under the lease.
+
+        None when the lease is gone (nothing written). A crash anywhere before COMMIT leaves
+        the chain as it was, so the next leader recomputes the same plan (idempotence).
+        """
+        with self.store.connection() as conn, conn.transaction():
+            if not self.store._hold_lease(conn, lease):
+                return None
+            snapshot = self._snapshot(conn, chain_id)
+            if snapshot is None:
+                return []
+            decided = plan(snapshot)
+            if decided is None:
+                return []
+            return self._write(conn, chain_id, decided)
+
+    def _snapshot(self, conn: Conn, chain_id: str) -> Snapshot | None:
+        params = {"id": chain_id}
+        head = conn.execute(CHAIN_QUERIES["lock_chain"], params).fetchone()
+        if head is None:
+            return None
+        jobs = {r[0]: JobRow(*r)
+                for r in conn.execute(CHAIN_QUERIES["load_chain_jobs"], params).fetchall()}
+        for row in jobs.values():
+            row.payload = bytes(row.payload)
+        seq_tries: dict[str, int] = {}
+        seq_limits: dict[str, tuple[int, float]] = {}
+        for start, retries, wait_s, seq_try in conn.execute(
+                CHAIN_QUERIES["load_chain_sequences"], params).fetchall():
+            seq_tries[start] = seq_try
+            seq_limits[start] = (retries, wait_s)
+        finished = [FinishedTry(r[0], r[1], r[2], r[3], None if r[4] is None else bytes(r[4]),
+                                r[5], r[6])
+                    for r in conn.execute(CHAIN_QUERIES["finished_tries"], params).fetchall()]
+        return Snapshot(head[0], head[1], head[2], head[3], jobs, seq_tries, seq_limits,
+                        finished)
+
+    def _write(self, conn: Conn, chain_id: str, plan: Plan) -> list[Push]:
+        if plan.changes:
+            ch = plan.changes
+            updated = conn.execute(CHAIN_QUERIES["update_chain_jobs"], {
+                "id": chain_id, "keys": [c.key for c in ch], "was": [c.was for c in ch],
+                "states": [c.state for c in ch], "tries": [c.try_ for c in ch],
+                "totals": [c.total_tries for c in ch], "job_ids": [c.job_id for c in ch],
+                "not_befores": [c.not_before for c in ch],
+                "started": [c.started_at for c in ch], "finished": [c.finished_at for c in ch],
+                "results": [c.result for c in ch], "errors": [c.error for c in ch],
+                "modes": [c.mode for c in ch],
+            }).fetchall()
+            if len(updated) != len(ch):
+                # A job changed under the plan (a pool stopped a try meanwhile): roll back.
+                raise StaleSnapshot(chain_id)
+        if plan.log:
+            lg = plan.log
+            conn.execute(CHAIN_QUERIES["insert_job_log"], {
+                "id": chain_id, "keys": [r.key for r in lg], "tries": [r.try_ for r in lg],
+                "names": [r.name for r in lg], "job_ids": [r.job_id for r in lg],
+                "seq_tries": [r.seq_try for r in lg], "states": [r.state for r in lg],
+                "started": [r.started_at for r in lg], "finished": [r.finished_at for r in lg],
+                "errors": [r.error for r in lg],
+            })
+        if plan.seq_tries:
+            conn.execute(CHAIN_QUERIES["update_sequence_tries"], {
+                "id": chain_id, "starts": list(plan.seq_tries),
+                "seq_tries": list(plan.seq_tries.values())})
+        pushes: list[Push] = []
+        if plan.tries:
+            tr = plan.tries
+            rows = conn.execute(CHAIN_QUERIES["insert_tries"], {
+                "ids": [t.job_id for t in tr], "names": [t.name for t in tr],
+                "priorities": [t.priority for t in tr],
+                "deliveries": [t.delivery for t in tr], "payloads": [t.payload for t in tr],
+            }).fetchall()
+            pushes = [(r[0], r[1], r[2]) for r in rows]
+        conn.execute(CHAIN_QUERIES["update_chain"], {
+            "id": chain_id, "state": plan.state, "wake_at": plan.wake_at,
+            "resumed": plan.resumed})
+        return pushes
