@@ -23,7 +23,7 @@ import psycopg
 import redis
 from loguru import logger
 
-from hivejobs.broker import MAX_ID_LENGTH, Broker, ControlMessage
+from hivejobs.broker import MAX_ID_LENGTH, Broker, ControlMessage, Pusher
 from hivejobs.config import Settings, settings_from_env
 from hivejobs.errors import (
     InvalidArgument,
@@ -97,7 +97,8 @@ class App:
         self.types: dict[str, JobType] = {}
         self._store: Store | None = None
         self._broker: Broker | None = None
-        self._lock = threading.Lock()
+        self._pusher: Pusher | None = None
+        self._lock = threading.RLock()
         self._remote_types: tuple[float, dict[str, JobTypeInfo]] = (0.0, {})
 
     # -- registry ----------------------------------------------------------------------
@@ -179,6 +180,14 @@ class App:
         return self._store
 
     @property
+    def pusher(self) -> Pusher:
+        if self._pusher is None:
+            with self._lock:
+                if self._pusher is None:
+                    self._pusher = Pusher(self.broker)
+        return self._pusher
+
+    @property
     def broker(self) -> Broker:
         if self._broker is None:
             with self._lock:
@@ -197,7 +206,12 @@ class App:
         finally:
             store.close()
 
+    def flush(self, timeout_s: float = 5.0) -> bool:
+        """Wait until the ids of jobs enqueued so far were pushed to Redis."""
+        return self._pusher is None or self._pusher.flush(timeout_s)
+
     def close(self) -> None:
+        self.flush()
         if self._store is not None:
             self._store.close()
             self._store = None
@@ -229,7 +243,7 @@ class App:
             return job.id
         if inserted.state == "queued":
             if own_transaction:
-                self._push(job.name, job.priority, [job.id])
+                self.pusher.submit(job.name, job.priority, [job.id])
             else:
                 conn.execute("SELECT pg_notify('hivejobs_dispatch', %s)",  # type: ignore[union-attr]
                              (f"{job.name}\t{job.priority}\t{job.id}",))

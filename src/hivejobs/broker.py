@@ -14,11 +14,17 @@ as latency, never as loss. Imports nothing of ours but config.
 
 from __future__ import annotations
 
+import atexit
+import os
+import queue
+import threading
+import time
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 
 import msgspec
 import redis
+from loguru import logger
 
 from hivejobs.config import Settings, redact_url
 from hivejobs.errors import ConnectionFailed
@@ -138,6 +144,64 @@ class Broker:
             return _control_decoder.decode(raw)
         except msgspec.DecodeError:
             return None
+
+
+class Pusher:
+    """Pushes ids of acknowledged jobs off the caller's path.
+
+    enqueue returns once Postgres has committed the job (that is the acknowledgement, R1);
+    the Redis push is only a hint for speed, so it need not hold the caller up. Pushes that
+    arrive while one is in flight go out together in one pipeline. A push lost (Redis down,
+    process killed) costs latency only: the coordinator's reconciler re-pushes.
+    """
+
+    def __init__(self, broker: Broker) -> None:
+        self.broker = broker
+        self._pid = -1
+        self._queue: queue.SimpleQueue[tuple[str, str, int] | None] = queue.SimpleQueue()
+        self._pending = 0
+        self._cond = threading.Condition()
+
+    def submit(self, name: str, priority: int, ids: Sequence[str]) -> None:
+        if self._pid != os.getpid():  # first use, or a forked child: threads do not survive
+            self._pid = os.getpid()
+            self._queue = queue.SimpleQueue()
+            self._pending = 0
+            threading.Thread(target=self._run, name="hivejobs-pusher", daemon=True).start()
+            atexit.register(self.flush, 5.0)
+        with self._cond:
+            self._pending += len(ids)
+        for job_id in ids:
+            self._queue.put((job_id, name, priority))
+
+    def flush(self, timeout_s: float) -> bool:
+        """Wait until every submitted id was pushed (or its push failed)."""
+        deadline = time.monotonic() + timeout_s
+        with self._cond:
+            while self._pending:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cond.wait(left)
+        return True
+
+    def _run(self) -> None:
+        while True:
+            batch = [self._queue.get()]
+            while len(batch) < 10_000:
+                try:
+                    batch.append(self._queue.get_nowait())
+                except queue.Empty:
+                    break
+            entries = [e for e in batch if e is not None]
+            try:
+                self.broker.push_many(entries)
+            except redis.RedisError as exc:
+                logger.warning("jobs stored but push to Redis failed; the coordinator will "
+                               "dispatch them", jobs=len(entries), error=repr(exc))
+            with self._cond:
+                self._pending -= len(batch)
+                self._cond.notify_all()
 
 
 def _clean_id(raw: bytes) -> str | None:

@@ -61,6 +61,7 @@ Snapshot = tuple[list[tuple[Any, ...]], list[tuple[Any, ...]], dict[str, list[by
 
 def snapshot(app: App) -> Snapshot:
     """Every live and archived row, and every Redis key under the test's prefix."""
+    assert app.flush()  # single enqueues push to Redis after returning
     with app.store.connection() as conn:
         live = conn.execute("SELECT id, name, state, payload FROM hivejobs_job ORDER BY id")
         live_rows = live.fetchall()
