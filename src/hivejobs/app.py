@@ -24,7 +24,12 @@ import redis
 from loguru import logger
 
 from hivejobs.broker import MAX_ID_LENGTH, Broker, ControlMessage, Pusher
-from hivejobs.config import Settings, settings_from_env
+from hivejobs.config import (
+    DEFAULT_DATABASE_URL,
+    DEFAULT_REDIS_URL,
+    Settings,
+    settings_from_env,
+)
 from hivejobs.errors import (
     InvalidArgument,
     InvalidJobType,
@@ -39,6 +44,7 @@ from hivejobs.store import Store
 
 if TYPE_CHECKING:
     from hivejobs.chains.builder import Chain
+    from hivejobs.embedded import EmbeddedServers
     from hivejobs.records import ChainStatus, ChainSummary, JobLogEntry
 
 NAME_RE = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
@@ -98,6 +104,7 @@ class App:
         self._store: Store | None = None
         self._broker: Broker | None = None
         self._pusher: Pusher | None = None
+        self.embedded: EmbeddedServers | None = None
         self._lock = threading.RLock()
         self._remote_types: tuple[float, dict[str, JobTypeInfo]] = (0.0, {})
 
@@ -169,9 +176,30 @@ class App:
 
     # -- connections -------------------------------------------------------------------
 
+    def resolve_backends(self) -> None:
+        """Without configured URLs, pick the local servers or start embedded ones (once).
+
+        Called on first connection, so importing an app never starts servers."""
+        if self.settings.backend_source != "default":
+            return
+        with self._lock:
+            if self.settings.backend_source != "default":
+                return
+            from hivejobs.embedded import choose_backends
+
+            chosen = choose_backends(
+                None if self.settings.database_url == DEFAULT_DATABASE_URL
+                else self.settings.database_url,
+                None if self.settings.redis_url == DEFAULT_REDIS_URL else self.settings.redis_url)
+            self.settings.database_url = chosen.database_url
+            self.settings.redis_url = chosen.redis_url
+            self.settings.backend_source = chosen.source
+            self.embedded = chosen.embedded
+
     @property
     def store(self) -> Store:
         if self._store is None:
+            self.resolve_backends()
             with self._lock:
                 if self._store is None:
                     store = Store(self.settings.database_url)
@@ -190,6 +218,7 @@ class App:
     @property
     def broker(self) -> Broker:
         if self._broker is None:
+            self.resolve_backends()
             with self._lock:
                 if self._broker is None:
                     self._broker = Broker(self.settings)
@@ -199,6 +228,7 @@ class App:
         """Create the database if missing and apply pending migrations (idempotent)."""
         from hivejobs.store import create_database_if_missing
 
+        self.resolve_backends()
         create_database_if_missing(self.settings.database_url)
         store = Store(self.settings.database_url)
         try:

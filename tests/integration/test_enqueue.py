@@ -77,6 +77,7 @@ def live_count(app: App) -> int:
 
 
 def queued_ids(app: App, name: str, priority: int = 0) -> list[str]:
+    assert app.flush()  # single enqueues push to Redis after returning
     key = app.broker.queue_key(name, priority)
     return [raw.decode() for raw in app.broker.redis.lrange(key, 0, -1)]  # type: ignore[union-attr]
 

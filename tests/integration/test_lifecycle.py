@@ -156,6 +156,7 @@ def reach(app: App, job_id: str, state: str, timeout: float = 5.0) -> JobInfo:
 
 
 def queued_ids(app: App, name: str, priority: int = 0) -> list[str]:
+    assert app.flush()  # single enqueues push to Redis after returning
     key = app.broker.queue_key(name, priority)
     return [raw.decode() for raw in app.broker.redis.lrange(key, 0, -1)]  # type: ignore[union-attr]
 

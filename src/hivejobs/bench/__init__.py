@@ -19,7 +19,6 @@ import msgspec
 
 from hivejobs.bench import scenarios
 from hivejobs.bench.environment import BenchEnvironment
-from hivejobs.config import DEFAULT_DATABASE_URL, DEFAULT_REDIS_URL
 
 SCENARIOS = ("enqueue", "throughput", "latency", "chain", "backlog")
 DEFAULT_SCENARIOS = "enqueue,throughput,latency"
@@ -82,11 +81,11 @@ def parse_options(args: argparse.Namespace) -> BenchOptions:
 
 def run_bench(args: argparse.Namespace) -> int:
     opts = parse_options(args)
-    database_url = (args.database_url or os.environ.get("HIVEJOBS_DATABASE_URL")
-                    or os.environ.get("DATABASE_URL") or DEFAULT_DATABASE_URL)
-    redis_url = (args.redis_url or os.environ.get("HIVEJOBS_REDIS_URL")
-                 or os.environ.get("REDIS_URL") or DEFAULT_REDIS_URL)
-    with BenchEnvironment(database_url, redis_url, keep=args.keep) as env:
+    from hivejobs.embedded import choose_backends
+
+    # Configured URLs, else the local servers, else embedded ones (stopped when we exit).
+    chosen = choose_backends(args.database_url, args.redis_url)
+    with BenchEnvironment(chosen.database_url, chosen.redis_url, keep=args.keep) as env:
         print(f"hivejobs bench on {env.describe()} ({os.cpu_count()} cores)", file=sys.stderr)
         report = run_scenarios(env, opts)
         report["versions"] = versions(env)
