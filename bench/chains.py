@@ -58,12 +58,23 @@ def main() -> int:
     app = App(database_url=url, redis_url=REDIS_URL, prefix=prefix)
     app.types.update(declared.types)
     app.migrate()
-    env = {**os.environ, "HIVEJOBS_DATABASE_URL": url, "HIVEJOBS_REDIS_URL": REDIS_URL,
-           "HIVEJOBS_PREFIX": prefix, "HJ_LEDGER": str(ledger), "PYTHONPATH": str(ROOT),
-           "HJ_CHAIN_CONCURRENCY": str(args.width), "HIVEJOBS_LOG_LEVEL": "WARNING"}
+    env = {
+        **os.environ,
+        "HIVEJOBS_DATABASE_URL": url,
+        "HIVEJOBS_REDIS_URL": REDIS_URL,
+        "HIVEJOBS_PREFIX": prefix,
+        "HJ_LEDGER": str(ledger),
+        "PYTHONPATH": str(ROOT),
+        "HJ_CHAIN_CONCURRENCY": str(args.width),
+        "HIVEJOBS_LOG_LEVEL": "WARNING",
+    }
     env.update({"HIVEJOBS_" + k.upper(): str(v) for k, v in FAST_SETTINGS.items()})
-    proc = subprocess.Popen([sys.executable, "-m", "hivejobs", "run", "tests.apps.chainapp:app"],
-                            cwd=ROOT, env=env, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "hivejobs", "run", "tests.apps.chainapp:app"],
+        cwd=ROOT,
+        env=env,
+        start_new_session=True,
+    )
     try:
         time.sleep(2.0)  # a benchmark, not a test: let the pools start
         line = Chain("hops")
@@ -75,27 +86,38 @@ def main() -> int:
         rows = read_ledger(ledger)
         starts = {p[1].split(":")[1]: int(p[4]) for p in rows if p[0] == "start"}
         ends = {p[1].split(":")[1]: int(p[5]) for p in rows if p[0] == "end"}
-        hops = sorted((starts[f"h{i + 1:04d}"] - ends[f"h{i:04d}"]) / 1e6
-                      for i in range(args.hops - 1))
+        hops = sorted(
+            (starts[f"h{i + 1:04d}"] - ends[f"h{i:04d}"]) / 1e6 for i in range(args.hops - 1)
+        )
         p99 = hops[min(len(hops) - 1, int(len(hops) * 0.99))]
-        print(f"hop latency over {len(hops)} hops: p50 {statistics.median(hops):.1f} ms, "
-              f"p99 {p99:.1f} ms, max {hops[-1]:.1f} ms")
+        print(
+            f"hop latency over {len(hops)} hops: p50 {statistics.median(hops):.1f} ms, "
+            f"p99 {p99:.1f} ms, max {hops[-1]:.1f} ms"
+        )
 
         mesh = Chain("mesh")
         layer: list = []
         for n in range(args.layers):
-            layer = [mesh.job("step", {"ms": args.job_ms}, key=f"l{n:02d}j{i:02d}",
-                              after=[layer[i], layer[(i + 1) % args.width]] if layer else [])
-                     for i in range(args.width)]
+            layer = [
+                mesh.job(
+                    "step",
+                    {"ms": args.job_ms},
+                    key=f"l{n:02d}j{i:02d}",
+                    after=[layer[i], layer[(i + 1) % args.width]] if layer else [],
+                )
+                for i in range(args.width)
+            ]
         began = time.monotonic()
         rid = app.run_chain(mesh)
         assert wait_done(app, rid) == "succeeded"
         took = time.monotonic() - began
         total = args.width * args.layers
         floor = args.layers * args.job_ms / 1000
-        print(f"{total}-job chain, width {args.width}, {args.layers} layers of {args.job_ms:g} "
-              f"ms jobs: {took:.2f} s (job time on the critical path {floor:.2f} s; "
-              f"{(took - floor) / args.layers * 1000:.0f} ms per layer overhead)")
+        print(
+            f"{total}-job chain, width {args.width}, {args.layers} layers of {args.job_ms:g} "
+            f"ms jobs: {took:.2f} s (job time on the critical path {floor:.2f} s; "
+            f"{(took - floor) / args.layers * 1000:.0f} ms per layer overhead)"
+        )
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(30)

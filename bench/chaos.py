@@ -68,9 +68,17 @@ class Scenario:
 
     def instance(self, types: str, **env: str) -> Instance:
         full = dict(os.environ)
-        full.update({"HIVEJOBS_DATABASE_URL": self.url, "HIVEJOBS_REDIS_URL": self.redis_url,
-                     "HIVEJOBS_PREFIX": self.prefix, "HJ_LEDGER": str(self.ledger),
-                     "HJ_TYPES": types, "PYTHONPATH": str(ROOT), "HIVEJOBS_TESTING": "1"})
+        full.update(
+            {
+                "HIVEJOBS_DATABASE_URL": self.url,
+                "HIVEJOBS_REDIS_URL": self.redis_url,
+                "HIVEJOBS_PREFIX": self.prefix,
+                "HJ_LEDGER": str(self.ledger),
+                "HJ_TYPES": types,
+                "PYTHONPATH": str(ROOT),
+                "HIVEJOBS_TESTING": "1",
+            }
+        )
         full.update({"HIVEJOBS_" + k.upper(): str(v) for k, v in FAST_SETTINGS.items()})
         full.update(env)
         inst = Instance(full, self.tmp / f"instance{len(self.instances)}.log")
@@ -103,11 +111,21 @@ class Scenario:
         lost += sum(1 for i in amo if i not in states)
         duplicated = sum(1 for i in alo if survivors[i] > 1)
         duplicated += sum(1 for i in amo if starts[i] > 1)
-        rescued = int(sql(self.url, "SELECT count(*) FROM hivejobs_archive "
-                                    "WHERE attempt > 1 OR error LIKE 'worker lost%%'")[0][0])
-        return {"scenario": self.name, "jobs": len(alo) + len(amo), "lost": lost,
-                "duplicated": duplicated, "rescued or re-run": rescued,
-                "time_s": round(elapsed, 1)}
+        rescued = int(
+            sql(
+                self.url,
+                "SELECT count(*) FROM hivejobs_archive "
+                "WHERE attempt > 1 OR error LIKE 'worker lost%%'",
+            )[0][0]
+        )
+        return {
+            "scenario": self.name,
+            "jobs": len(alo) + len(amo),
+            "lost": lost,
+            "duplicated": duplicated,
+            "rescued or re-run": rescued,
+            "time_s": round(elapsed, 1),
+        }
 
     def close(self) -> None:
         for inst in self.instances:
@@ -134,8 +152,11 @@ def kill_pool(scale: float) -> dict[str, object]:
         k = 0
         while s.live() > 0:
             deadline = time.monotonic() + 5
-            wait_until(lambda d=deadline: time.monotonic() > d or s.live() == 0, interval=0.2,
-                       what="next kill")  # the fault's own period
+            wait_until(
+                lambda d=deadline: time.monotonic() > d or s.live() == 0,
+                interval=0.2,
+                what="next kill",
+            )  # the fault's own period
             pids = pool_pids(s.url, kinds[k % 2])
             if pids and running_in_pid(s.ledger, pids[0]):
                 s.kill(pids[0])
@@ -154,26 +175,50 @@ def kill_coordinator(scale: float) -> dict[str, object]:
         app = s.app(["alo"])
         wait_until(lambda: len(pool_pids(s.url, "alo")) == 2, what="two instances")
         alo = app.enqueue_many("alo", [{"ms": 10}] * int(10000 * scale))
-        alo += [app.enqueue("alo", {"ms": 1}, delay=random.uniform(2, 20))
-                for _ in range(int(500 * scale))]
+        alo += [
+            app.enqueue("alo", {"ms": 1}, delay=random.uniform(2, 20))
+            for _ in range(int(500 * scale))
+        ]
         for round_ in range(4):
-            rows = wait_until(lambda: sql(s.url, "SELECT w.pid FROM hivejobs_leader l JOIN "
-                                                 "hivejobs_worker w ON w.id = l.holder "
-                                                 "WHERE l.expires_at > now()"), what="leader")
+            rows = wait_until(
+                lambda: sql(
+                    s.url,
+                    "SELECT w.pid FROM hivejobs_leader l JOIN "
+                    "hivejobs_worker w ON w.id = l.holder "
+                    "WHERE l.expires_at > now()",
+                ),
+                what="leader",
+            )
             pid = int(rows[0][0])
             if round_ < 3:
                 s.kill(pid)
             else:
                 os.kill(pid, signal.SIGSTOP)
-                wait_until(lambda p=pid: sql(s.url, "SELECT 1 FROM hivejobs_leader l JOIN "
-                                                    "hivejobs_worker w ON w.id = l.holder "
-                                                    "WHERE w.pid <> %s", (p,)),
-                           timeout=20, what="takeover from the paused leader")
+                wait_until(
+                    lambda p=pid: sql(
+                        s.url,
+                        "SELECT 1 FROM hivejobs_leader l JOIN "
+                        "hivejobs_worker w ON w.id = l.holder "
+                        "WHERE w.pid <> %s",
+                        (p,),
+                    ),
+                    timeout=20,
+                    what="takeover from the paused leader",
+                )
                 os.kill(pid, signal.SIGCONT)
-            wait_until(lambda p=pid: not sql(s.url, "SELECT 1 FROM hivejobs_leader l JOIN "
-                                                    "hivejobs_worker w ON w.id = l.holder "
-                                                    "WHERE w.pid = %s", (p,)),
-                       timeout=20, what="new leader")
+            wait_until(
+                lambda p=pid: (
+                    not sql(
+                        s.url,
+                        "SELECT 1 FROM hivejobs_leader l JOIN "
+                        "hivejobs_worker w ON w.id = l.holder "
+                        "WHERE w.pid = %s",
+                        (p,),
+                    )
+                ),
+                timeout=20,
+                what="new leader",
+            )
         return s.result(alo, [])
     finally:
         s.close()
@@ -220,8 +265,12 @@ def redis_pause(scale: float) -> dict[str, object]:
             wait_until(lambda a=at: s.done() >= n * a, timeout=120, what=f"{at:.0%}")
             os.kill(server.pid, signal.SIGSTOP)
             begun = time.monotonic()
-            wait_until(lambda b=begun, p=pause: time.monotonic() - b > p, timeout=pause + 5,
-                       interval=0.5, what="the pause")  # the fault's own duration
+            wait_until(
+                lambda b=begun, p=pause: time.monotonic() - b > p,
+                timeout=pause + 5,
+                interval=0.5,
+                what="the pause",
+            )  # the fault's own duration
             os.kill(server.pid, signal.SIGCONT)
         return s.result(alo, [])
     finally:
@@ -252,8 +301,11 @@ def rolling_restarts(scale: float) -> dict[str, object]:
 
 
 SCENARIOS: dict[str, Callable[[float], dict[str, object]]] = {
-    "kill_pool": kill_pool, "kill_coordinator": kill_coordinator, "redis": redis_faults,
-    "redis_pause": redis_pause, "rolling": rolling_restarts,
+    "kill_pool": kill_pool,
+    "kill_coordinator": kill_coordinator,
+    "redis": redis_faults,
+    "redis_pause": redis_pause,
+    "rolling": rolling_restarts,
 }
 
 
@@ -268,8 +320,16 @@ def main() -> int:
         try:
             rows.append(SCENARIOS[name](args.scale))
         except Exception as exc:  # noqa: BLE001 - report and go on with the others
-            rows.append({"scenario": name, "jobs": "-", "lost": "-", "duplicated": "-",
-                         "rescued or re-run": "-", "time_s": f"ERROR {exc}"})
+            rows.append(
+                {
+                    "scenario": name,
+                    "jobs": "-",
+                    "lost": "-",
+                    "duplicated": "-",
+                    "rescued or re-run": "-",
+                    "time_s": f"ERROR {exc}",
+                }
+            )
         print(rows[-1], file=sys.stderr)
     header = list(rows[0])
     widths = [max(len(h), *(len(str(r[h])) for r in rows)) for h in header]

@@ -73,8 +73,7 @@ def make_app(database_url: str, redis_prefix: str) -> Iterator[Callable[..., App
 
     def factory(redis_url: str = REDIS_URL, **overrides: float) -> App:
         settings = {**FAST_SETTINGS, **overrides}
-        app = App(database_url=database_url, redis_url=redis_url, prefix=redis_prefix,
-                  **settings)
+        app = App(database_url=database_url, redis_url=redis_url, prefix=redis_prefix, **settings)
         apps.append(app)
         return app
 
@@ -94,25 +93,27 @@ def ledger_dir(tmp_path: Path) -> Path:
 def instance_env(database_url: str, redis_prefix: str, ledger_dir: Path) -> dict[str, str]:
     """Environment for `hivejobs run tests.apps.faultapp:app` with the fast test settings."""
     env = dict(os.environ)
-    env.update({
-        "HIVEJOBS_DATABASE_URL": database_url,
-        "HIVEJOBS_REDIS_URL": REDIS_URL,
-        "HIVEJOBS_PREFIX": redis_prefix,
-        "HJ_LEDGER": str(ledger_dir),
-        "HIVEJOBS_TESTING": "1",
-        "PYTHONPATH": str(ROOT),
-    })
+    env.update(
+        {
+            "HIVEJOBS_DATABASE_URL": database_url,
+            "HIVEJOBS_REDIS_URL": REDIS_URL,
+            "HIVEJOBS_PREFIX": redis_prefix,
+            "HJ_LEDGER": str(ledger_dir),
+            "HIVEJOBS_TESTING": "1",
+            "PYTHONPATH": str(ROOT),
+        }
+    )
     env.update({"HIVEJOBS_" + k.upper(): str(v) for k, v in FAST_SETTINGS.items()})
     return env
 
 
 @pytest.fixture
-def start_instance(instance_env: dict[str, str],
-                   tmp_path: Path) -> Iterator[Callable[..., Instance]]:
+def start_instance(
+    instance_env: dict[str, str], tmp_path: Path
+) -> Iterator[Callable[..., Instance]]:
     started: list[Instance] = []
 
-    def start(extra_env: dict[str, str] | None = None,
-              args: list[str] | None = None) -> Instance:
+    def start(extra_env: dict[str, str] | None = None, args: list[str] | None = None) -> Instance:
         env = {**instance_env, **(extra_env or {})}
         inst = Instance(env, tmp_path / f"instance{len(started)}.log", args)
         started.append(inst)

@@ -34,8 +34,12 @@ FAST_SETTINGS: dict[str, float] = {
 }
 
 
-def wait_until(predicate: Callable[[], Any], timeout: float = 30.0, interval: float = 0.05,
-               what: str = "condition") -> Any:
+def wait_until(
+    predicate: Callable[[], Any],
+    timeout: float = 30.0,
+    interval: float = 0.05,
+    what: str = "condition",
+) -> Any:
     """Poll until predicate() is truthy; return its value, or fail with `what`."""
     deadline = time.monotonic() + timeout
     while True:
@@ -73,6 +77,7 @@ def sql(url: str, query: str, params: Any = None) -> list[tuple[Any, ...]]:
 
 # -- ledger: one line per handler event, O_APPEND, survives kill -9 ----------------------
 
+
 def read_ledger(folder: Path) -> list[list[str]]:
     lines = []
     for path in folder.glob("ledger.*"):
@@ -87,8 +92,11 @@ def ledger_starts(folder: Path) -> Counter[str]:
 def ledger_oks(folder: Path, killed: set[int] | frozenset[int] = frozenset()) -> Counter[str]:
     """Successful handler ends per job, leaving out processes the test killed: an attempt
     that ended but whose completion was not yet committed is re-run, by design (I4)."""
-    return Counter(parts[1] for parts in read_ledger(folder)
-                   if parts[0] == "end" and parts[3] == "ok" and int(parts[4]) not in killed)
+    return Counter(
+        parts[1]
+        for parts in read_ledger(folder)
+        if parts[0] == "end" and parts[3] == "ok" and int(parts[4]) not in killed
+    )
 
 
 def running_in_pid(folder: Path, pid: int, prefix: str = "") -> set[str]:
@@ -104,16 +112,29 @@ def running_in_pid(folder: Path, pid: int, prefix: str = "") -> set[str]:
 
 # -- a real `hivejobs run` instance ------------------------------------------------------
 
+
 class Instance:
     """`hivejobs run tests.apps.faultapp:app` in its own session (pgid == pid)."""
 
     def __init__(self, env: dict[str, str], log_path: Path, extra_args: list[str] | None = None):
         self.log_path = log_path
         self._log = open(log_path, "ab")  # noqa: SIM115 - closed in stop()
-        args = [sys.executable, "-m", "hivejobs", "run", "tests.apps.faultapp:app",
-                *(extra_args or [])]
-        self.proc = subprocess.Popen(args, cwd=ROOT, env=env, stdout=self._log,
-                                     stderr=subprocess.STDOUT, start_new_session=True)
+        args = [
+            sys.executable,
+            "-m",
+            "hivejobs",
+            "run",
+            "tests.apps.faultapp:app",
+            *(extra_args or []),
+        ]
+        self.proc = subprocess.Popen(
+            args,
+            cwd=ROOT,
+            env=env,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         self.pid = self.proc.pid
 
     def signal_group(self, sig: int) -> None:
@@ -139,8 +160,7 @@ class Instance:
 
 def pool_pids(url: str, pool: str, host_pid: int | None = None) -> list[int]:
     """Live pool process pids for a type, from the workers table."""
-    rows = sql(url, "SELECT pid FROM hivejobs_worker WHERE role = 'pool' AND pool = %s",
-               (pool,))
+    rows = sql(url, "SELECT pid FROM hivejobs_worker WHERE role = 'pool' AND pool = %s", (pool,))
     pids = [r[0] for r in rows if _alive(r[0])]
     if host_pid is not None:
         pids = [p for p in pids if _parent(p) == host_pid]
@@ -192,9 +212,22 @@ class RedisServer:
         import redis
 
         self.proc = subprocess.Popen(
-            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no", "--dir", str(self.folder)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            [
+                "redis-server",
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                str(self.folder),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         client = redis.Redis(port=self.port, socket_timeout=1)
 
         def answers() -> bool:

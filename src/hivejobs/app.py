@@ -89,16 +89,26 @@ class JobType:
     codec: PayloadCodec = field(repr=False)
 
     def info(self) -> JobTypeInfo:
-        return JobTypeInfo(name=self.name, concurrency=self.concurrency,
-                           processes=self.processes, attempts=self.attempts,
-                           delivery=self.delivery, timeout_s=self.timeout_s)
+        return JobTypeInfo(
+            name=self.name,
+            concurrency=self.concurrency,
+            processes=self.processes,
+            attempts=self.attempts,
+            delivery=self.delivery,
+            timeout_s=self.timeout_s,
+        )
 
 
 class App:
     """Register job types with @app.job; enqueue from anywhere the app is importable."""
 
-    def __init__(self, database_url: str | None = None, redis_url: str | None = None,
-                 prefix: str | None = None, **settings: float | int) -> None:
+    def __init__(
+        self,
+        database_url: str | None = None,
+        redis_url: str | None = None,
+        prefix: str | None = None,
+        **settings: float | int,
+    ) -> None:
         self.settings: Settings = settings_from_env(database_url, redis_url, prefix, **settings)
         self.types: dict[str, JobType] = {}
         self._store: Store | None = None
@@ -110,13 +120,22 @@ class App:
 
     # -- registry ----------------------------------------------------------------------
 
-    def job(self, name: str, *, concurrency: int = 8, processes: int = 1,
-            attempts: int | None = None, delivery: Delivery = "at_least_once",
-            timeout: float | None = None, backoff: Backoff | None = None,
-            priority: int = 0) -> Callable[[F], F]:
+    def job(
+        self,
+        name: str,
+        *,
+        concurrency: int = 8,
+        processes: int = 1,
+        attempts: int | None = None,
+        delivery: Delivery = "at_least_once",
+        timeout: float | None = None,
+        backoff: Backoff | None = None,
+        priority: int = 0,
+    ) -> Callable[[F], F]:
         """Register a handler `fn(ctx, payload)` as job type `name`."""
-        jt = self._validated_type(name, concurrency, processes, attempts, delivery, timeout,
-                                  priority)
+        jt = self._validated_type(
+            name, concurrency, processes, attempts, delivery, timeout, priority
+        )
 
         def register(fn: F) -> F:
             jt.handler = fn
@@ -127,20 +146,29 @@ class App:
 
         return register
 
-    def _validated_type(self, name: str, concurrency: int, processes: int,
-                        attempts: int | None, delivery: str, timeout: float | None,
-                        priority: int) -> JobType:
+    def _validated_type(
+        self,
+        name: str,
+        concurrency: int,
+        processes: int,
+        attempts: int | None,
+        delivery: str,
+        timeout: float | None,
+        priority: int,
+    ) -> JobType:
         if not NAME_RE.match(name):
             raise InvalidJobType(f"job type name {name!r} must be 1-64 letters, digits, _.-")
         if name in self.types:
             raise InvalidJobType(f"job type {name!r} is registered twice")
         if delivery not in ("at_least_once", "at_most_once"):
             raise InvalidJobType(
-                f"delivery must be 'at_least_once' or 'at_most_once', not {delivery!r}")
+                f"delivery must be 'at_least_once' or 'at_most_once', not {delivery!r}"
+            )
         if delivery == "at_most_once" and attempts not in (None, 1):
             raise InvalidJobType(
                 f"job type {name!r} is at_most_once, so it runs at most one attempt: "
-                f"attempts={attempts} is impossible (drop it or use at_least_once)")
+                f"attempts={attempts} is impossible (drop it or use at_least_once)"
+            )
         resolved = attempts if attempts is not None else (1 if delivery == "at_most_once" else 5)
         if resolved < 1:
             raise InvalidJobType(f"attempts must be at least 1, not {resolved}")
@@ -150,9 +178,18 @@ class App:
             raise InvalidJobType(f"timeout must be a positive number of seconds, not {timeout}")
         _check_priority(priority)
         codec = PayloadCodec(name, None, self.settings.max_payload_bytes)
-        return JobType(name, None, concurrency, processes, resolved,
-                       delivery,  # type: ignore[arg-type]
-                       timeout, Backoff(), priority, codec)
+        return JobType(
+            name,
+            None,
+            concurrency,
+            processes,
+            resolved,
+            delivery,  # type: ignore[arg-type]
+            timeout,
+            Backoff(),
+            priority,
+            codec,
+        )
 
     def job_type(self, name: str) -> JobType:
         """A registered type, or one a running worker fleet declared in Postgres (CLI use)."""
@@ -163,9 +200,18 @@ class App:
         info = remote.get(name)
         if info is None:
             raise UnknownJobType(name, sorted(set(self.types) | set(remote)))
-        return JobType(name, None, info.concurrency, info.processes, info.attempts,
-                       info.delivery, info.timeout_s, Backoff(), 0,
-                       PayloadCodec(name, None, self.settings.max_payload_bytes))
+        return JobType(
+            name,
+            None,
+            info.concurrency,
+            info.processes,
+            info.attempts,
+            info.delivery,
+            info.timeout_s,
+            Backoff(),
+            0,
+            PayloadCodec(name, None, self.settings.max_payload_bytes),
+        )
 
     def _declared_types(self) -> dict[str, JobTypeInfo]:
         at, cached = self._remote_types
@@ -188,9 +234,11 @@ class App:
             from hivejobs.embedded import choose_backends
 
             chosen = choose_backends(
-                None if self.settings.database_url == DEFAULT_DATABASE_URL
+                None
+                if self.settings.database_url == DEFAULT_DATABASE_URL
                 else self.settings.database_url,
-                None if self.settings.redis_url == DEFAULT_REDIS_URL else self.settings.redis_url)
+                None if self.settings.redis_url == DEFAULT_REDIS_URL else self.settings.redis_url,
+            )
             self.settings.database_url = chosen.database_url
             self.settings.redis_url = chosen.redis_url
             self.settings.backend_source = chosen.source
@@ -251,10 +299,18 @@ class App:
 
     # -- enqueue -----------------------------------------------------------------------
 
-    def enqueue(self, name: str, payload: object = None, *, id: str | None = None,  # noqa: A002
-                priority: int | None = None, delay: float | None = None,
-                run_at: datetime | None = None, expires_at: datetime | None = None,
-                conn: psycopg.Connection[Any] | None = None) -> str:
+    def enqueue(
+        self,
+        name: str,
+        payload: object = None,
+        *,
+        id: str | None = None,  # noqa: A002
+        priority: int | None = None,
+        delay: float | None = None,
+        run_at: datetime | None = None,
+        expires_at: datetime | None = None,
+        conn: psycopg.Connection[Any] | None = None,
+    ) -> str:
         """Store the job (in `conn`'s transaction if given) and dispatch it; returns its id.
 
         The same id with the same payload returns the existing job; a different payload
@@ -264,7 +320,8 @@ class App:
         jt = self.job_type(name)
         job = self._new_job(jt, payload, id, priority, delay, run_at, expires_at)
         own_transaction = conn is None or (
-            conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE)
+            conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+        )
         inserted = self.store.insert_job(job, conn, explicit_id=id is not None)
         if not inserted.created:
             if inserted.name != job.name or inserted.payload != job.payload:
@@ -272,16 +329,21 @@ class App:
                     raise JobIdConflict(job.id)
             return job.id
         if inserted.state == "queued":
-            if own_transaction:
+            if own_transaction or conn is None:
                 self.pusher.submit(job.name, job.priority, [job.id])
             else:
-                conn.execute("SELECT pg_notify('hivejobs_dispatch', %s)",  # type: ignore[union-attr]
-                             (f"{job.name}\t{job.priority}\t{job.id}",))
+                self.store.notify_dispatch(conn, job.name, job.priority, job.id)
         return job.id
 
-    def enqueue_many(self, name: str, payloads: Iterable[object], *,
-                     priority: int | None = None, delay: float | None = None,
-                     expires_at: datetime | None = None) -> list[str]:
+    def enqueue_many(
+        self,
+        name: str,
+        payloads: Iterable[object],
+        *,
+        priority: int | None = None,
+        delay: float | None = None,
+        expires_at: datetime | None = None,
+    ) -> list[str]:
         """Validate every payload first (one bad one stores nothing), then COPY them in."""
         jt = self.job_type(name)
         jobs = [self._new_job(jt, p, None, priority, delay, None, expires_at) for p in payloads]
@@ -292,9 +354,16 @@ class App:
             self._push(name, jobs[0].priority, [j.id for j in jobs])
         return [j.id for j in jobs]
 
-    def _new_job(self, jt: JobType, payload: object, job_id: str | None,
-                 priority: int | None, delay: float | None, run_at: datetime | None,
-                 expires_at: datetime | None) -> NewJob:
+    def _new_job(
+        self,
+        jt: JobType,
+        payload: object,
+        job_id: str | None,
+        priority: int | None,
+        delay: float | None,
+        run_at: datetime | None,
+        expires_at: datetime | None,
+    ) -> NewJob:
         if job_id is not None:
             _check_id(job_id)
         prio = jt.priority if priority is None else priority
@@ -311,9 +380,15 @@ class App:
         if expires_at is not None and expires_at.timestamp() <= time.time():
             raise InvalidArgument("expires_at is already in the past")
         return NewJob(
-            id=job_id or str(uuid.uuid4()), name=jt.name, priority=prio,
-            attempts=jt.attempts, delivery=jt.delivery, payload=jt.codec.encode(payload),
-            delay_s=delay, run_at=run_at, expires_at=expires_at,
+            id=job_id or str(uuid.uuid4()),
+            name=jt.name,
+            priority=prio,
+            attempts=jt.attempts,
+            delivery=jt.delivery,
+            payload=jt.codec.encode(payload),
+            delay_s=delay,
+            run_at=run_at,
+            expires_at=expires_at,
         )
 
     def _push(self, name: str, priority: int, ids: Sequence[str]) -> None:
@@ -321,8 +396,12 @@ class App:
             self.broker.push(name, priority, ids)
         except redis.RedisError as exc:
             # PG is the truth: the job is stored; the reconciler pushes it later (R1).
-            logger.warning("job stored but push to Redis failed; the coordinator will "
-                           "dispatch it", job_type=name, jobs=len(ids), error=repr(exc))
+            logger.warning(
+                "job stored but push to Redis failed; the coordinator will dispatch it",
+                job_type=name,
+                jobs=len(ids),
+                error=repr(exc),
+            )
 
     # -- reads and user actions --------------------------------------------------------
 
@@ -345,8 +424,11 @@ class App:
             try:
                 self.broker.publish_control(ControlMessage(action="cancel", job_id=job_id))
             except redis.RedisError as exc:
-                logger.warning("cancel stored but not broadcast; the job ends cancelled "
-                               "if it fails", job_id=job_id, error=repr(exc))
+                logger.warning(
+                    "cancel stored but not broadcast; the job ends cancelled if it fails",
+                    job_id=job_id,
+                    error=repr(exc),
+                )
         return True
 
     def replay(self, job_id: str) -> str:
@@ -391,8 +473,7 @@ def _check_delay(delay: float) -> None:
     if isinstance(delay, bool) or not isinstance(delay, int | float):
         raise InvalidArgument(f"delay must be a number of seconds, not {type(delay).__name__}")
     if not (0 <= delay <= MAX_DELAY_S):  # also refuses NaN
-        raise InvalidArgument(
-            f"delay must be between 0 and {MAX_DELAY_S:.0f} seconds, not {delay}")
+        raise InvalidArgument(f"delay must be between 0 and {MAX_DELAY_S:.0f} seconds, not {delay}")
 
 
 def _check_priority(priority: int) -> None:

@@ -18,17 +18,20 @@ OUT_DIR = os.environ.get("HIVEJOBS_BENCH_DIR", "")
 _latency_fd: int | None = None
 
 
-@app.job("bench_noop",
-         processes=int(os.environ.get("HIVEJOBS_BENCH_PROCESSES", "2")),
-         concurrency=int(os.environ.get("HIVEJOBS_BENCH_CONCURRENCY", "8")))
+@app.job(
+    "bench_noop",
+    processes=int(os.environ.get("HIVEJOBS_BENCH_PROCESSES", "2")),
+    concurrency=int(os.environ.get("HIVEJOBS_BENCH_CONCURRENCY", "8")),
+)
 def bench_noop(ctx: JobContext, payload: dict[str, object]) -> None:
     started = time.time()
     sent = payload.get("t")
     if isinstance(sent, float) and OUT_DIR:
         global _latency_fd
         if _latency_fd is None:
-            _latency_fd = os.open(f"{OUT_DIR}/latency.{os.getpid()}",
-                                  os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+            _latency_fd = os.open(
+                f"{OUT_DIR}/latency.{os.getpid()}", os.O_WRONLY | os.O_CREAT | os.O_APPEND
+            )
         os.write(_latency_fd, b"%d\n" % int((started - sent) * 1e6))
     if WORK_S:
         time.sleep(WORK_S)

@@ -101,8 +101,8 @@ class Broker:
         with self.redis.pipeline(transaction=False) as pipe:
             for key, ids in groups.items():
                 for start in range(0, len(ids), chunk):
-                    pipe.rpush(key, *ids[start:start + chunk])
-                    pushed += len(ids[start:start + chunk])
+                    pipe.rpush(key, *ids[start : start + chunk])
+                    pushed += len(ids[start : start + chunk])
             pipe.execute()
         return pushed
 
@@ -111,7 +111,10 @@ class Broker:
         keys = self.queue_keys(name)
         reply = self.redis.blmpop(
             block_s if block_s is not None else self.block_s,
-            len(keys), *keys, direction="LEFT", count=count,
+            len(keys),
+            *keys,
+            direction="LEFT",
+            count=count,
         )
         if not reply:
             return []
@@ -197,8 +200,11 @@ class Pusher:
             try:
                 self.broker.push_many(entries)
             except redis.RedisError as exc:
-                logger.warning("jobs stored but push to Redis failed; the coordinator will "
-                               "dispatch them", jobs=len(entries), error=repr(exc))
+                logger.warning(
+                    "jobs stored but push to Redis failed; the coordinator will dispatch them",
+                    jobs=len(entries),
+                    error=repr(exc),
+                )
             with self._cond:
                 self._pending -= len(batch)
                 self._cond.notify_all()

@@ -28,8 +28,16 @@ from hivejobs.errors import (
     UnknownJobType,
 )
 
-USAGE_ERRORS = (ChainInvalid, InvalidArgument, PayloadInvalid, PayloadTooLarge, UnknownJobType,
-                InvalidJobType, ConfigError, JobIdConflict)
+USAGE_ERRORS = (
+    ChainInvalid,
+    InvalidArgument,
+    PayloadInvalid,
+    PayloadTooLarge,
+    UnknownJobType,
+    InvalidJobType,
+    ConfigError,
+    JobIdConflict,
+)
 
 
 class UsageError(Exception):
@@ -78,8 +86,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         if args.shutdown_timeout <= 0:
             raise UsageError("--shutdown-timeout must be positive")
         app.settings.shutdown_timeout_s = args.shutdown_timeout
-    return Supervisor(app, args.app_spec, app.settings,
-                      coordinator=not args.no_coordinator).run()
+    return Supervisor(app, args.app_spec, app.settings, coordinator=not args.no_coordinator).run()
 
 
 def cmd_enqueue(args: argparse.Namespace) -> int:
@@ -88,8 +95,7 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
         payload = msgspec.json.decode(args.payload)
     except msgspec.DecodeError as exc:
         raise PayloadInvalid(args.name, f"not valid JSON: {exc}") from None
-    job_id = app.enqueue(args.name, payload, id=args.id, priority=args.priority,
-                         delay=args.delay)
+    job_id = app.enqueue(args.name, payload, id=args.id, priority=args.priority, delay=args.delay)
     print(job_id)
     return 0
 
@@ -105,11 +111,30 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 def cmd_jobs(args: argparse.Namespace) -> int:
     rows = _app(args).store.type_counts()
-    header = ("type", "concurrency", "processes", "queued", "scheduled", "running",
-              "failed 1h", "succeeded 1h")
+    header = (
+        "type",
+        "concurrency",
+        "processes",
+        "queued",
+        "scheduled",
+        "running",
+        "failed 1h",
+        "succeeded 1h",
+    )
     table: list[tuple[object, ...]] = [header]
-    table += [(r.name, r.concurrency, r.processes, r.queued, r.scheduled, r.running,
-               r.failed_last_hour, r.succeeded_last_hour) for r in rows]
+    table += [
+        (
+            r.name,
+            r.concurrency,
+            r.processes,
+            r.queued,
+            r.scheduled,
+            r.running,
+            r.failed_last_hour,
+            r.succeeded_last_hour,
+        )
+        for r in rows
+    ]
     _print_table(table)
     return 0
 
@@ -117,10 +142,21 @@ def cmd_jobs(args: argparse.Namespace) -> int:
 def cmd_workers(args: argparse.Namespace) -> int:
     rows = _app(args).store.workers()
     table: list[tuple[object, ...]] = [
-        ("id", "host", "pid", "role", "pool", "started", "heartbeat age s", "running")]
-    table += [(w.id[:8], w.host, w.pid, w.role, w.pool or "-",
-               w.started_at.astimezone(UTC).strftime("%H:%M:%S"),
-               f"{w.heartbeat_age_s:.1f}", w.running) for w in rows]
+        ("id", "host", "pid", "role", "pool", "started", "heartbeat age s", "running")
+    ]
+    table += [
+        (
+            w.id[:8],
+            w.host,
+            w.pid,
+            w.role,
+            w.pool or "-",
+            w.started_at.astimezone(UTC).strftime("%H:%M:%S"),
+            f"{w.heartbeat_age_s:.1f}",
+            w.running,
+        )
+        for w in rows
+    ]
     _print_table(table)
     return 0
 
@@ -165,12 +201,21 @@ def cmd_chain(args: argparse.Namespace) -> int:
         print("stop requested" if done else "already finished")
         return 0 if done else 1
     else:
-        table: list[tuple[object, ...]] = [("id", "name", "state", "jobs", "succeeded",
-                                            "created", "finished")]
-        table += [(c.id, c.name, c.state, c.jobs, c.succeeded,
-                   c.created_at.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S"),
-                   c.finished_at.astimezone(UTC).strftime("%H:%M:%S") if c.finished_at
-                   else "-") for c in app.list_chains(args.limit)]
+        table: list[tuple[object, ...]] = [
+            ("id", "name", "state", "jobs", "succeeded", "created", "finished")
+        ]
+        table += [
+            (
+                c.id,
+                c.name,
+                c.state,
+                c.jobs,
+                c.succeeded,
+                c.created_at.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S"),
+                c.finished_at.astimezone(UTC).strftime("%H:%M:%S") if c.finished_at else "-",
+            )
+            for c in app.list_chains(args.limit)
+        ]
         _print_table(table)
     return 0
 
@@ -197,8 +242,9 @@ def build_parser() -> Parser:
     parser = Parser(prog="hivejobs", description="Durable jobs: Redis broker, Postgres truth.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
 
-    def add(name: str, fn: Callable[[argparse.Namespace], int], help_: str,
-            app_opt: bool = True) -> Parser:
+    def add(
+        name: str, fn: Callable[[argparse.Namespace], int], help_: str, app_opt: bool = True
+    ) -> Parser:
         p: Parser = sub.add_parser(name, help=help_, description=help_)
         p.set_defaults(fn=fn)
         if app_opt:
@@ -229,19 +275,26 @@ def build_parser() -> Parser:
     p.add_argument("--pool", help="only this job type's pools")
     p = add("chain", cmd_chain, "run, show, stop and list job chains")
     chain_sub = p.add_subparsers(dest="chain_command", required=True, parser_class=Parser)
-    chain_sub.add_parser("run", help="validate and start a chain from a JSON file; prints "
-                         "its request id").add_argument("file", metavar="FILE.json")
-    chain_sub.add_parser("status", help="the chain's DAG in layers, each job's state"
-                         ).add_argument("request_id")
+    chain_sub.add_parser(
+        "run", help="validate and start a chain from a JSON file; prints its request id"
+    ).add_argument("file", metavar="FILE.json")
+    chain_sub.add_parser("status", help="the chain's DAG in layers, each job's state").add_argument(
+        "request_id"
+    )
     chain_sub.add_parser("stop", help="stop a running chain").add_argument("request_id")
     chain_sub.add_parser("list", help="the latest chains").add_argument(
-        "--limit", type=int, default=50)
-    p = add("dev", cmd_dev, "zero setup: embedded Postgres and Valkey, migrate, run the worker",
-            False)
+        "--limit", type=int, default=50
+    )
+    p = add(
+        "dev", cmd_dev, "zero setup: embedded Postgres and Valkey, migrate, run the worker", False
+    )
     p.add_argument("app_spec", nargs="?", metavar="MODULE:APP")
     p.add_argument("--data-dir", help="where the embedded servers keep their data")
-    p.add_argument("--print-env", action="store_true",
-                   help="start the servers detached and print export lines for other shells")
+    p.add_argument(
+        "--print-env",
+        action="store_true",
+        help="start the servers detached and print export lines for other shells",
+    )
     p.add_argument("--stop", action="store_true", help="stop servers left by --print-env")
     p = add("bench", cmd_bench, "load-test hivejobs on this machine", False)
     from hivejobs.bench import add_bench_arguments
@@ -268,5 +321,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
-
-

@@ -24,8 +24,12 @@ MAX_BATCH = 500
 
 
 class Completer:
-    def __init__(self, store: Store, broker: Broker,
-                 on_written: Callable[[list[Completion]], None] | None = None) -> None:
+    def __init__(
+        self,
+        store: Store,
+        broker: Broker,
+        on_written: Callable[[list[Completion]], None] | None = None,
+    ) -> None:
         self.store = store
         self.broker = broker
         self.on_written = on_written
@@ -79,11 +83,20 @@ class Completer:
                 self._idle.notify_all()
 
     def _write_unwritable(self, item: Completion, exc: Exception) -> None:
-        logger.error("completion cannot be written; failing the job", job_id=item.id,
-                     error=repr(exc))
+        logger.error(
+            "completion cannot be written; failing the job", job_id=item.id, error=repr(exc)
+        )
         if item.outcome != "failed":
-            self._write([Completion(id=item.id, claim_token=item.claim_token, outcome="failed",
-                                    error=f"completion could not be stored: {exc!r}")])
+            self._write(
+                [
+                    Completion(
+                        id=item.id,
+                        claim_token=item.claim_token,
+                        outcome="failed",
+                        error=f"completion could not be stored: {exc!r}",
+                    )
+                ]
+            )
 
     def _write(self, batch: list[Completion]) -> None:
         delay = 0.05
@@ -103,20 +116,29 @@ class Completer:
                 return
             except psycopg.Error as exc:
                 # Fenced writes are idempotent: retrying after an unknown outcome is safe.
-                logger.warning("completion batch failed, retrying", jobs=len(batch),
-                               error=repr(exc), retry_in_s=delay)
+                logger.warning(
+                    "completion batch failed, retrying",
+                    jobs=len(batch),
+                    error=repr(exc),
+                    retry_in_s=delay,
+                )
                 time.sleep(delay)
                 delay = min(delay * 2, 2.0)
         if self.on_written is not None:
             self.on_written(batch)
         if written < len(batch):
             self.fenced_out += len(batch) - written
-            logger.warning("claim lost: completion fenced out (job rescued or timed out)",
-                           jobs=len(batch) - written)
+            logger.warning(
+                "claim lost: completion fenced out (job rescued or timed out)",
+                jobs=len(batch) - written,
+            )
         queued = [(r[0], r[1], r[2]) for r in requeued if r[3] == "queued"]
         if queued:
             try:
                 self.broker.push_many(queued)
             except redis.RedisError as exc:
-                logger.warning("requeued jobs not pushed; the reconciler will",
-                               jobs=len(queued), error=repr(exc))
+                logger.warning(
+                    "requeued jobs not pushed; the reconciler will",
+                    jobs=len(queued),
+                    error=repr(exc),
+                )

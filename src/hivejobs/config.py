@@ -60,9 +60,7 @@ class Settings(msgspec.Struct, kw_only=True):
         ):
             scheme = urlsplit(url).scheme
             if scheme not in schemes:
-                raise ConfigError(
-                    f"URL {redact_url(url)!r} should start with {schemes[0]}://"
-                )
+                raise ConfigError(f"URL {redact_url(url)!r} should start with {schemes[0]}://")
 
 
 def env_float(name: str) -> float | None:
@@ -82,8 +80,7 @@ def settings_from_env(
     **overrides: float | int,
 ) -> Settings:
     """Arguments win over HIVEJOBS_* variables, which win over DATABASE_URL/REDIS_URL."""
-    db = database_url or os.environ.get("HIVEJOBS_DATABASE_URL") or os.environ.get(
-        "DATABASE_URL")
+    db = database_url or os.environ.get("HIVEJOBS_DATABASE_URL") or os.environ.get("DATABASE_URL")
     rd = redis_url or os.environ.get("HIVEJOBS_REDIS_URL") or os.environ.get("REDIS_URL")
     source = "explicit" if db and rd else "default"
     kwargs: dict[str, float | int] = {}

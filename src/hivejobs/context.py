@@ -42,8 +42,7 @@ class JobContext:
     def logger(self) -> Logger:
         """Bound to job id, type and attempt; made on first use (no cost for quiet jobs)."""
         if self._logger is None:
-            self._logger = logger.bind(job_id=self.job_id, job_type=self.name,
-                                       attempt=self.attempt)
+            self._logger = logger.bind(job_id=self.job_id, job_type=self.name, attempt=self.attempt)
         return self._logger
 
     # -- chains: loaded on first use, so plain jobs never pay for them ------------------

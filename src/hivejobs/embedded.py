@@ -1018,8 +1018,11 @@ def choose_backends(
     if not flag:
         local_db = _probe_local_postgres(DEFAULT_DATABASE_URL)
         if local_db and _redis_handshake(DEFAULT_REDIS_URL):
-            logger.info("using the local Postgres and Redis", database=redact_url(local_db),
-                        redis=DEFAULT_REDIS_URL)
+            logger.info(
+                "using the local Postgres and Redis",
+                database=redact_url(local_db),
+                redis=DEFAULT_REDIS_URL,
+            )
             return Backends(local_db, DEFAULT_REDIS_URL, "local")
     if flag is False:
         raise BackendUnavailable(

@@ -25,5 +25,11 @@ def setup_logging(process: str) -> None:
     if os.environ.get("HIVEJOBS_LOG_FORMAT", "text") == "json":
         logger.add(sys.stderr, level=level, serialize=True, diagnose=False, backtrace=False)
     else:
-        logger.add(sys.stderr, level=level, format=_TEXT_FORMAT, diagnose=False,
-                   backtrace=False, colorize=None)
+        logger.add(
+            sys.stderr,
+            level=level,
+            format=_TEXT_FORMAT,
+            diagnose=False,
+            backtrace=False,
+            colorize=None,
+        )

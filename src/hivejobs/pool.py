@@ -55,8 +55,9 @@ class Pool:
         # At-least-once claims and completions may commit asynchronously: one lost in a
         # Postgres crash means a re-run, never a loss (the claim check below finds it).
         self.async_commit = jt.delivery == "at_least_once"
-        self.store = Store(settings.database_url, max_size=3,
-                           synchronous_commit=not self.async_commit)
+        self.store = Store(
+            settings.database_url, max_size=3, synchronous_commit=not self.async_commit
+        )
         self.broker = Broker(settings)
         self.completer = Completer(self.store, self.broker, self._forget)
         self.held: dict[str, int] = {}  # claims not yet finished in Postgres: id -> token
@@ -83,16 +84,20 @@ class Pool:
     # -- lifecycle ---------------------------------------------------------------------
 
     def run(self) -> int:
-        self.store.register_worker(self.worker_id, socket.gethostname(), os.getpid(), "pool",
-                                   self.jt.name)
+        self.store.register_worker(
+            self.worker_id, socket.gethostname(), os.getpid(), "pool", self.jt.name
+        )
         if threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGTERM, signal.SIGINT):
                 signal.signal(sig, self._on_stop_signal)
         self.completer.start()
-        threads = [threading.Thread(target=self._runner, name=f"runner-{i}", daemon=True)
-                   for i in range(self.jt.concurrency)]
+        threads = [
+            threading.Thread(target=self._runner, name=f"runner-{i}", daemon=True)
+            for i in range(self.jt.concurrency)
+        ]
+        self._fetcher_thread = threading.Thread(target=self._fetcher, name="fetcher", daemon=True)
         threads += [
-            threading.Thread(target=self._fetcher, name="fetcher", daemon=True),
+            self._fetcher_thread,
             threading.Thread(target=self._heartbeat, name="heartbeat", daemon=True),
             threading.Thread(target=self._control, name="control", daemon=True),
         ]
@@ -112,10 +117,13 @@ class Pool:
         """Let running jobs finish, then suspend what still runs; exit before SIGKILL."""
         deadline = time.monotonic() + self.settings.shutdown_timeout_s
         self.shutting_down.set()
+        # A pop in flight may still claim: let it finish, so no claim outlives this process.
+        self._fetcher_thread.join(self.settings.pop_block_s + 2.0)
         with self.lock:
             busy = len(self.running)
-        self.log.info("stopping: finishing running jobs", running=busy,
-                      reason=self.recycle_reason or "signal")
+        self.log.info(
+            "stopping: finishing running jobs", running=busy, reason=self.recycle_reason or "signal"
+        )
         soft = deadline - min(self.settings.stop_grace_s, self.settings.shutdown_timeout_s / 2)
         self._wait_idle(soft, watch=True)
         with self.lock:
@@ -162,12 +170,18 @@ class Pool:
     def _suspend(self, job: ClaimedJob, started: bool) -> None:
         if started and job.delivery == "at_most_once":
             # At-most-once and maybe started: fail it, never requeue.
-            self.completer.submit(Completion(id=job.id, claim_token=job.claim_token,
-                                             outcome="failed",
-                                             error="interrupted by shutdown"))
+            self.completer.submit(
+                Completion(
+                    id=job.id,
+                    claim_token=job.claim_token,
+                    outcome="failed",
+                    error="interrupted by shutdown",
+                )
+            )
         else:
-            self.completer.submit(Completion(id=job.id, claim_token=job.claim_token,
-                                             outcome="suspend"))
+            self.completer.submit(
+                Completion(id=job.id, claim_token=job.claim_token, outcome="suspend")
+            )
 
     # -- fetcher -----------------------------------------------------------------------
 
@@ -215,12 +229,7 @@ class Pool:
         """The claim's COMMIT outcome is unknown: put back what we may hold but never ran."""
         for _ in range(20):
             try:
-                with self.store.connection() as conn:
-                    rows = conn.execute(
-                        "UPDATE hivejobs_job SET state = 'queued', attempt = attempt - 1, "
-                        "worker_id = NULL, claim_token = NULL, queued_at = now() "
-                        "WHERE id = ANY(%s) AND worker_id = %s AND state = 'running' "
-                        "RETURNING id, name, priority", (ids, self.worker_id)).fetchall()
+                rows = self.store.release_unstarted(ids, self.worker_id)
                 self.broker.push_many([(r[0], r[1], r[2]) for r in rows])
                 return
             except (psycopg.Error, redis.RedisError):
@@ -243,8 +252,7 @@ class Pool:
         if lost:
             released = self.store.release_claims(lost)
             self.broker.push_many([(r[0], r[1], r[2]) for r in released])
-            self.log.warning("released claims this process no longer tracks",
-                             jobs=len(released))
+            self.log.warning("released claims this process no longer tracks", jobs=len(released))
 
     # -- runners -----------------------------------------------------------------------
 
@@ -330,36 +338,43 @@ class Pool:
             return self._failed(job, ctx, f"Retry: {exc}", delay)
         except BaseException as exc:  # noqa: BLE001 - any handler error ends this attempt
             if isinstance(exc, Interrupted | SystemExit) or (
-                    ctx.stopping.is_set() and self.shutting_down.is_set()):
+                ctx.stopping.is_set() and self.shutting_down.is_set()
+            ):
                 if self.shutting_down.is_set():
                     # A stop is not an attempt, whatever exception the handler raised (R9).
                     log.info("attempt interrupted by shutdown")
                     if job.delivery == "at_most_once":
                         return self._ended(job, "failed", "interrupted by shutdown")
-                    return Completion(id=job.id, claim_token=job.claim_token,
-                                      outcome="suspend")
+                    return Completion(id=job.id, claim_token=job.claim_token, outcome="suspend")
             text = "".join(traceback.format_exception(exc))
             return self._failed(job, ctx, text, jt.backoff.delay_s(job.attempt))
         elapsed = time.monotonic() - started
         self.avg_run_s += (elapsed - self.avg_run_s) * 0.1
-        return Completion(id=job.id, claim_token=job.claim_token, outcome="succeeded",
-                          result=encoded)
+        return Completion(
+            id=job.id, claim_token=job.claim_token, outcome="succeeded", result=encoded
+        )
 
     def _failed(self, job: ClaimedJob, ctx: JobContext, error: str, delay: float) -> Completion:
         if ctx.cancelled:
             return self._ended(job, "cancelled", error)
         if job.attempt < job.attempts:
-            ctx.logger.warning("attempt failed, retry in {delay_s:.1f}s", delay_s=delay,
-                               error=error.strip().splitlines()[-1][:500])
-            return Completion(id=job.id, claim_token=job.claim_token, outcome="retry",
-                              error=error, retry_delay_s=delay)
-        ctx.logger.error("job failed, no attempts left",
-                         error=error.strip().splitlines()[-1][:500])
+            ctx.logger.warning(
+                "attempt failed, retry in {delay_s:.1f}s",
+                delay_s=delay,
+                error=error.strip().splitlines()[-1][:500],
+            )
+            return Completion(
+                id=job.id,
+                claim_token=job.claim_token,
+                outcome="retry",
+                error=error,
+                retry_delay_s=delay,
+            )
+        ctx.logger.error("job failed, no attempts left", error=error.strip().splitlines()[-1][:500])
         return self._ended(job, "failed", error)
 
     def _ended(self, job: ClaimedJob, outcome: str, error: str) -> Completion:
-        return Completion(id=job.id, claim_token=job.claim_token,
-                          outcome=outcome, error=error)  # type: ignore[arg-type]
+        return Completion(id=job.id, claim_token=job.claim_token, outcome=outcome, error=error)  # type: ignore[arg-type]
 
     # -- timeouts ----------------------------------------------------------------------
 
@@ -381,8 +396,12 @@ class Pool:
                     expired.append(r)
         for r in expired:
             r.ctx.logger.error("attempt timed out; recycling the pool", timeout_s=timeout)
-            completion = self._failed(r.job, r.ctx, f"timed out after {timeout:g}s",
-                                      self.jt.backoff.delay_s(r.job.attempt))
+            completion = self._failed(
+                r.job,
+                r.ctx,
+                f"timed out after {timeout:g}s",
+                self.jt.backoff.delay_s(r.job.attempt),
+            )
             self.completer.submit(completion)
         if expired and not self.stop_acquiring.is_set():
             self.recycle_reason = "timed out job"
@@ -410,7 +429,8 @@ class Pool:
         while True:
             try:
                 pubsub = self.broker.redis.pubsub(  # type: ignore[no-untyped-call]
-                    ignore_subscribe_messages=True)
+                    ignore_subscribe_messages=True
+                )
                 pubsub.subscribe(self.broker.control_channel)
                 while True:
                     msg = pubsub.get_message(timeout=1.0)

@@ -7,9 +7,7 @@ from typing import Literal
 
 import msgspec
 
-JobState = Literal[
-    "scheduled", "queued", "running", "succeeded", "failed", "cancelled", "expired"
-]
+JobState = Literal["scheduled", "queued", "running", "succeeded", "failed", "cancelled", "expired"]
 TERMINAL_STATES: frozenset[str] = frozenset({"succeeded", "failed", "cancelled", "expired"})
 Delivery = Literal["at_least_once", "at_most_once"]
 # How a claim ended, as the pool reports it to the completer.

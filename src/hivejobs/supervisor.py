@@ -31,6 +31,7 @@ from hivejobs.store import Store, new_worker_id
 PR_SET_PDEATHSIG = 1
 EXIT_RELOAD = 75  # a pool asked for a reload (`hivejobs restart`): re-exec for new code
 RESTART_BACKOFF_MAX_S = 30.0
+HEALTHY_AFTER_S = 10.0
 
 
 @dataclass
@@ -50,8 +51,9 @@ class Child:
 
 
 class Supervisor:
-    def __init__(self, app: App, app_spec: str, settings: Settings,
-                 coordinator: bool = True) -> None:
+    def __init__(
+        self, app: App, app_spec: str, settings: Settings, coordinator: bool = True
+    ) -> None:
         self.app = app
         self.app_spec = app_spec
         self.settings = settings
@@ -80,8 +82,11 @@ class Supervisor:
         signal.set_wakeup_fd(self._wake_w)
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD):
             signal.signal(sig, self._on_signal)
-        logger.info("supervisor started", app=self.app_spec,
-                    pools={jt.name: jt.processes for jt in self.app.types.values()})
+        logger.info(
+            "supervisor started",
+            app=self.app_spec,
+            pools={jt.name: jt.processes for jt in self.app.types.values()},
+        )
         for child in self.children:
             self._spawn(child)
         while not self.stopping:
@@ -133,8 +138,9 @@ class Supervisor:
             finally:
                 os._exit(code)
         child.pid = pid
-        logger.info("started child", role=child.role, pool=child.pool, pid=pid,
-                    worker_id=child.worker_id)
+        logger.info(
+            "started child", role=child.role, pool=child.pool, pid=pid, worker_id=child.worker_id
+        )
 
     def _child_main(self, child: Child) -> int:
         signal.set_wakeup_fd(-1)
@@ -172,8 +178,11 @@ class Supervisor:
 
     def _on_child_exit(self, child: Child, status: int) -> None:
         clean = os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
-        how = (f"exit {os.WEXITSTATUS(status)}" if os.WIFEXITED(status)
-               else f"signal {os.WTERMSIG(status)}")
+        how = (
+            f"exit {os.WEXITSTATUS(status)}"
+            if os.WIFEXITED(status)
+            else f"signal {os.WTERMSIG(status)}"
+        )
         if not clean and not (os.WIFEXITED(status) and os.WEXITSTATUS(status) == EXIT_RELOAD):
             self._release_claims([child.worker_id])
         if self.stopping:
@@ -186,13 +195,14 @@ class Supervisor:
             child.restart_at = time.monotonic()  # recycled on purpose: restart at once
             logger.info("child recycled", role=child.role, pool=child.pool)
             return
-        if time.monotonic() - child.started > 60.0:
-            child.crashes = 0
+        if time.monotonic() - child.started > HEALTHY_AFTER_S:
+            child.crashes = 0  # it worked for a while: a death, not a crash loop
         child.crashes += 1
         delay = min(RESTART_BACKOFF_MAX_S, 0.5 * 2 ** (child.crashes - 1))
         child.restart_at = time.monotonic() + delay
-        logger.warning("child died, restarting", role=child.role, pool=child.pool, how=how,
-                       restart_in_s=delay)
+        logger.warning(
+            "child died, restarting", role=child.role, pool=child.pool, how=how, restart_in_s=delay
+        )
 
     def _restart_due(self) -> None:
         now = time.monotonic()
@@ -206,8 +216,7 @@ class Supervisor:
         try:
             store = Store(self.settings.database_url, max_size=1)
             try:
-                requeued, failed = store.rescue_workers(worker_ids,
-                                                        self.settings.poison_pill_after)
+                requeued, failed = store.rescue_workers(worker_ids, self.settings.poison_pill_after)
             finally:
                 store.close()
         except (psycopg.Error, Exception) as exc:  # noqa: BLE001 - the coordinator will rescue
@@ -218,13 +227,11 @@ class Supervisor:
             try:
                 broker.push_many([(r[0], r[1], r[2]) for r in requeued])
             except redis.RedisError as exc:
-                logger.warning("released jobs not pushed; the reconciler will",
-                               error=repr(exc))
+                logger.warning("released jobs not pushed; the reconciler will", error=repr(exc))
             finally:
                 broker.close()
         if requeued or failed:
-            logger.warning("released jobs of a dead child", requeued=len(requeued),
-                           failed=failed)
+            logger.warning("released jobs of a dead child", requeued=len(requeued), failed=failed)
 
     # -- shutdown ----------------------------------------------------------------------
 

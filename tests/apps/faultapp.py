@@ -28,8 +28,7 @@ def note(*fields: object) -> None:
 
 
 def start(ctx: JobContext) -> None:
-    note("start", ctx.job_id, ctx.attempt, os.getpid(), time.monotonic_ns(),
-         threading.get_ident())
+    note("start", ctx.job_id, ctx.attempt, os.getpid(), time.monotonic_ns(), threading.get_ident())
 
 
 def end(ctx: JobContext, outcome: str) -> None:
@@ -44,6 +43,7 @@ def register(name: str, **options: object):  # type: ignore[no-untyped-def]
         if key in os.environ:
             options["concurrency"] = int(os.environ[key])
         return app.job(name, **options)(fn)  # type: ignore[arg-type]
+
     return wrap
 
 
@@ -124,6 +124,5 @@ def _poison(ctx: JobContext, payload: dict[str, str]) -> str:
     return action
 
 
-register("poison", concurrency=4, attempts=3, timeout=1.0,
-         backoff=Backoff(base_s=0.1))(_poison)
+register("poison", concurrency=4, attempts=3, timeout=1.0, backoff=Backoff(base_s=0.1))(_poison)
 register("poison_amo", concurrency=2, delivery="at_most_once", timeout=1.0)(_poison)

@@ -98,8 +98,9 @@ def test_builder_refuses_a_job_of_another_chain_and_duplicate_keys() -> None:
         one.job("step", key="a:b")
 
 
-def test_json_chain_round_trip_and_cli(app: App, database_url: str, redis_prefix: str,
-                                       tmp_path: Path) -> None:
+def test_json_chain_round_trip_and_cli(
+    app: App, database_url: str, redis_prefix: str, tmp_path: Path
+) -> None:
     chain = Chain("provision-db", args={"host": "db1"})
     vm = chain.job("step", {"n": 4}, key="vm", tries=3)
     sql_ = chain.job("step", {}, key="sql", after=[vm])
@@ -110,12 +111,22 @@ def test_json_chain_round_trip_and_cli(app: App, database_url: str, redis_prefix
 
     path = tmp_path / "chain.json"
     path.write_bytes(chain.to_json())
-    env = {"HIVEJOBS_DATABASE_URL": database_url, "HIVEJOBS_PREFIX": redis_prefix,
-           "HIVEJOBS_APP": "tests.apps.chainapp:app", "PATH": "/usr/bin:/bin"}
+    env = {
+        "HIVEJOBS_DATABASE_URL": database_url,
+        "HIVEJOBS_PREFIX": redis_prefix,
+        "HIVEJOBS_APP": "tests.apps.chainapp:app",
+        "PATH": "/usr/bin:/bin",
+    }
 
     def cli(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "hivejobs", "chain", *args], cwd=ROOT,
-                              env=env, capture_output=True, text=True, timeout=30)
+        return subprocess.run(
+            [sys.executable, "-m", "hivejobs", "chain", *args],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
 
     run = cli("run", str(path))
     assert run.returncode == 0, run.stderr
@@ -126,7 +137,10 @@ def test_json_chain_round_trip_and_cli(app: App, database_url: str, redis_prefix
     assert "provision-db" in lines[0] and "PENDING" in lines[0]
     layer_rows = [ln for ln in lines if ln.startswith("layer") or ln.startswith("  [")]
     assert [ln.split()[0:2] for ln in layer_rows if ln.startswith("layer")] == [
-        ["layer", "0"], ["layer", "1"], ["layer", "2"]]
+        ["layer", "0"],
+        ["layer", "1"],
+        ["layer", "2"],
+    ]
     assert "try 0/3" in next(ln for ln in lines if " vm " in ln)
     assert request_id in cli("list").stdout
     assert cli("stop", request_id).stdout.strip() == "stop requested"

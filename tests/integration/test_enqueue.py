@@ -91,39 +91,99 @@ GOOD = {"width": 640, "height": 480}
 
 # -- every bad input: the error, its message, and nothing stored --------------------------
 
-@pytest.mark.parametrize(("name", "payload", "kwargs", "error", "message"), [
-    ("resise", GOOD, {}, UnknownJobType,
-     "unknown job type 'resise': did you mean 'resize'? (known: notify, resize)"),
-    ("resize", {"width": "wide", "height": 480}, {}, PayloadInvalid,
-     "payload for job type 'resize' is invalid: Expected `int`, got `str` - at `$.width`"),
-    ("resize", {"width": 1}, {}, PayloadInvalid, "missing required field `height`"),
-    ("notify", {"when": object()}, {}, PayloadInvalid, "not JSON-serialisable"),
-    ("resize", GOOD, {"id": "job\x00one"}, InvalidArgument, "contains control characters"),
-    ("resize", GOOD, {"id": "job\x1bone"}, InvalidArgument, "contains control characters"),
-    ("resize", GOOD, {"id": "job\x7f"}, InvalidArgument, "contains control characters"),
-    ("resize", GOOD, {"id": "x" * 256}, InvalidArgument,
-     "job id must be a string of 1-255 characters"),
-    ("resize", GOOD, {"id": ""}, InvalidArgument, "job id must be a string of 1-255 characters"),
-    ("resize", GOOD, {"priority": 10}, InvalidArgument,
-     "priority must be an integer 0-9 (0 runs first), not 10"),
-    ("resize", GOOD, {"priority": -1}, InvalidArgument, "priority must be an integer 0-9"),
-    ("resize", GOOD, {"priority": "1"}, InvalidArgument, "priority must be an integer 0-9"),
-    ("resize", GOOD, {"delay": -1.0}, InvalidArgument,
-     "delay must be between 0 and 31622400 seconds, not -1.0"),
-    ("resize", GOOD, {"delay": math.nan}, InvalidArgument, "not nan"),
-    ("resize", GOOD, {"delay": math.inf}, InvalidArgument, "not inf"),
-    ("resize", GOOD, {"run_at": datetime.now() + timedelta(hours=1)}, InvalidArgument,
-     "run_at must be timezone-aware"),
-    ("resize", GOOD, {"expires_at": datetime.now() + timedelta(hours=1)}, InvalidArgument,
-     "expires_at must be timezone-aware"),
-    ("resize", GOOD, {"expires_at": in_future(-1)}, InvalidArgument,
-     "expires_at is already in the past"),
-    ("resize", GOOD, {"delay": 5.0, "run_at": in_future(5)}, InvalidArgument,
-     "give either delay or run_at, not both"),
-])
-def test_bad_enqueue_raises_and_stores_nothing(app: App, name: str, payload: object,
-                                               kwargs: dict[str, Any],
-                                               error: type[Exception], message: str) -> None:
+
+@pytest.mark.parametrize(
+    ("name", "payload", "kwargs", "error", "message"),
+    [
+        (
+            "resise",
+            GOOD,
+            {},
+            UnknownJobType,
+            "unknown job type 'resise': did you mean 'resize'? (known: notify, resize)",
+        ),
+        (
+            "resize",
+            {"width": "wide", "height": 480},
+            {},
+            PayloadInvalid,
+            "payload for job type 'resize' is invalid: Expected `int`, got `str` - at `$.width`",
+        ),
+        ("resize", {"width": 1}, {}, PayloadInvalid, "missing required field `height`"),
+        ("notify", {"when": object()}, {}, PayloadInvalid, "not JSON-serialisable"),
+        ("resize", GOOD, {"id": "job\x00one"}, InvalidArgument, "contains control characters"),
+        ("resize", GOOD, {"id": "job\x1bone"}, InvalidArgument, "contains control characters"),
+        ("resize", GOOD, {"id": "job\x7f"}, InvalidArgument, "contains control characters"),
+        (
+            "resize",
+            GOOD,
+            {"id": "x" * 256},
+            InvalidArgument,
+            "job id must be a string of 1-255 characters",
+        ),
+        (
+            "resize",
+            GOOD,
+            {"id": ""},
+            InvalidArgument,
+            "job id must be a string of 1-255 characters",
+        ),
+        (
+            "resize",
+            GOOD,
+            {"priority": 10},
+            InvalidArgument,
+            "priority must be an integer 0-9 (0 runs first), not 10",
+        ),
+        ("resize", GOOD, {"priority": -1}, InvalidArgument, "priority must be an integer 0-9"),
+        ("resize", GOOD, {"priority": "1"}, InvalidArgument, "priority must be an integer 0-9"),
+        (
+            "resize",
+            GOOD,
+            {"delay": -1.0},
+            InvalidArgument,
+            "delay must be between 0 and 31622400 seconds, not -1.0",
+        ),
+        ("resize", GOOD, {"delay": math.nan}, InvalidArgument, "not nan"),
+        ("resize", GOOD, {"delay": math.inf}, InvalidArgument, "not inf"),
+        (
+            "resize",
+            GOOD,
+            {"run_at": datetime.now() + timedelta(hours=1)},
+            InvalidArgument,
+            "run_at must be timezone-aware",
+        ),
+        (
+            "resize",
+            GOOD,
+            {"expires_at": datetime.now() + timedelta(hours=1)},
+            InvalidArgument,
+            "expires_at must be timezone-aware",
+        ),
+        (
+            "resize",
+            GOOD,
+            {"expires_at": in_future(-1)},
+            InvalidArgument,
+            "expires_at is already in the past",
+        ),
+        (
+            "resize",
+            GOOD,
+            {"delay": 5.0, "run_at": in_future(5)},
+            InvalidArgument,
+            "give either delay or run_at, not both",
+        ),
+    ],
+)
+def test_bad_enqueue_raises_and_stores_nothing(
+    app: App,
+    name: str,
+    payload: object,
+    kwargs: dict[str, Any],
+    error: type[Exception],
+    message: str,
+) -> None:
     app.enqueue("resize", GOOD)  # something already there, which must stay as it is
     app.enqueue("resize", GOOD, delay=60)
     before = snapshot(app)
@@ -144,7 +204,8 @@ def test_oversize_payload_refused_and_exact_limit_accepted(make_app: Callable[..
         app.enqueue("blob", "a" * 99)  # 99 characters and two quotes: 101 bytes
     assert str(info.value) == (
         "payload for job type 'blob' is 101 bytes, over the limit of 100 bytes; "
-        "store large data elsewhere and pass a reference")
+        "store large data elsewhere and pass a reference"
+    )
     assert snapshot(app) == before
 
     job_id = app.enqueue("blob", "a" * 98)
@@ -160,6 +221,7 @@ def test_id_of_exactly_255_characters_is_accepted(app: App) -> None:
 
 
 # -- idempotent ids -----------------------------------------------------------------------
+
 
 def test_same_id_same_payload_returns_the_id_and_stores_one_job(app: App) -> None:
     assert app.enqueue("resize", {"width": 1, "height": 2}, id="img-1") == "img-1"
@@ -207,6 +269,7 @@ def test_same_id_of_a_finished_job_returns_it_without_storing_or_pushing(app: Ap
 
 # -- enqueue_many -------------------------------------------------------------------------
 
+
 def test_enqueue_many_stores_and_pushes_ten_thousand_jobs(app: App) -> None:
     ids = app.enqueue_many("notify", ({"n": i} for i in range(10_000)))
     assert len(ids) == len(set(ids)) == 10_000
@@ -228,15 +291,22 @@ def test_enqueue_many_with_priority_and_delay(app: App) -> None:
     assert queued_ids(app, "notify", priority=0) == []
 
 
-@pytest.mark.parametrize(("payloads", "kwargs", "error", "message"), [
-    ([GOOD] * 500 + [{"width": "x", "height": 1}] + [GOOD] * 10, {}, PayloadInvalid,
-     "Expected `int`, got `str` - at `$.width`"),
-    ([GOOD] * 3, {"priority": 11}, InvalidArgument, "priority must be an integer 0-9"),
-    ([GOOD] * 3, {"delay": -2.0}, InvalidArgument, "delay must be between 0"),
-])
+@pytest.mark.parametrize(
+    ("payloads", "kwargs", "error", "message"),
+    [
+        (
+            [GOOD] * 500 + [{"width": "x", "height": 1}] + [GOOD] * 10,
+            {},
+            PayloadInvalid,
+            "Expected `int`, got `str` - at `$.width`",
+        ),
+        ([GOOD] * 3, {"priority": 11}, InvalidArgument, "priority must be an integer 0-9"),
+        ([GOOD] * 3, {"delay": -2.0}, InvalidArgument, "delay must be between 0"),
+    ],
+)
 def test_enqueue_many_with_one_bad_element_stores_nothing(
-        app: App, payloads: list[object], kwargs: dict[str, Any], error: type[Exception],
-        message: str) -> None:
+    app: App, payloads: list[object], kwargs: dict[str, Any], error: type[Exception], message: str
+) -> None:
     before = snapshot(app)
     with pytest.raises(error, match=message.replace("$", r"\$").replace("`", "`")):
         app.enqueue_many("resize", payloads, **kwargs)
@@ -247,6 +317,7 @@ def test_enqueue_many_with_one_bad_element_stores_nothing(
 
 
 # -- transactional enqueue ---------------------------------------------------------------
+
 
 @pytest.fixture
 def listener(database_url: str) -> Iterator[psycopg.Connection[Any]]:
@@ -268,12 +339,14 @@ def notes_until_marker(listen: psycopg.Connection[Any], database_url: str) -> li
 
 
 def count_outside(database_url: str, job_id: str) -> int:
-    return int(sql(database_url, "SELECT count(*) FROM hivejobs_job WHERE id = %s",
-                   (job_id,))[0][0])
+    return int(
+        sql(database_url, "SELECT count(*) FROM hivejobs_job WHERE id = %s", (job_id,))[0][0]
+    )
 
 
 def test_enqueue_in_rolled_back_transaction_stores_and_dispatches_nothing(
-        app: App, database_url: str, listener: psycopg.Connection[Any]) -> None:
+    app: App, database_url: str, listener: psycopg.Connection[Any]
+) -> None:
     before = snapshot(app)
     with psycopg.connect(database_url) as conn:
         conn.execute("SELECT 1")  # a transaction is open, as in a web request
@@ -289,7 +362,8 @@ def test_enqueue_in_rolled_back_transaction_stores_and_dispatches_nothing(
 
 
 def test_enqueue_in_committed_transaction_notifies_the_dispatcher_on_commit(
-        app: App, database_url: str, listener: psycopg.Connection[Any]) -> None:
+    app: App, database_url: str, listener: psycopg.Connection[Any]
+) -> None:
     with psycopg.connect(database_url) as conn:
         conn.execute("SELECT 1")
         job_id = app.enqueue("resize", GOOD, conn=conn, priority=4)
@@ -303,7 +377,8 @@ def test_enqueue_in_committed_transaction_notifies_the_dispatcher_on_commit(
 
 
 def test_enqueue_in_committed_transaction_is_pushed_by_a_running_coordinator(
-        app: App, database_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    app: App, database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # Without the boot marker the reconciler's full restore would push the job too, and
     # within its 2 s grace no other path than the dispatch LISTEN can push it.
     app.broker.set_boot_marker("test")
@@ -315,15 +390,23 @@ def test_enqueue_in_committed_transaction_is_pushed_by_a_running_coordinator(
     try:
         # Ready means leading and listening: a probe NOTIFY comes back as a push.
         probe = "resize\t9\tprobe"
-        wait_until(lambda: sql(database_url, "SELECT pg_notify('hivejobs_dispatch', %s)",
-                               (probe,)) and queued_ids(app, "resize", 9),
-                   timeout=5, what="the coordinator to lead and listen")
+        wait_until(
+            lambda: (
+                sql(database_url, "SELECT pg_notify('hivejobs_dispatch', %s)", (probe,))
+                and queued_ids(app, "resize", 9)
+            ),
+            timeout=5,
+            what="the coordinator to lead and listen",
+        )
         with psycopg.connect(database_url) as conn:
             conn.execute("SELECT 1")
             job_id = app.enqueue("resize", GOOD, conn=conn)
             conn.commit()
-        wait_until(lambda: queued_ids(app, "resize") == [job_id], timeout=1.5,
-                   what="the coordinator to push the committed job")
+        wait_until(
+            lambda: queued_ids(app, "resize") == [job_id],
+            timeout=1.5,
+            what="the coordinator to push the committed job",
+        )
     finally:
         coordinator.stop.set()
         thread.join(10)
@@ -334,7 +417,8 @@ def test_enqueue_in_committed_transaction_is_pushed_by_a_running_coordinator(
 
 @pytest.mark.parametrize("autocommit", [False, True])
 def test_enqueue_with_a_connection_not_in_a_transaction_commits_and_pushes_at_once(
-        app: App, database_url: str, autocommit: bool) -> None:
+    app: App, database_url: str, autocommit: bool
+) -> None:
     with psycopg.connect(database_url, autocommit=autocommit) as conn:
         job_id = app.enqueue("resize", GOOD, conn=conn)
         assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
@@ -356,6 +440,7 @@ def test_idempotent_id_inside_a_transaction(app: App, database_url: str) -> None
 
 
 # -- connecting -------------------------------------------------------------------------
+
 
 def test_unreachable_postgres_raises_connection_failed_with_the_password_hidden() -> None:
     app = App(database_url="postgresql://hj:s3cret@127.0.0.1:1/x", redis_url=REDIS_URL)
@@ -381,7 +466,8 @@ def test_unreachable_redis_raises_connection_failed_with_the_password_hidden() -
 
 
 def test_enqueue_with_redis_down_is_stored_and_left_to_the_reconciler(
-        database_url: str, redis_prefix: str) -> None:
+    database_url: str, redis_prefix: str
+) -> None:
     """Postgres is the truth: once committed the job is acknowledged, even unpushed (R1)."""
     app = App(database_url=database_url, redis_url="redis://127.0.0.1:1/0", prefix=redis_prefix)
     app.job("resize")(lambda ctx, payload: None)
@@ -407,8 +493,11 @@ def test_missing_database_says_to_run_migrate(fresh_db_url: str) -> None:
 
 
 def test_schema_missing_then_migrate_via_cli_is_idempotent(
-        admin_url: str, fresh_db_url: str, monkeypatch: pytest.MonkeyPatch,
-        capsys: pytest.CaptureFixture[str]) -> None:
+    admin_url: str,
+    fresh_db_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     name = fresh_db_url.rsplit("/", 1)[1]
     sql(admin_url, f'CREATE DATABASE "{name}"')
     app = App(database_url=fresh_db_url, redis_url=REDIS_URL)
@@ -416,9 +505,9 @@ def test_schema_missing_then_migrate_via_cli_is_idempotent(
     with pytest.raises(SchemaMissing) as info:
         app.enqueue("resize", GOOD)
     assert str(info.value) == (
-        "the hivejobs tables do not exist in this database: run `hivejobs migrate`")
-    assert sql(fresh_db_url, "SELECT count(*) FROM pg_tables WHERE schemaname = 'public'") == [
-        (0,)]
+        "the hivejobs tables do not exist in this database: run `hivejobs migrate`"
+    )
+    assert sql(fresh_db_url, "SELECT count(*) FROM pg_tables WHERE schemaname = 'public'") == [(0,)]
 
     # Logging setup would swap the process-wide loguru sinks for one bound to capsys.
     monkeypatch.setattr("hivejobs.logs.setup_logging", lambda process: None)
@@ -430,7 +519,8 @@ def test_schema_missing_then_migrate_via_cli_is_idempotent(
     assert cli.main(["migrate"]) == 0
     assert capsys.readouterr().out == f"schema up to date at {fresh_db_url}\n"
     assert sql(fresh_db_url, "SELECT max(version) FROM hivejobs_schema_version") == [
-        (latest_version(),)]
+        (latest_version(),)
+    ]
 
     app.close()
     assert app.get_job(app.enqueue("resize", GOOD)).state == "queued"
@@ -451,4 +541,5 @@ def test_outdated_schema_says_to_run_migrate(database_url: str) -> None:
     with pytest.raises(SchemaOutdated) as info:
         app.store  # noqa: B018 - connecting is the point
     assert str(info.value) == (
-        f"schema is at version 0, hivejobs needs {latest_version()}: run `hivejobs migrate`")
+        f"schema is at version 0, hivejobs needs {latest_version()}: run `hivejobs migrate`"
+    )

@@ -107,9 +107,14 @@ def start_pool(make_app: Callable[..., App]) -> Iterator[StartPool]:
         thread = threading.Thread(target=pool.run, name=f"pool-{name}", daemon=True)
         thread.start()
         started.append((pool, thread))
-        wait_until(lambda: pool.subscribed.is_set()
-                   and any(w.id == pool.worker_id for w in app.store.workers()),
-                   timeout=5, what="pool registered and listening for control messages")
+        wait_until(
+            lambda: (
+                pool.subscribed.is_set()
+                and any(w.id == pool.worker_id for w in app.store.workers())
+            ),
+            timeout=5,
+            what="pool registered and listening for control messages",
+        )
         return pool
 
     yield start
@@ -134,8 +139,13 @@ def take_lease(app: App) -> tuple[Promoter, Lease]:
     return Promoter(app.store, app.broker), (holder, term)
 
 
-def promote_until(app: App, job_id: str, state: str, timeout: float = 10.0,
-                  leased: tuple[Promoter, Lease] | None = None) -> JobInfo:
+def promote_until(
+    app: App,
+    job_id: str,
+    state: str,
+    timeout: float = 10.0,
+    leased: tuple[Promoter, Lease] | None = None,
+) -> JobInfo:
     """Run Promoter passes, as the coordinator's loop does, until the job is in `state`."""
     promoter, lease = leased or take_lease(app)
 
@@ -174,9 +184,11 @@ def in_future(seconds: float) -> datetime:
 
 # -- scheduled -> queued ------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("how", ["delay", "run_at"])
 def test_scheduled_job_is_queued_by_one_promoter_pass_once_due(
-        make_app: Callable[..., App], how: str) -> None:
+    make_app: Callable[..., App], how: str
+) -> None:
     app = make_app()
     app.job("resize")(lambda ctx, payload: None)
     before = app.store.now()
@@ -203,8 +215,10 @@ def test_scheduled_job_is_queued_by_one_promoter_pass_once_due(
 
 # -- queued -> running -> succeeded / failed ----------------------------------------------
 
+
 def test_job_runs_from_queued_through_running_to_succeeded(
-        make_app: Callable[..., App], start_pool: StartPool) -> None:
+    make_app: Callable[..., App], start_pool: StartPool
+) -> None:
     app = make_app(**FAST)
     release = threading.Event()
     seen: list[tuple[str, int, Payload]] = []
@@ -233,7 +247,8 @@ def test_job_runs_from_queued_through_running_to_succeeded(
 
 
 def test_failing_job_retries_with_backoff_then_fails_keeping_the_last_error(
-        make_app: Callable[..., App], start_pool: StartPool) -> None:
+    make_app: Callable[..., App], start_pool: StartPool
+) -> None:
     app = make_app(**FAST)
     attempts: list[int] = []
 
@@ -262,7 +277,8 @@ def test_failing_job_retries_with_backoff_then_fails_keeping_the_last_error(
 
 
 def test_retry_delay_is_honoured_on_the_database_clock(
-        make_app: Callable[..., App], start_pool: StartPool) -> None:
+    make_app: Callable[..., App], start_pool: StartPool
+) -> None:
     app = make_app(**FAST)
 
     @app.job("later", attempts=3)
@@ -285,7 +301,8 @@ def test_retry_delay_is_honoured_on_the_database_clock(
 
 
 def test_retry_counts_as_an_attempt_and_the_next_one_can_succeed(
-        make_app: Callable[..., App], start_pool: StartPool) -> None:
+    make_app: Callable[..., App], start_pool: StartPool
+) -> None:
     app = make_app(**FAST)
 
     @app.job("twice", attempts=3)
@@ -301,7 +318,8 @@ def test_retry_counts_as_an_attempt_and_the_next_one_can_succeed(
 
 
 def test_retry_with_an_unusable_delay_does_not_stall_the_pool(
-        make_app: Callable[..., App], start_pool: StartPool) -> None:
+    make_app: Callable[..., App], start_pool: StartPool
+) -> None:
     """While failing, this leaves a completer thread retrying its batch for ever (as in a
     pool process), and its teardown waits out the pool's 5 s completion flush."""
     app = make_app(**FAST)
@@ -317,12 +335,16 @@ def test_retry_with_an_unusable_delay_does_not_stall_the_pool(
     wait_until(lambda: app.get_job(bad).attempt == 1, timeout=5, what="bad job claimed")
     good = app.enqueue("odd", {"bad": 0})
     reach(app, good, "succeeded", timeout=3)
-    wait_until(lambda: app.get_job(bad).state != "running", timeout=3,
-               what="the retry of the bad job written")
+    wait_until(
+        lambda: app.get_job(bad).state != "running",
+        timeout=3,
+        what="the retry of the bad job written",
+    )
 
 
 def test_at_most_once_job_fails_after_one_attempt(
-        make_app: Callable[..., App], start_pool: StartPool) -> None:
+    make_app: Callable[..., App], start_pool: StartPool
+) -> None:
     app = make_app(**FAST)
     calls: list[int] = []
 
@@ -341,7 +363,8 @@ def test_at_most_once_job_fails_after_one_attempt(
 
 
 def test_payload_that_no_longer_decodes_fails_without_retrying(
-        make_app: Callable[..., App], start_pool: StartPool) -> None:
+    make_app: Callable[..., App], start_pool: StartPool
+) -> None:
     """Schema drift: stored under an old schema, the new handler's type rejects it."""
     old = make_app(**FAST)
     old.job("resize")(lambda ctx, payload: None)
@@ -363,8 +386,10 @@ def test_payload_that_no_longer_decodes_fails_without_retrying(
 
 # -- cancel -------------------------------------------------------------------------------
 
+
 def test_cancel_queued_job_ends_it_and_it_never_runs(
-        make_app: Callable[..., App], start_pool: StartPool) -> None:
+    make_app: Callable[..., App], start_pool: StartPool
+) -> None:
     app = make_app(**FAST)
     ran: list[str] = []
     app.job("resize", concurrency=1)(lambda ctx, payload: ran.append(ctx.job_id))
@@ -399,7 +424,8 @@ def test_cancel_scheduled_job_ends_it_before_promotion(make_app: Callable[..., A
 
 
 def test_cancel_running_job_sets_stopping_and_it_ends_cancelled(
-        make_app: Callable[..., App], start_pool: StartPool) -> None:
+    make_app: Callable[..., App], start_pool: StartPool
+) -> None:
     app = make_app(**FAST)
     started = threading.Event()
     saw: list[bool] = []
@@ -425,9 +451,11 @@ def test_cancel_running_job_sets_stopping_and_it_ends_cancelled(
 
 # -- expired ------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("delay", [None, 60.0])
-def test_waiting_job_past_expires_at_ends_expired(make_app: Callable[..., App],
-                                                  delay: float | None) -> None:
+def test_waiting_job_past_expires_at_ends_expired(
+    make_app: Callable[..., App], delay: float | None
+) -> None:
     app = make_app()
     app.job("resize")(lambda ctx, payload: None)
     expires = in_future(0.4)
@@ -443,7 +471,8 @@ def test_waiting_job_past_expires_at_ends_expired(make_app: Callable[..., App],
 
 
 def test_expired_queued_job_is_never_claimed(
-        make_app: Callable[..., App], start_pool: StartPool) -> None:
+    make_app: Callable[..., App], start_pool: StartPool
+) -> None:
     """Between expires_at and the promoter's pass the id may still be popped: no run."""
     app = make_app(**FAST)
     ran: list[str] = []
@@ -462,8 +491,10 @@ def test_expired_queued_job_is_never_claimed(
 
 # -- replay and finished ids --------------------------------------------------------------
 
+
 def test_replay_of_finished_job_runs_it_again_under_a_new_id(
-        make_app: Callable[..., App], start_pool: StartPool) -> None:
+    make_app: Callable[..., App], start_pool: StartPool
+) -> None:
     app = make_app(**FAST)
     seen: list[tuple[str, Payload]] = []
 
@@ -495,23 +526,24 @@ def test_replay_of_cancelled_job_is_queued_and_pushed(make_app: Callable[..., Ap
 
 
 @pytest.mark.parametrize("delay", [None, 60.0])
-def test_replay_of_live_job_raises_job_not_finished(make_app: Callable[..., App],
-                                                    delay: float | None) -> None:
+def test_replay_of_live_job_raises_job_not_finished(
+    make_app: Callable[..., App], delay: float | None
+) -> None:
     app = make_app()
     app.job("resize")(lambda ctx, payload: None)
     job_id = app.enqueue("resize", {"w": 1}, delay=delay)
     state = "queued" if delay is None else "scheduled"
     with pytest.raises(JobNotFinished) as info:
         app.replay(job_id)
-    assert str(info.value) == (
-        f"job {job_id!r} is {state}: only a finished job can be replayed")
+    assert str(info.value) == (f"job {job_id!r} is {state}: only a finished job can be replayed")
     assert live_rows(app) == 1
     with pytest.raises(JobNotFound):
         app.replay("no-such-job")
 
 
 def test_reenqueue_of_finished_id_returns_it_and_does_not_run_it_again(
-        make_app: Callable[..., App], start_pool: StartPool) -> None:
+    make_app: Callable[..., App], start_pool: StartPool
+) -> None:
     app = make_app(**FAST)
     ran: list[str] = []
     app.job("mail", concurrency=1)(lambda ctx, payload: ran.append(ctx.job_id))

@@ -39,19 +39,27 @@ class ChainInstance(Instance):
         self.log_path = log_path
         self._log = open(log_path, "ab")  # noqa: SIM115 - closed in stop()
         args = [sys.executable, "-m", "hivejobs", "run", "tests.apps.chainapp:app"]
-        self.proc = subprocess.Popen(args, cwd=ROOT, env=env, stdout=self._log,
-                                     stderr=subprocess.STDOUT, start_new_session=True)
+        self.proc = subprocess.Popen(
+            args,
+            cwd=ROOT,
+            env=env,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         self.pid = self.proc.pid
 
 
 @pytest.fixture
-def chain_instance(instance_env: dict[str, str],
-                   tmp_path: Path) -> Iterator[Callable[..., ChainInstance]]:
+def chain_instance(
+    instance_env: dict[str, str], tmp_path: Path
+) -> Iterator[Callable[..., ChainInstance]]:
     started: list[ChainInstance] = []
 
     def start(extra_env: dict[str, str] | None = None) -> ChainInstance:
-        inst = ChainInstance({**instance_env, **(extra_env or {})},
-                             tmp_path / f"chain{len(started)}.log")
+        inst = ChainInstance(
+            {**instance_env, **(extra_env or {})}, tmp_path / f"chain{len(started)}.log"
+        )
         started.append(inst)
         return inst
 
@@ -73,7 +81,9 @@ def chain_app(make_app: Callable[..., App]) -> App:
 def wait_final(app: App, request_id: str, timeout: float = 45.0) -> str:
     state: str = wait_until(
         lambda: (s := app.chain_status(request_id).state) in FINAL and s,
-        timeout=timeout, what=f"chain {request_id} to finish")
+        timeout=timeout,
+        what=f"chain {request_id} to finish",
+    )
     return state
 
 
@@ -82,8 +92,12 @@ def assert_no_try_twice(ledger_dir: Path) -> None:
     assert not twice, f"tries started more than once: {twice}"
 
 
-def test_diamond(chain_app: App, chain_instance: Callable[..., ChainInstance],
-                 ledger_dir: Path, database_url: str) -> None:
+def test_diamond(
+    chain_app: App,
+    chain_instance: Callable[..., ChainInstance],
+    ledger_dir: Path,
+    database_url: str,
+) -> None:
     chain_instance()
     chain = Chain("diamond", args={"host": "db1"})
     a = chain.job("step", {"ms": 20, "n": 1}, key="a")
@@ -96,8 +110,7 @@ def test_diamond(chain_app: App, chain_instance: Callable[..., ChainInstance],
     assert st.args == {"host": "db1"}
     jobs = {j.key: j for j in st.jobs}
     assert jobs["d"].result == {"count": 2, "sum": 5}
-    assert all(j.state == "succeeded" and j.try_ == 1 and j.total_tries == 1
-               for j in st.jobs)
+    assert all(j.state == "succeeded" and j.try_ == 1 and j.total_tries == 1 for j in st.jobs)
     assert st.started_at is not None and st.finished_at is not None
     # Order: every job started after its predecessors ended (ledger, monotonic clock).
     lines = read_ledger(ledger_dir)
@@ -107,21 +120,25 @@ def test_diamond(chain_app: App, chain_instance: Callable[..., ChainInstance],
     assert t_start["d"] > max(t_end["b"], t_end["c"])
     log = chain_app.job_log(request_id)
     assert sorted((e.key, e.try_, e.state) for e in log) == [
-        ("a", 1, "succeeded"), ("b", 1, "succeeded"), ("c", 1, "succeeded"),
-        ("d", 1, "succeeded")]
+        ("a", 1, "succeeded"),
+        ("b", 1, "succeeded"),
+        ("c", 1, "succeeded"),
+        ("d", 1, "succeeded"),
+    ]
     assert all(e.duration_s is not None and e.duration_s >= 0 for e in log)
     assert_no_try_twice(ledger_dir)
     assert sql(database_url, "SELECT count(*) FROM hivejobs_job")[0][0] == 0
 
 
-def test_fan_out_of_200_into_one_merge(chain_app: App,
-                                       chain_instance: Callable[..., ChainInstance],
-                                       ledger_dir: Path) -> None:
+def test_fan_out_of_200_into_one_merge(
+    chain_app: App, chain_instance: Callable[..., ChainInstance], ledger_dir: Path
+) -> None:
     chain_instance({"HJ_CHAIN_CONCURRENCY": "16"})
     chain = Chain("fan-out")
     root = chain.job("step", {}, key="root")
-    leaves = [chain.job("step", {"ms": 5, "n": i}, key=f"leaf{i:03d}", after=[root])
-              for i in range(200)]
+    leaves = [
+        chain.job("step", {"ms": 5, "n": i}, key=f"leaf{i:03d}", after=[root]) for i in range(200)
+    ]
     chain.job("merge", {"expect": 200}, key="merge", after=leaves)
     request_id = chain_app.run_chain(chain)
     assert wait_final(chain_app, request_id) == "succeeded"
@@ -143,26 +160,33 @@ def sequence_chain(retries: int, fail_until: int) -> Chain:
 
 
 def test_sequence_retried_as_a_whole_until_it_succeeds(
-        chain_app: App, chain_instance: Callable[..., ChainInstance], ledger_dir: Path) -> None:
+    chain_app: App, chain_instance: Callable[..., ChainInstance], ledger_dir: Path
+) -> None:
     chain_instance()
     request_id = chain_app.run_chain(sequence_chain(retries=2, fail_until=2))
     assert wait_final(chain_app, request_id) == "succeeded"
     jobs = {j.key: j for j in chain_app.chain_status(request_id).jobs}
     # Spincycle's counts: `try` restarts with each sequence try, the total never does.
-    assert (jobs["seq_b"].try_, jobs["seq_b"].total_tries, jobs["seq_b"].sequence_try) == (
-        1, 3, 3)
+    assert (jobs["seq_b"].try_, jobs["seq_b"].total_tries, jobs["seq_b"].sequence_try) == (1, 3, 3)
     assert (jobs["seq_a"].try_, jobs["seq_a"].total_tries) == (1, 3)
     assert (jobs["prep"].total_tries, jobs["after"].total_tries) == (1, 1)
     assert jobs["seq_b"].result == "ok on try 3"
-    log = [(e.key, e.try_, e.state, e.sequence_try) for e in chain_app.job_log(request_id)
-           if e.key == "seq_b"]
-    assert log == [("seq_b", 1, "failed", 1), ("seq_b", 2, "failed", 2),
-                   ("seq_b", 3, "succeeded", 3)]
+    log = [
+        (e.key, e.try_, e.state, e.sequence_try)
+        for e in chain_app.job_log(request_id)
+        if e.key == "seq_b"
+    ]
+    assert log == [
+        ("seq_b", 1, "failed", 1),
+        ("seq_b", 2, "failed", 2),
+        ("seq_b", 3, "succeeded", 3),
+    ]
     assert_no_try_twice(ledger_dir)
 
 
 def test_sequence_with_retries_exhausted_fails_the_chain(
-        chain_app: App, chain_instance: Callable[..., ChainInstance], ledger_dir: Path) -> None:
+    chain_app: App, chain_instance: Callable[..., ChainInstance], ledger_dir: Path
+) -> None:
     chain_instance()
     request_id = chain_app.run_chain(sequence_chain(retries=1, fail_until=5))
     assert wait_final(chain_app, request_id) == "failed"
@@ -174,17 +198,28 @@ def test_sequence_with_retries_exhausted_fails_the_chain(
     assert_no_try_twice(ledger_dir)
 
 
-def test_stop_mid_chain(chain_app: App, chain_instance: Callable[..., ChainInstance],
-                        ledger_dir: Path, database_url: str) -> None:
+def test_stop_mid_chain(
+    chain_app: App,
+    chain_instance: Callable[..., ChainInstance],
+    ledger_dir: Path,
+    database_url: str,
+) -> None:
     chain_instance()
     chain = Chain("stoppable")
     first = chain.job("step", {}, key="first")
     longs = [chain.job("long", {"s": 30}, key=f"long{i}", after=[first]) for i in range(3)]
     chain.job("step", {}, key="last", after=longs)
     request_id = chain_app.run_chain(chain)
-    wait_until(lambda: sum(j.state == "running" and j.status is not None
-                           for j in chain_app.chain_status(request_id).jobs) == 3,
-               what="the long jobs running and reporting status")
+    wait_until(
+        lambda: (
+            sum(
+                j.state == "running" and j.status is not None
+                for j in chain_app.chain_status(request_id).jobs
+            )
+            == 3
+        ),
+        what="the long jobs running and reporting status",
+    )
     assert chain_app.stop_chain(request_id) is True
     assert wait_final(chain_app, request_id, timeout=20) == "stopped"
     jobs = {j.key: j for j in chain_app.chain_status(request_id).jobs}
@@ -209,18 +244,27 @@ def _ppid(pid: int) -> int:
 
 
 def test_sigterm_suspends_chain_and_another_instance_resumes_it(
-        chain_app: App, chain_instance: Callable[..., ChainInstance], ledger_dir: Path,
-        database_url: str) -> None:
+    chain_app: App,
+    chain_instance: Callable[..., ChainInstance],
+    ledger_dir: Path,
+    database_url: str,
+) -> None:
     a = chain_instance()
     chain = Chain("rolling-restart")
     first = chain.job("step", {}, key="first")
-    longs = [chain.job("long", {"s": 6}, key=f"long{i}", after=[first], tries=2)
-             for i in range(3)]
+    longs = [chain.job("long", {"s": 6}, key=f"long{i}", after=[first], tries=2) for i in range(3)]
     chain.job("step", {}, key="last", after=longs)
     request_id = chain_app.run_chain(chain)
-    wait_until(lambda: sum(j.state == "running" and j.status is not None
-                           for j in chain_app.chain_status(request_id).jobs) == 3,
-               what="the long jobs running on instance A")
+    wait_until(
+        lambda: (
+            sum(
+                j.state == "running" and j.status is not None
+                for j in chain_app.chain_status(request_id).jobs
+            )
+            == 3
+        ),
+        what="the long jobs running on instance A",
+    )
     b = chain_instance()
     wait_until(lambda: len(pools_of(database_url, b.pid)) == 4, what="instance B's pools")
     a.signal_group(signal.SIGTERM)
@@ -240,44 +284,66 @@ def test_sigterm_suspends_chain_and_another_instance_resumes_it(
         job = jobs[f"long{i}"]
         # The interrupted try is not counted; the total (job-log try number) moved on.
         assert (job.state, job.try_, job.total_tries) == ("succeeded", 1, 2)
-    log = [(e.key, e.try_, e.state) for e in chain_app.job_log(request_id)
-           if e.key.startswith("long")]
-    assert sorted(log) == sorted([(f"long{i}", 1, "stopped") for i in range(3)]
-                                 + [(f"long{i}", 2, "succeeded") for i in range(3)])
+    log = [
+        (e.key, e.try_, e.state) for e in chain_app.job_log(request_id) if e.key.startswith("long")
+    ]
+    assert sorted(log) == sorted(
+        [(f"long{i}", 1, "stopped") for i in range(3)]
+        + [(f"long{i}", 2, "succeeded") for i in range(3)]
+    )
     # The resumed tries ran on B, after A had exited.
     b_pools = set(pools_of(database_url, b.pid))
-    resumed = [p for p in read_ledger(ledger_dir)
-               if p[0] == "start" and p[1].endswith(":2") and p[1].split(":")[1] != "first"]
+    resumed = [
+        p
+        for p in read_ledger(ledger_dir)
+        if p[0] == "start" and p[1].endswith(":2") and p[1].split(":")[1] != "first"
+    ]
     assert len(resumed) == 3 and all(int(p[3]) in b_pools for p in resumed)
     assert_no_try_twice(ledger_dir)
     assert sql(database_url, "SELECT count(*) FROM hivejobs_job")[0][0] == 0
 
 
 def leader_coordinator_pid(url: str) -> int | None:
-    rows = sql(url, "SELECT w.pid FROM hivejobs_leader l JOIN hivejobs_worker w "
-                    "ON w.id = l.holder WHERE l.expires_at > now()")
+    rows = sql(
+        url,
+        "SELECT w.pid FROM hivejobs_leader l JOIN hivejobs_worker w "
+        "ON w.id = l.holder WHERE l.expires_at > now()",
+    )
     return rows[0][0] if rows and alive(rows[0][0]) else None
 
 
 def stalled_transaction(url: str) -> bool:
     """A coordinator parked at the failpoint: its transaction idles for a while."""
-    return bool(sql(url, "SELECT 1 FROM pg_stat_activity WHERE datname = current_database() "
-                         "AND state = 'idle in transaction' "
-                         "AND state_change < now() - interval '0.5 s'"))
+    return bool(
+        sql(
+            url,
+            "SELECT 1 FROM pg_stat_activity WHERE datname = current_database() "
+            "AND state = 'idle in transaction' "
+            "AND state_change < now() - interval '0.5 s'",
+        )
+    )
 
 
 def test_kill_9_of_the_coordinator_mid_traversal_loses_nothing(
-        chain_app: App, chain_instance: Callable[..., ChainInstance], ledger_dir: Path,
-        database_url: str) -> None:
+    chain_app: App,
+    chain_instance: Callable[..., ChainInstance],
+    ledger_dir: Path,
+    database_url: str,
+) -> None:
     # The leader parks right after reaping the root's success, before the 200 successors
     # are enqueued; we kill -9 it there. Its supervisor restarts it as a new coordinator.
-    chain_instance({"HJ_CHAIN_CONCURRENCY": "16",
-                    "HIVEJOBS_FAILPOINTS": "chain.after_success_before_successor=sleep:3"})
+    chain_instance(
+        {
+            "HJ_CHAIN_CONCURRENCY": "16",
+            "HIVEJOBS_FAILPOINTS": "chain.after_success_before_successor=sleep:3",
+        }
+    )
     leader = wait_until(lambda: leader_coordinator_pid(database_url), what="a leader")
     chain = Chain("fan-out-kill")
     root = chain.job("step", {}, key="root")
-    leaves = [chain.job("step", {"ms": 5, "n": i}, key=f"leaf{i:03d}", after=[root])
-              for i in range(200)]
+    leaves = [
+        chain.job("step", {"ms": 5, "n": i}, key=f"leaf{i:03d}", after=[root]) for i in range(200)
+    ]
     chain.job("merge", {"expect": 200}, key="merge", after=leaves)
     request_id = chain_app.run_chain(chain)
     wait_until(lambda: stalled_transaction(database_url), what="the leader at the failpoint")

@@ -41,8 +41,7 @@ def live(url: str) -> int:
     return int(sql(url, "SELECT count(*) FROM hivejobs_job")[0][0])
 
 
-def fleet_app(make_app: Callable[..., App], url: str, types: list[str],
-              **kw: object) -> App:
+def fleet_app(make_app: Callable[..., App], url: str, types: list[str], **kw: object) -> App:
     """An App that enqueues through the types the running fleet declared in Postgres."""
     wait_until(lambda: all(pool_pids(url, t) for t in types), what=f"pools {types}")
     app = make_app(**kw)
@@ -50,8 +49,12 @@ def fleet_app(make_app: Callable[..., App], url: str, types: list[str],
     return app
 
 
-def test_kill_pool_mid_job(make_app: Callable[..., App], start_instance: Callable[..., Instance],
-                           database_url: str, ledger_dir: Path) -> None:
+def test_kill_pool_mid_job(
+    make_app: Callable[..., App],
+    start_instance: Callable[..., Instance],
+    database_url: str,
+    ledger_dir: Path,
+) -> None:
     """S1: kill -9 pool processes mid-job; alo re-run with the attempt counted, amo never twice."""
     start_instance({"HJ_TYPES": "alo,amo"})
     app = fleet_app(make_app, database_url, ["alo", "amo"])
@@ -62,21 +65,34 @@ def test_kill_pool_mid_job(make_app: Callable[..., App], start_instance: Callabl
     killed: set[int] = set()
     for kind, needed in (("alo", 6), ("alo", 6), ("amo", 3), ("alo", 6)):
         victim = wait_until(lambda k=kind: pool_pids(database_url, k), what="pool")[0]
-        wait_until(lambda v=victim, n=needed, k=kind: len(running_in_pid(ledger_dir, v)) >= n,
-                   timeout=30, what=f"{kind} jobs mid-run")
+        wait_until(
+            lambda v=victim, n=needed, k=kind: len(running_in_pid(ledger_dir, v)) >= n,
+            timeout=30,
+            what=f"{kind} jobs mid-run",
+        )
         mid_run = running_in_pid(ledger_dir, victim)
         os.kill(victim, signal.SIGKILL)
         killed.add(victim)
         killed_at = time.monotonic()
         # R8: the supervisor's waitpid fast path releases the orphans within 2 s.
-        wait_until(lambda ids=mid_run: not sql(
-            database_url, "SELECT 1 FROM hivejobs_job WHERE id = ANY(%s) AND state = 'running'",
-            (list(ids),)), timeout=5, what="orphans released")
+        wait_until(
+            lambda ids=mid_run: (
+                not sql(
+                    database_url,
+                    "SELECT 1 FROM hivejobs_job WHERE id = ANY(%s) AND state = 'running'",
+                    (list(ids),),
+                )
+            ),
+            timeout=5,
+            what="orphans released",
+        )
         assert time.monotonic() - killed_at < 2.5
         if kind == "amo":
             killed_amo |= mid_run
-        wait_until(lambda v=victim, k=kind: [p for p in pool_pids(database_url, k) if p != v],
-                   what="replacement pool")
+        wait_until(
+            lambda v=victim, k=kind: [p for p in pool_pids(database_url, k) if p != v],
+            what="replacement pool",
+        )
     wait_until(lambda: live(database_url) == 0, timeout=90, what="all jobs finished")
 
     # Each job ended ok at least once, and at most once outside the killed processes (a run
@@ -86,8 +102,14 @@ def test_kill_pool_mid_job(make_app: Callable[..., App], start_instance: Callabl
     assert [i for i in alo_ids if oks[i] < 1 or survivors[i] > 1] == []
     assert count(database_url, "name = 'alo' AND state = 'succeeded'") == 2000
     assert [i for i in amo_ids if starts[i] > 1] == []
-    lost = {r[0] for r in sql(database_url, "SELECT id FROM hivejobs_archive WHERE name = 'amo'"
-                                            " AND state = 'failed' AND error = 'worker lost'")}
+    lost = {
+        r[0]
+        for r in sql(
+            database_url,
+            "SELECT id FROM hivejobs_archive WHERE name = 'amo'"
+            " AND state = 'failed' AND error = 'worker lost'",
+        )
+    }
     assert killed_amo and killed_amo <= lost
     assert count(database_url, "name = 'amo'") == 500
     # Re-run jobs carry the attempt of the killed run.
@@ -95,14 +117,20 @@ def test_kill_pool_mid_job(make_app: Callable[..., App], start_instance: Callabl
 
 
 def leader_pid(url: str) -> tuple[int, int]:
-    rows = sql(url, "SELECT w.pid, l.term FROM hivejobs_leader l JOIN hivejobs_worker w "
-                    "ON w.id = l.holder WHERE l.expires_at > now()")
+    rows = sql(
+        url,
+        "SELECT w.pid, l.term FROM hivejobs_leader l JOIN hivejobs_worker w "
+        "ON w.id = l.holder WHERE l.expires_at > now()",
+    )
     return (int(rows[0][0]), int(rows[0][1])) if rows else (0, 0)
 
 
-def test_kill_active_coordinator(make_app: Callable[..., App],
-                                 start_instance: Callable[..., Instance],
-                                 database_url: str, ledger_dir: Path) -> None:
+def test_kill_active_coordinator(
+    make_app: Callable[..., App],
+    start_instance: Callable[..., Instance],
+    database_url: str,
+    ledger_dir: Path,
+) -> None:
     """S2: kill -9 the leader's coordinator; another instance's takes over within 10 s."""
     start_instance({"HJ_TYPES": "alo"})
     start_instance({"HJ_TYPES": "alo"})
@@ -112,30 +140,40 @@ def test_kill_active_coordinator(make_app: Callable[..., App],
     delayed = [app.enqueue("alo", {"ms": 1}, delay=random.uniform(1, 8)) for _ in range(300)]
     terms = []
     for _ in range(2):
-        pid, term = wait_until(lambda: leader_pid(database_url)[0] and leader_pid(database_url),
-                               what="a leader")
+        pid, term = wait_until(
+            lambda: leader_pid(database_url)[0] and leader_pid(database_url), what="a leader"
+        )
         terms.append(term)
         os.kill(pid, signal.SIGKILL)
         killed = time.monotonic()
-        wait_until(lambda p=pid: leader_pid(database_url)[0] not in (0, p), timeout=12,
-                   what="takeover")
+        wait_until(
+            lambda p=pid: leader_pid(database_url)[0] not in (0, p), timeout=12, what="takeover"
+        )
         assert time.monotonic() - killed < 10
     terms.append(leader_pid(database_url)[1])
     assert terms == sorted(set(terms))  # terms strictly increase
     wait_until(lambda: live(database_url) == 0, timeout=60, what="all jobs finished")
     oks = ledger_oks(ledger_dir)
     assert [i for i in ids + delayed if oks[i] != 1] == []
-    late = sql(database_url, "SELECT count(*) FROM hivejobs_archive WHERE id = ANY(%s) "
-                             "AND started_at < run_at", (delayed,))
+    late = sql(
+        database_url,
+        "SELECT count(*) FROM hivejobs_archive WHERE id = ANY(%s) AND started_at < run_at",
+        (delayed,),
+    )
     assert late[0][0] == 0  # no delayed job started before it was due
 
 
-def test_flushall_while_queued(make_app: Callable[..., App],
-                               start_instance: Callable[..., Instance], database_url: str,
-                               ledger_dir: Path, own_redis: RedisServer) -> None:
+def test_flushall_while_queued(
+    make_app: Callable[..., App],
+    start_instance: Callable[..., Instance],
+    database_url: str,
+    ledger_dir: Path,
+    own_redis: RedisServer,
+) -> None:
     """S4: FLUSHALL with 2,000 jobs queued loses nothing: the reconciler restores the lists."""
-    start_instance({"HJ_TYPES": "alo", "HIVEJOBS_REDIS_URL": own_redis.url,
-                    "HJ_CONCURRENCY_ALO": "2"})
+    start_instance(
+        {"HJ_TYPES": "alo", "HIVEJOBS_REDIS_URL": own_redis.url, "HJ_CONCURRENCY_ALO": "2"}
+    )
     app = fleet_app(make_app, database_url, ["alo"], redis_url=own_redis.url)
     ids = app.enqueue_many("alo", [{"ms": 5}] * 2000)
     wait_until(lambda: count(database_url) >= 50, what="some jobs done")
@@ -149,13 +187,20 @@ def test_flushall_while_queued(make_app: Callable[..., App],
     client.close()
 
 
-def test_redis_paused(make_app: Callable[..., App], start_instance: Callable[..., Instance],
-                      database_url: str, ledger_dir: Path, own_redis: RedisServer) -> None:
+def test_redis_paused(
+    make_app: Callable[..., App],
+    start_instance: Callable[..., Instance],
+    database_url: str,
+    ledger_dir: Path,
+    own_redis: RedisServer,
+) -> None:
     """S6: Redis SIGSTOPped for 10 s: no thread hangs, no rescue, enqueues still acknowledged."""
-    start_instance({"HJ_TYPES": "alo", "HIVEJOBS_REDIS_URL": own_redis.url,
-                    "HJ_CONCURRENCY_ALO": "4"})
-    app = fleet_app(make_app, database_url, ["alo"], redis_url=own_redis.url,
-                    redis_socket_timeout_s=2.0)
+    start_instance(
+        {"HJ_TYPES": "alo", "HIVEJOBS_REDIS_URL": own_redis.url, "HJ_CONCURRENCY_ALO": "4"}
+    )
+    app = fleet_app(
+        make_app, database_url, ["alo"], redis_url=own_redis.url, redis_socket_timeout_s=2.0
+    )
     ids = app.enqueue_many("alo", [{"ms": 5}] * 2000)
     wait_until(lambda: count(database_url) >= 300, what="some jobs done")
     os.kill(own_redis.pid, signal.SIGSTOP)
@@ -163,22 +208,30 @@ def test_redis_paused(make_app: Callable[..., App], start_instance: Callable[...
         begun = time.monotonic()
         during = [app.enqueue("alo", {"ms": 1}) for _ in range(3)]  # acked: PG has them
         assert time.monotonic() - begun < 3 * (2.0 + 1.0)
-        wait_until(lambda: time.monotonic() - begun > 10, timeout=15, interval=0.5,
-                   what="the 10 s pause")  # the fault's own duration
+        wait_until(
+            lambda: time.monotonic() - begun > 10, timeout=15, interval=0.5, what="the 10 s pause"
+        )  # the fault's own duration
     finally:
         os.kill(own_redis.pid, signal.SIGCONT)
     resumed = time.monotonic()
     done_at_resume = count(database_url)
-    wait_until(lambda: count(database_url) > done_at_resume + 100, timeout=10,
-               what="throughput back after SIGCONT")
+    wait_until(
+        lambda: count(database_url) > done_at_resume + 100,
+        timeout=10,
+        what="throughput back after SIGCONT",
+    )
     assert time.monotonic() - resumed < 10
     wait_until(lambda: live(database_url) == 0, timeout=90, what="all jobs finished")
     assert [i for i in ids + during if ledger_oks(ledger_dir)[i] != 1] == []
     assert count(database_url, "error = 'worker lost'") == 0  # no false rescue
 
 
-def test_rolling_restart(make_app: Callable[..., App], start_instance: Callable[..., Instance],
-                         database_url: str, ledger_dir: Path) -> None:
+def test_rolling_restart(
+    make_app: Callable[..., App],
+    start_instance: Callable[..., Instance],
+    database_url: str,
+    ledger_dir: Path,
+) -> None:
     """S3: SIGTERM (twice) with long jobs in flight; A exits 0 in time; B finishes everything;
     suspended attempts are not counted; amo jobs that started are failed, never re-run."""
     types = "long_coop,long_stubborn,long_amo,alo"
@@ -188,8 +241,10 @@ def test_rolling_restart(make_app: Callable[..., App], start_instance: Callable[
     stubborn = app.enqueue_many("long_stubborn", [{"s": 20}] * 2)
     amo = app.enqueue_many("long_amo", [{"s": 20}] * 4)
     short = app.enqueue_many("alo", [{"ms": 10}] * 2000)
-    wait_until(lambda: sum(1 for i in coop + stubborn + amo if ledger_starts(ledger_dir)[i])
-               >= 10, what="long jobs running on A")
+    wait_until(
+        lambda: sum(1 for i in coop + stubborn + amo if ledger_starts(ledger_dir)[i]) >= 10,
+        what="long jobs running on A",
+    )
     a_pids = set(pool_pids(database_url, "long_coop") + pool_pids(database_url, "alo"))
     b = start_instance({"HJ_TYPES": types, "HIVEJOBS_SHUTDOWN_TIMEOUT_S": "30"})
     wait_until(lambda: len(pool_pids(database_url, "long_coop")) == 2, what="B's pools")
@@ -224,8 +279,12 @@ def test_rolling_restart(make_app: Callable[..., App], start_instance: Callable[
     assert b.wait(40) == 0
 
 
-def test_poison_handlers(make_app: Callable[..., App], start_instance: Callable[..., Instance],
-                         database_url: str, ledger_dir: Path) -> None:
+def test_poison_handlers(
+    make_app: Callable[..., App],
+    start_instance: Callable[..., Instance],
+    database_url: str,
+    ledger_dir: Path,
+) -> None:
     """A hang, an os._exit(1) and a raise each end in the right terminal state, and the
     other jobs of their pools are not held up."""
     start_instance({"HJ_TYPES": "poison,poison_amo"})
@@ -252,9 +311,49 @@ def test_poison_handlers(make_app: Callable[..., App], start_instance: Callable[
     assert ledger_starts(ledger_dir)[amo_exit] == 1
     # Jobs that shared a process with an os._exit died with it: at-least-once ones ran again,
     # at-most-once ones failed "worker lost"; none started twice.
-    states = dict(sql(database_url, "SELECT id, CASE WHEN state = 'succeeded' THEN state "
-                       "ELSE error END FROM hivejobs_archive"))
+    states = dict(
+        sql(
+            database_url,
+            "SELECT id, CASE WHEN state = 'succeeded' THEN state "
+            "ELSE error END FROM hivejobs_archive",
+        )
+    )
     assert {states[i] for i in normal} == {"succeeded"}
     assert {states[i] for i in normal_amo} <= {"succeeded", "worker lost"}
     starts = ledger_starts(ledger_dir)
     assert [i for i in normal_amo if starts[i] != 1] == []
+
+
+def test_instance_killed_whole_is_rescued_by_another(
+    make_app: Callable[..., App],
+    start_instance: Callable[..., Instance],
+    database_url: str,
+    ledger_dir: Path,
+) -> None:
+    """S13b: killpg(A, SIGKILL) (host death, no grace): B's coordinator rescues A's claims
+    once their heartbeats are older than stuck_after; alo re-run, amo failed "worker lost"."""
+    a = start_instance({"HJ_TYPES": "alo,amo"})
+    app = fleet_app(make_app, database_url, ["alo", "amo"])
+    a_alo, a_amo = pool_pids(database_url, "alo")[0], pool_pids(database_url, "amo")[0]
+    alo = app.enqueue_many("alo", [{"ms": 3000}] * 8)
+    amo = app.enqueue_many("amo", [{"ms": 3000}] * 4)
+    wait_until(
+        lambda: (
+            len(running_in_pid(ledger_dir, a_alo)) == 8
+            and len(running_in_pid(ledger_dir, a_amo)) == 4
+        ),
+        what="A mid-run",
+    )
+    start_instance({"HJ_TYPES": "alo,amo"})
+    wait_until(lambda: len(pool_pids(database_url, "alo")) == 2, what="B's pools")
+    a.signal_group(signal.SIGKILL)
+    killed = time.monotonic()
+    wait_until(lambda: live(database_url) == 0, timeout=60, what="B finished everything")
+    # Rescue waited for stale heartbeats (stuck_after 5 s), plus B's own R6 health window.
+    assert time.monotonic() - killed > 5
+    states = dict(sql(database_url, "SELECT id, coalesce(error, state) FROM hivejobs_archive"))
+    assert {app.get_job(i).state for i in alo} == {"succeeded"}
+    assert {app.get_job(i).attempt for i in alo} == {2}
+    assert {states[i] for i in amo} == {"worker lost"}
+    assert [i for i in amo if ledger_starts(ledger_dir)[i] != 1] == []
+    assert not [p for p in (a_alo, a_amo) if alive(p)]

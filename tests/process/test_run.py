@@ -23,11 +23,16 @@ def archived(url: str, state: str = "succeeded") -> int:
 
 
 def test_run_processes_types_survives_pool_kill_and_exits_zero_on_sigterm(
-        make_app: Callable[..., App], start_instance: Callable[..., Instance],
-        database_url: str, ledger_dir: Path) -> None:
+    make_app: Callable[..., App],
+    start_instance: Callable[..., Instance],
+    database_url: str,
+    ledger_dir: Path,
+) -> None:
     inst = start_instance({"HJ_TYPES": "alo,amo"})
-    wait_until(lambda: pool_pids(database_url, "alo") and pool_pids(database_url, "amo"),
-               what="pools registered")
+    wait_until(
+        lambda: pool_pids(database_url, "alo") and pool_pids(database_url, "amo"),
+        what="pools registered",
+    )
     app = make_app()
     app.types.clear()  # enqueue through the types the running fleet declared
     alo_ids = app.enqueue_many("alo", [{"ms": 50}] * 400)
@@ -36,10 +41,12 @@ def test_run_processes_types_survives_pool_kill_and_exits_zero_on_sigterm(
     victim = pool_pids(database_url, "alo")[0]
     wait_until(lambda: len(running_in_pid(ledger_dir, victim)) >= 4, what="alo jobs mid-run")
     import os
+
     os.kill(victim, signal.SIGKILL)
     # The supervisor restarts the pool with a fresh identity.
-    wait_until(lambda: [p for p in pool_pids(database_url, "alo") if p != victim],
-               what="replacement pool")
+    wait_until(
+        lambda: [p for p in pool_pids(database_url, "alo") if p != victim], what="replacement pool"
+    )
     wait_until(lambda: archived(database_url) == 500, timeout=60, what="all jobs succeeded")
 
     oks = ledger_oks(ledger_dir)
@@ -49,8 +56,10 @@ def test_run_processes_types_survives_pool_kill_and_exits_zero_on_sigterm(
 
     # SIGTERM while a job runs: it finishes, then everything exits 0.
     slow = app.enqueue("alo", {"ms": 1500})
-    wait_until(lambda: any(p[0] == "start" and p[1] == slow for p in _ledger(ledger_dir)),
-               what="slow job started")
+    wait_until(
+        lambda: any(p[0] == "start" and p[1] == slow for p in _ledger(ledger_dir)),
+        what="slow job started",
+    )
     pids = pool_pids(database_url, "alo") + pool_pids(database_url, "amo")
     inst.signal_group(signal.SIGTERM)
     assert inst.wait(15) == 0

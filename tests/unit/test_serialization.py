@@ -31,6 +31,7 @@ def typed(limit: int = 1024) -> PayloadCodec:
 
 # -- canonical bytes --------------------------------------------------------------------
 
+
 def test_dict_key_order_does_not_change_the_bytes() -> None:
     """Idempotent ids compare stored bytes: the same payload must encode identically."""
     a = untyped().encode({"b": 1, "a": {"y": [1, 2], "x": None}})
@@ -63,7 +64,8 @@ def test_schema_error_keeps_msgspec_text_and_names_the_type() -> None:
     with pytest.raises(PayloadInvalid) as info:
         typed().encode({"width": "wide", "height": 2})
     assert str(info.value) == (
-        "payload for job type 'resize' is invalid: Expected `int`, got `str` - at `$.width`")
+        "payload for job type 'resize' is invalid: Expected `int`, got `str` - at `$.width`"
+    )
     assert info.value.detail == "Expected `int`, got `str` - at `$.width`"
 
 
@@ -79,6 +81,7 @@ def test_unserialisable_payload_is_invalid(value: object) -> None:
 
 
 # -- size limit -------------------------------------------------------------------------
+
 
 def test_payload_of_exactly_the_limit_is_accepted() -> None:
     raw = untyped(limit=10).encode("a" * 8)  # two quotes + 8 characters
@@ -99,6 +102,7 @@ def test_limit_applies_to_the_canonical_bytes() -> None:
 
 
 # -- decode -----------------------------------------------------------------------------
+
 
 def test_decode_error_on_schema_drift() -> None:
     """A payload stored under an old schema that no longer fits: PayloadInvalid, no crash."""
@@ -133,6 +137,7 @@ def test_results_encode_and_decode() -> None:
 
 # -- payload type from the handler's annotation -----------------------------------------
 
+
 def h_struct(ctx: JobContext, payload: Resize) -> None: ...
 def h_any(ctx: JobContext, payload: Any) -> None: ...
 def h_object(ctx: JobContext, payload: object) -> None: ...
@@ -144,11 +149,19 @@ def h_one_param(ctx: JobContext) -> None: ...
 def h_unresolvable(ctx: JobContext, payload: Missing) -> None: ...  # type: ignore # noqa: F821
 
 
-@pytest.mark.parametrize(("handler", "expected"), [
-    (h_struct, Resize), (h_any, None), (h_object, None), (h_dict, None),
-    (h_typed_dict, dict[str, int]), (h_unannotated, None), (h_one_param, None),
-    (h_unresolvable, None),
-])
+@pytest.mark.parametrize(
+    ("handler", "expected"),
+    [
+        (h_struct, Resize),
+        (h_any, None),
+        (h_object, None),
+        (h_dict, None),
+        (h_typed_dict, dict[str, int]),
+        (h_unannotated, None),
+        (h_one_param, None),
+        (h_unresolvable, None),
+    ],
+)
 def test_payload_type_of(handler: Any, expected: object) -> None:
     assert payload_type_of(handler) == expected
 

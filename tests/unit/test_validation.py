@@ -36,8 +36,9 @@ class Resize(msgspec.Struct):
 
 
 # Loaded by the CLI tests with --app tests.unit.test_validation:app.
-app = App(database_url=NOWHERE, redis_url="redis://127.0.0.1:1/0", prefix="hjunit:",
-          max_payload_bytes=64)
+app = App(
+    database_url=NOWHERE, redis_url="redis://127.0.0.1:1/0", prefix="hjunit:", max_payload_bytes=64
+)
 
 
 @app.job("resize")
@@ -57,6 +58,7 @@ def fresh_app(**settings: float) -> App:
 
 
 # -- job type registration ----------------------------------------------------------------
+
 
 @pytest.mark.parametrize("name", ["", "has space", "slash/name", "x" * 65, "ünïcode", "a\nb"])
 def test_bad_job_type_names_are_refused(name: str) -> None:
@@ -94,16 +96,19 @@ def test_at_least_once_defaults_to_five_attempts() -> None:
     assert (a.types["resize"].attempts, a.types["resize"].delivery) == (5, "at_least_once")
 
 
-@pytest.mark.parametrize(("options", "message"), [
-    ({"attempts": 0}, "attempts must be at least 1"),
-    ({"concurrency": 0}, "concurrency and processes must be at least 1"),
-    ({"processes": 0}, "concurrency and processes must be at least 1"),
-    ({"timeout": 0}, "timeout must be a positive number"),
-    ({"timeout": -1.0}, "timeout must be a positive number"),
-    ({"timeout": math.nan}, "timeout must be a positive number"),
-    ({"timeout": math.inf}, "timeout must be a positive number"),
-    ({"delivery": "exactly_once"}, "delivery must be 'at_least_once' or 'at_most_once'"),
-])
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"attempts": 0}, "attempts must be at least 1"),
+        ({"concurrency": 0}, "concurrency and processes must be at least 1"),
+        ({"processes": 0}, "concurrency and processes must be at least 1"),
+        ({"timeout": 0}, "timeout must be a positive number"),
+        ({"timeout": -1.0}, "timeout must be a positive number"),
+        ({"timeout": math.nan}, "timeout must be a positive number"),
+        ({"timeout": math.inf}, "timeout must be a positive number"),
+        ({"delivery": "exactly_once"}, "delivery must be 'at_least_once' or 'at_most_once'"),
+    ],
+)
 def test_bad_job_type_options_are_refused(options: dict[str, object], message: str) -> None:
     with pytest.raises(InvalidJobType, match=message):
         fresh_app().job("resize", **options)  # type: ignore[arg-type]
@@ -116,28 +121,35 @@ def test_job_type_priority_out_of_range_is_refused() -> None:
 
 # -- enqueue options, refused before any connection -------------------------------------
 
+
 def in_future(seconds: float) -> datetime:
     return datetime.now(UTC) + timedelta(seconds=seconds)
 
 
-@pytest.mark.parametrize(("kwargs", "error", "message"), [
-    ({"payload": {"width": "w", "height": 1}}, PayloadInvalid,
-     "Expected `int`, got `str` - at `$.width`"),
-    ({"id": "a\x00b"}, InvalidArgument, "contains control characters"),
-    ({"id": "line\nbreak"}, InvalidArgument, "contains control characters"),
-    ({"id": "x" * 256}, InvalidArgument, "job id must be a string of 1-255 characters"),
-    ({"id": ""}, InvalidArgument, "job id must be a string of 1-255 characters"),
-    ({"priority": -1}, InvalidArgument, "priority must be an integer 0-9"),
-    ({"priority": 1.0}, InvalidArgument, "priority must be an integer 0-9"),
-    ({"delay": -0.001}, InvalidArgument, "delay must be between 0 and"),
-    ({"delay": math.nan}, InvalidArgument, "delay must be between 0 and"),
-    ({"delay": 1, "run_at": in_future(5)}, InvalidArgument, "either delay or run_at"),
-    ({"run_at": datetime.now()}, InvalidArgument, "run_at must be timezone-aware"),
-    ({"expires_at": in_future(-1)}, InvalidArgument, "expires_at is already in the past"),
-])
-def test_bad_enqueue_is_refused_before_connecting(kwargs: dict[str, object],
-                                                   error: type[Exception],
-                                                   message: str) -> None:
+@pytest.mark.parametrize(
+    ("kwargs", "error", "message"),
+    [
+        (
+            {"payload": {"width": "w", "height": 1}},
+            PayloadInvalid,
+            "Expected `int`, got `str` - at `$.width`",
+        ),
+        ({"id": "a\x00b"}, InvalidArgument, "contains control characters"),
+        ({"id": "line\nbreak"}, InvalidArgument, "contains control characters"),
+        ({"id": "x" * 256}, InvalidArgument, "job id must be a string of 1-255 characters"),
+        ({"id": ""}, InvalidArgument, "job id must be a string of 1-255 characters"),
+        ({"priority": -1}, InvalidArgument, "priority must be an integer 0-9"),
+        ({"priority": 1.0}, InvalidArgument, "priority must be an integer 0-9"),
+        ({"delay": -0.001}, InvalidArgument, "delay must be between 0 and"),
+        ({"delay": math.nan}, InvalidArgument, "delay must be between 0 and"),
+        ({"delay": 1, "run_at": in_future(5)}, InvalidArgument, "either delay or run_at"),
+        ({"run_at": datetime.now()}, InvalidArgument, "run_at must be timezone-aware"),
+        ({"expires_at": in_future(-1)}, InvalidArgument, "expires_at is already in the past"),
+    ],
+)
+def test_bad_enqueue_is_refused_before_connecting(
+    kwargs: dict[str, object], error: type[Exception], message: str
+) -> None:
     kwargs = {"payload": {"width": 1, "height": 2}, **kwargs}
     with pytest.raises(error) as info:
         app.enqueue("resize", **kwargs)  # type: ignore[arg-type]
@@ -151,9 +163,14 @@ def test_c1_control_characters_in_ids_are_refused(job_id: str) -> None:
         app.enqueue("resize", {"width": 1, "height": 2}, id=job_id)
 
 
-@pytest.mark.parametrize("kwargs", [
-    {"delay": "5"}, {"run_at": "2030-01-01T00:00:00Z"}, {"expires_at": 1893456000},
-])
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"delay": "5"},
+        {"run_at": "2030-01-01T00:00:00Z"},
+        {"expires_at": 1893456000},
+    ],
+)
 def test_wrongly_typed_options_raise_invalid_argument(kwargs: dict[str, object]) -> None:
     with pytest.raises(InvalidArgument):
         app.enqueue("resize", {"width": 1, "height": 2}, **kwargs)  # type: ignore[arg-type]
@@ -161,7 +178,7 @@ def test_wrongly_typed_options_raise_invalid_argument(kwargs: dict[str, object])
 
 def test_oversize_payload_is_refused_before_connecting() -> None:
     with pytest.raises(PayloadTooLarge, match="over the limit of 64 bytes"):
-        app.enqueue("resize", {"width": 10 ** 30, "height": 10 ** 30})
+        app.enqueue("resize", {"width": 10**30, "height": 10**30})
 
 
 def test_enqueue_many_refuses_before_connecting() -> None:
@@ -171,6 +188,7 @@ def test_enqueue_many_refuses_before_connecting() -> None:
 
 
 # -- Backoff ------------------------------------------------------------------------------
+
 
 def test_backoff_doubles_per_attempt_within_jitter() -> None:
     backoff = Backoff(base_s=1.0, max_s=600.0)
@@ -189,13 +207,20 @@ def test_backoff_is_capped_before_jitter() -> None:
 
 # -- config -------------------------------------------------------------------------------
 
-@pytest.mark.parametrize(("url", "shown"), [
-    ("postgresql://hj:s3cret@db:5432/app", "postgresql://hj:***@db:5432/app"),
-    ("redis://:s3cret@cache:6379/0", "redis://:***@cache:6379/0"),
-    ("postgresql://hj:p%40ss@db/app?sslmode=require", "postgresql://hj:***@db/app?sslmode=require"),
-    ("postgresql://hj@db/app", "postgresql://hj@db/app"),
-    ("postgresql://db/app", "postgresql://db/app"),
-])
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("postgresql://hj:s3cret@db:5432/app", "postgresql://hj:***@db:5432/app"),
+        ("redis://:s3cret@cache:6379/0", "redis://:***@cache:6379/0"),
+        (
+            "postgresql://hj:p%40ss@db/app?sslmode=require",
+            "postgresql://hj:***@db/app?sslmode=require",
+        ),
+        ("postgresql://hj@db/app", "postgresql://hj@db/app"),
+        ("postgresql://db/app", "postgresql://db/app"),
+    ],
+)
 def test_redact_url_hides_only_the_password(url: str, shown: str) -> None:
     assert redact_url(url) == shown
 
@@ -244,11 +269,16 @@ def test_unknown_setting_is_a_config_error() -> None:
         settings_from_env(heartbeat_seconds=1.0)
 
 
-@pytest.mark.parametrize(("kwargs", "shown"), [
-    ({"database_url": "mysql://root:pw@db/app"}, "'mysql://root:***@db/app' should start with "
-                                                  "postgresql://"),
-    ({"redis_url": "http://cache:6379"}, "'http://cache:6379' should start with redis://"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "shown"),
+    [
+        (
+            {"database_url": "mysql://root:pw@db/app"},
+            "'mysql://root:***@db/app' should start with postgresql://",
+        ),
+        ({"redis_url": "http://cache:6379"}, "'http://cache:6379' should start with redis://"),
+    ],
+)
 def test_bad_url_scheme_is_a_config_error(kwargs: dict[str, str], shown: str) -> None:
     with pytest.raises(ConfigError) as info:
         App(**kwargs)  # type: ignore[arg-type]
@@ -281,39 +311,48 @@ def run_cli(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str])
     return run
 
 
-
-
-@pytest.mark.parametrize(("argv", "message"), [
-    ((), "the following arguments are required: command"),
-    (("frobnicate",), "invalid choice: 'frobnicate'"),
-    (("enqueue", "resize"), "the following arguments are required: JSON"),
-    (("enqueue", "resize", "{}", "--priority", "high"), "invalid int value: 'high'"),
-    (("enqueue", "resize", "{}", "--delay", "soon"), "invalid float value: 'soon'"),
-    (("run",), "the following arguments are required: MODULE:APP"),
-    (("enqueue", "--app", "tests.unit.no_such_module:app", "resize", "{}"),
-     "cannot import 'tests.unit.no_such_module'"),
-    (("enqueue", "--app", "tests.unit.test_validation:NOWHERE", "resize", "{}"),
-     "is not a hivejobs App"),
-])
-def test_cli_bad_arguments_exit_2_with_one_line(run_cli: Cli, argv: tuple[str, ...],
-                                                message: str) -> None:
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        ((), "the following arguments are required: command"),
+        (("frobnicate",), "invalid choice: 'frobnicate'"),
+        (("enqueue", "resize"), "the following arguments are required: JSON"),
+        (("enqueue", "resize", "{}", "--priority", "high"), "invalid int value: 'high'"),
+        (("enqueue", "resize", "{}", "--delay", "soon"), "invalid float value: 'soon'"),
+        (("run",), "the following arguments are required: MODULE:APP"),
+        (
+            ("enqueue", "--app", "tests.unit.no_such_module:app", "resize", "{}"),
+            "cannot import 'tests.unit.no_such_module'",
+        ),
+        (
+            ("enqueue", "--app", "tests.unit.test_validation:NOWHERE", "resize", "{}"),
+            "is not a hivejobs App",
+        ),
+    ],
+)
+def test_cli_bad_arguments_exit_2_with_one_line(
+    run_cli: Cli, argv: tuple[str, ...], message: str
+) -> None:
     code, out, err = run_cli(*argv)
     assert code == 2
     assert out == ""
     assert len(err) == 1 and err[0].startswith("hivejobs: ") and message in err[0], err
 
 
-@pytest.mark.parametrize(("payload", "extra", "message"), [
-    ("{not json", (), "payload for job type 'resize' is invalid: not valid JSON"),
-    ('{"width": "w", "height": 1}', (), "Expected `int`, got `str` - at `$.width`"),
-    ('{"width": 1, "height": 1}', ("--priority", "12"), "priority must be an integer 0-9"),
-    ('{"width": 1, "height": 1}', ("--delay", "-5"), "delay must be between 0 and"),
-    ('{"width": 1, "height": 1}', ("--id", "x" * 300), "job id must be a string of 1-255"),
-    (f'{{"width": {10 ** 30}, "height": {10 ** 30}}}', (), "over the limit of 64 bytes"),
-])
-def test_cli_bad_payload_or_option_exits_2_with_one_line(run_cli: Cli, payload: str,
-                                                         extra: tuple[str, ...],
-                                                         message: str) -> None:
+@pytest.mark.parametrize(
+    ("payload", "extra", "message"),
+    [
+        ("{not json", (), "payload for job type 'resize' is invalid: not valid JSON"),
+        ('{"width": "w", "height": 1}', (), "Expected `int`, got `str` - at `$.width`"),
+        ('{"width": 1, "height": 1}', ("--priority", "12"), "priority must be an integer 0-9"),
+        ('{"width": 1, "height": 1}', ("--delay", "-5"), "delay must be between 0 and"),
+        ('{"width": 1, "height": 1}', ("--id", "x" * 300), "job id must be a string of 1-255"),
+        (f'{{"width": {10**30}, "height": {10**30}}}', (), "over the limit of 64 bytes"),
+    ],
+)
+def test_cli_bad_payload_or_option_exits_2_with_one_line(
+    run_cli: Cli, payload: str, extra: tuple[str, ...], message: str
+) -> None:
     code, out, err = run_cli("enqueue", "--app", APP_SPEC, "resize", payload, *extra)
     assert code == 2
     assert out == ""

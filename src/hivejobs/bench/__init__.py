@@ -38,9 +38,11 @@ class BenchOptions(msgspec.Struct, kw_only=True):
 
 
 def add_bench_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--scenarios", default=DEFAULT_SCENARIOS,
-                   help=f"comma-separated, from {', '.join(SCENARIOS)} "
-                        f"(default {DEFAULT_SCENARIOS})")
+    p.add_argument(
+        "--scenarios",
+        default=DEFAULT_SCENARIOS,
+        help=f"comma-separated, from {', '.join(SCENARIOS)} (default {DEFAULT_SCENARIOS})",
+    )
     p.add_argument("--jobs", type=int, default=20_000, help="backlog size for throughput")
     p.add_argument("--processes", type=int, default=2, help="worker OS processes")
     p.add_argument("--concurrency", type=int, default=8, help="threads per process")
@@ -64,8 +66,9 @@ def parse_options(args: argparse.Namespace) -> BenchOptions:
     chosen = [s.strip() for s in args.scenarios.split(",") if s.strip()]
     unknown = [s for s in chosen if s not in SCENARIOS]
     if unknown or not chosen:
-        raise UsageError(f"unknown scenario {unknown or chosen}: choose from "
-                         f"{', '.join(SCENARIOS)}")
+        raise UsageError(
+            f"unknown scenario {unknown or chosen}: choose from {', '.join(SCENARIOS)}"
+        )
     for name in ("jobs", "processes", "concurrency", "repeats", "backlog_jobs"):
         if getattr(args, name) < 1:
             raise UsageError(f"--{name.replace('_', '-')} must be at least 1")
@@ -73,10 +76,18 @@ def parse_options(args: argparse.Namespace) -> BenchOptions:
         raise UsageError("--rate and --duration must be positive")
     if args.work_ms < 0 or args.payload_bytes < 0:
         raise UsageError("--work-ms and --payload-bytes cannot be negative")
-    return BenchOptions(scenarios=chosen, jobs=args.jobs, processes=args.processes,
-                        concurrency=args.concurrency, payload_bytes=args.payload_bytes,
-                        rate=args.rate, duration=args.duration, work_ms=args.work_ms,
-                        repeats=args.repeats, backlog_jobs=args.backlog_jobs)
+    return BenchOptions(
+        scenarios=chosen,
+        jobs=args.jobs,
+        processes=args.processes,
+        concurrency=args.concurrency,
+        payload_bytes=args.payload_bytes,
+        rate=args.rate,
+        duration=args.duration,
+        work_ms=args.work_ms,
+        repeats=args.repeats,
+        backlog_jobs=args.backlog_jobs,
+    )
 
 
 def run_bench(args: argparse.Namespace) -> int:
@@ -101,23 +112,47 @@ def run_bench(args: argparse.Namespace) -> int:
 def run_scenarios(env: BenchEnvironment, opts: BenchOptions) -> dict[str, Any]:
     progress = scenarios.stderr_progress
     plan: list[tuple[str, Callable[[], scenarios.Figures]]] = [
-        ("ceilings", lambda: scenarios.ceilings(env))]
+        ("ceilings", lambda: scenarios.ceilings(env))
+    ]
     if "enqueue" in opts.scenarios:
         plan.append(("enqueue", lambda: scenarios.enqueue(env, opts.jobs, opts.payload_bytes)))
     if "throughput" in opts.scenarios:
-        plan.append(("throughput", lambda: scenarios.throughput(
-            env, opts.jobs, opts.processes, opts.concurrency, opts.work_ms,
-            opts.payload_bytes, progress)))
+        plan.append(
+            (
+                "throughput",
+                lambda: scenarios.throughput(
+                    env,
+                    opts.jobs,
+                    opts.processes,
+                    opts.concurrency,
+                    opts.work_ms,
+                    opts.payload_bytes,
+                    progress,
+                ),
+            )
+        )
     if "latency" in opts.scenarios:
-        plan.append(("latency", lambda: scenarios.latency(
-            env, opts.rate, opts.duration, opts.processes, opts.concurrency, progress)))
+        plan.append(
+            (
+                "latency",
+                lambda: scenarios.latency(
+                    env, opts.rate, opts.duration, opts.processes, opts.concurrency, progress
+                ),
+            )
+        )
     if "chain" in opts.scenarios:
         from hivejobs.bench.chain import chain_scenario
 
         plan.append(("chain", lambda: chain_scenario(env, opts.processes, progress)))
     if "backlog" in opts.scenarios:
-        plan.append(("backlog", lambda: scenarios.backlog(
-            env, opts.backlog_jobs, opts.processes, opts.concurrency, progress)))
+        plan.append(
+            (
+                "backlog",
+                lambda: scenarios.backlog(
+                    env, opts.backlog_jobs, opts.processes, opts.concurrency, progress
+                ),
+            )
+        )
     runs: dict[str, list[scenarios.Figures]] = {}
     started = time.perf_counter()
     for name, fn in plan:
@@ -126,8 +161,12 @@ def run_scenarios(env: BenchEnvironment, opts: BenchOptions) -> dict[str, Any]:
             print(f"{name} run {i + 1}/{repeats}", file=sys.stderr)
             runs.setdefault(name, []).append(fn())
     medians = {name: _medians(r) for name, r in runs.items()}
-    return {"options": msgspec.to_builtins(opts), "runs": runs, "medians": medians,
-            "wall_s": time.perf_counter() - started}
+    return {
+        "options": msgspec.to_builtins(opts),
+        "runs": runs,
+        "medians": medians,
+        "wall_s": time.perf_counter() - started,
+    }
 
 
 def _medians(runs: list[scenarios.Figures]) -> scenarios.Figures:
@@ -169,8 +208,7 @@ def format_report(report: dict[str, Any]) -> str:
         for key, value in med.get(name, {}).items():
             rows.append((key, f"{value:,.1f}", _fraction(key, value, ceil)))
     widths = [max(len(r[i]) for r in rows) for i in range(3)]
-    lines = ["  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip()
-             for r in rows]
+    lines = ["  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip() for r in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)
 
@@ -179,8 +217,7 @@ def _fraction(key: str, value: float, ceil: scenarios.Figures) -> str:
     if key == "enqueue_single_per_s" and ceil.get("pg_commits_per_s"):
         return f"{value / ceil['pg_commits_per_s']:.0%} of raw 1-INSERT commits/s"
     if key == "throughput_jobs_per_s" and ceil.get("pg_batched_lifecycle_jobs_per_s"):
-        return (f"{value / ceil['pg_batched_lifecycle_jobs_per_s']:.0%} of batched PG "
-                "life-cycle")
+        return f"{value / ceil['pg_batched_lifecycle_jobs_per_s']:.0%} of batched PG life-cycle"
     return ""
 
 
@@ -196,8 +233,12 @@ def plot(report: dict[str, Any], path: str) -> None:
     med = report["medians"]
     fig, ax = plt.subplots(figsize=(7, 3.5))
     names = [k for k in ("throughput", "enqueue") if k in med]
-    values = [med["throughput"]["throughput_jobs_per_s"] if n == "throughput"
-              else med["enqueue"]["enqueue_bulk_per_s"] for n in names]
+    values = [
+        med["throughput"]["throughput_jobs_per_s"]
+        if n == "throughput"
+        else med["enqueue"]["enqueue_bulk_per_s"]
+        for n in names
+    ]
     ax.bar(names, values)
     ax.set_ylabel("jobs/s (median)")
     fig.tight_layout()

@@ -40,8 +40,7 @@ class BenchEnvironment:
         maintenance = with_database(self.server_url, "postgres")
         with connect(maintenance) as conn:
             conn.execute(f'CREATE DATABASE "{self.dbname}"')
-        self.app = App(database_url=self.database_url, redis_url=self.redis_url,
-                       prefix=self.prefix)
+        self.app = App(database_url=self.database_url, redis_url=self.redis_url, prefix=self.prefix)
         self.app.migrate()
         from hivejobs import benchapp
 
@@ -79,27 +78,41 @@ class BenchEnvironment:
     def start_worker(self, processes: int, concurrency: int, work_ms: float) -> None:
         """A real supervisor with its pool processes and coordinator, as in production."""
         env = dict(os.environ)
-        env.update({
-            "HIVEJOBS_DATABASE_URL": self.database_url,
-            "HIVEJOBS_REDIS_URL": self.redis_url,
-            "HIVEJOBS_PREFIX": self.prefix,
-            "HIVEJOBS_BENCH_PROCESSES": str(processes),
-            "HIVEJOBS_BENCH_CONCURRENCY": str(concurrency),
-            "HIVEJOBS_BENCH_WORK_MS": str(work_ms),
-            "HIVEJOBS_BENCH_DIR": str(self.workdir),
-            "HIVEJOBS_LOG_LEVEL": "WARNING",
-        })
+        env.update(
+            {
+                "HIVEJOBS_DATABASE_URL": self.database_url,
+                "HIVEJOBS_REDIS_URL": self.redis_url,
+                "HIVEJOBS_PREFIX": self.prefix,
+                "HIVEJOBS_BENCH_PROCESSES": str(processes),
+                "HIVEJOBS_BENCH_CONCURRENCY": str(concurrency),
+                "HIVEJOBS_BENCH_WORK_MS": str(work_ms),
+                "HIVEJOBS_BENCH_DIR": str(self.workdir),
+                "HIVEJOBS_LOG_LEVEL": "WARNING",
+            }
+        )
         log = open(self.workdir / "worker.log", "ab")  # noqa: SIM115 - owned by the child
         self.worker = subprocess.Popen(
-            [sys.executable, "-m", "hivejobs", "run", "hivejobs.benchapp:app",
-             "--shutdown-timeout", "5"],
-            env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            [
+                sys.executable,
+                "-m",
+                "hivejobs",
+                "run",
+                "hivejobs.benchapp:app",
+                "--shutdown-timeout",
+                "5",
+            ],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         log.close()
         deadline = time.monotonic() + 30
         while len(self.pool_pids()) < processes:
             if self.worker.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError("the bench worker did not start; see "
-                                   f"{self.workdir / 'worker.log'}")
+                raise RuntimeError(
+                    f"the bench worker did not start; see {self.workdir / 'worker.log'}"
+                )
             time.sleep(0.05)
 
     def pool_pids(self) -> list[int]:

@@ -42,24 +42,30 @@ def ceilings(env: BenchEnvironment, seconds: float = 1.0) -> Figures:
         conn.execute("CREATE TABLE ceiling (id text PRIMARY KEY, state text, body bytea)")
         n, start = 0, time.perf_counter()
         while time.perf_counter() - start < seconds:
-            conn.execute("INSERT INTO ceiling VALUES (%s, 'queued', %s)",
-                         (uuid.uuid4().hex, b"{}"))
+            conn.execute("INSERT INTO ceiling VALUES (%s, 'queued', %s)", (uuid.uuid4().hex, b"{}"))
             n += 1
         commits = n / (time.perf_counter() - start)
         conn.execute("CREATE TABLE ceiling_done (LIKE ceiling)")
         jobs, start = 0, time.perf_counter()
         while time.perf_counter() - start < seconds:
             ids = [uuid.uuid4().hex for _ in range(100)]
-            conn.execute("INSERT INTO ceiling SELECT unnest(%s::text[]), 'queued', '\\x7b7d'",
-                         (ids,))
+            conn.execute(
+                "INSERT INTO ceiling SELECT unnest(%s::text[]), 'queued', '\\x7b7d'", (ids,)
+            )
             conn.execute("UPDATE ceiling SET state = 'running' WHERE id = ANY(%s)", (ids,))
-            conn.execute("WITH d AS (DELETE FROM ceiling WHERE id = ANY(%s) RETURNING *) "
-                         "INSERT INTO ceiling_done SELECT * FROM d", (ids,))
+            conn.execute(
+                "WITH d AS (DELETE FROM ceiling WHERE id = ANY(%s) RETURNING *) "
+                "INSERT INTO ceiling_done SELECT * FROM d",
+                (ids,),
+            )
             jobs += 100
         lifecycle = jobs / (time.perf_counter() - start)
         conn.execute("DROP TABLE ceiling, ceiling_done")
-    return {"redis_round_trips_per_s": redis_rtt, "pg_commits_per_s": commits,
-            "pg_batched_lifecycle_jobs_per_s": lifecycle}
+    return {
+        "redis_round_trips_per_s": redis_rtt,
+        "pg_commits_per_s": commits,
+        "pg_batched_lifecycle_jobs_per_s": lifecycle,
+    }
 
 
 def enqueue(env: BenchEnvironment, jobs: int, payload_bytes: int) -> Figures:
@@ -81,8 +87,15 @@ def enqueue(env: BenchEnvironment, jobs: int, payload_bytes: int) -> Figures:
     return {"enqueue_single_per_s": single_rate, "enqueue_bulk_per_s": bulk_rate}
 
 
-def throughput(env: BenchEnvironment, jobs: int, processes: int, concurrency: int,
-               work_ms: float, payload_bytes: int, progress: Progress) -> Figures:
+def throughput(
+    env: BenchEnvironment,
+    jobs: int,
+    processes: int,
+    concurrency: int,
+    work_ms: float,
+    payload_bytes: int,
+    progress: Progress,
+) -> Figures:
     """A backlog drained by a real `hivejobs run`: steady rate from first to last finish."""
     assert env.app is not None
     body = payload(payload_bytes)
@@ -92,16 +105,24 @@ def throughput(env: BenchEnvironment, jobs: int, processes: int, concurrency: in
     env.start_worker(processes, concurrency, work_ms)
     _wait_done(env, jobs, started, "throughput", progress)
     wall = time.perf_counter() - started
-    first, last = env.sql("SELECT extract(epoch FROM min(finished_at)), "
-                          "extract(epoch FROM max(finished_at)) FROM hivejobs_archive")[0]
+    first, last = env.sql(
+        "SELECT extract(epoch FROM min(finished_at)), "
+        "extract(epoch FROM max(finished_at)) FROM hivejobs_archive"
+    )[0]
     env.stop_worker()
     steady = (jobs - 1) / max(float(last) - float(first), 1e-6)
     env.reset_jobs()
     return {"throughput_jobs_per_s": steady, "drain_wall_s": wall}
 
 
-def latency(env: BenchEnvironment, rate: float, duration: float, processes: int,
-            concurrency: int, progress: Progress) -> Figures:
+def latency(
+    env: BenchEnvironment,
+    rate: float,
+    duration: float,
+    processes: int,
+    concurrency: int,
+    progress: Progress,
+) -> Figures:
     """Steady enqueue rate against idle workers: enqueue call to handler start.
 
     Several paced client threads, as several web processes would: one thread cannot issue
@@ -133,13 +154,18 @@ def latency(env: BenchEnvironment, rate: float, duration: float, processes: int,
     if not values:
         return {}
     q = statistics.quantiles(values, n=100, method="inclusive")
-    return {"pickup_p50_ms": q[49] / 1000, "pickup_p95_ms": q[94] / 1000,
-            "pickup_p99_ms": q[98] / 1000, "pickup_max_ms": values[-1] / 1000,
-            "achieved_rate_per_s": total / (time.perf_counter() - begin)}
+    return {
+        "pickup_p50_ms": q[49] / 1000,
+        "pickup_p95_ms": q[94] / 1000,
+        "pickup_p99_ms": q[98] / 1000,
+        "pickup_max_ms": values[-1] / 1000,
+        "achieved_rate_per_s": total / (time.perf_counter() - begin),
+    }
 
 
-def backlog(env: BenchEnvironment, jobs: int, processes: int, concurrency: int,
-            progress: Progress) -> Figures:
+def backlog(
+    env: BenchEnvironment, jobs: int, processes: int, concurrency: int, progress: Progress
+) -> Figures:
     """A large backlog drained: throughput at start vs end, RSS and hot-table size."""
     assert env.app is not None
     for offset in range(0, jobs, 10_000):
@@ -162,16 +188,20 @@ def backlog(env: BenchEnvironment, jobs: int, processes: int, concurrency: int,
     rss_end = _rss_kib(env.pool_pids())
     env.stop_worker()
     env.sql("VACUUM hivejobs_job")
-    return {"backlog_rate_start_per_s": statistics.median(rates[:3]) if rates else 0.0,
-            "backlog_rate_end_per_s": statistics.median(rates[-3:]) if rates else 0.0,
-            "backlog_pool_rss_start_kib": rss_start, "backlog_pool_rss_end_kib": rss_end,
-            "backlog_hot_table_bytes_start": size_start,
-            "backlog_hot_table_bytes_end": _hot_table_bytes(env),
-            "backlog_wall_s": time.perf_counter() - begin}
+    return {
+        "backlog_rate_start_per_s": statistics.median(rates[:3]) if rates else 0.0,
+        "backlog_rate_end_per_s": statistics.median(rates[-3:]) if rates else 0.0,
+        "backlog_pool_rss_start_kib": rss_start,
+        "backlog_pool_rss_end_kib": rss_end,
+        "backlog_hot_table_bytes_start": size_start,
+        "backlog_hot_table_bytes_end": _hot_table_bytes(env),
+        "backlog_wall_s": time.perf_counter() - begin,
+    }
 
 
-def _wait_done(env: BenchEnvironment, total: int, began: float, label: str,
-               progress: Progress) -> None:
+def _wait_done(
+    env: BenchEnvironment, total: int, began: float, label: str, progress: Progress
+) -> None:
     deadline = time.perf_counter() + 600
     while True:
         done = env.archived()
@@ -217,5 +247,3 @@ def stderr_progress(label: str, done: int, total: int, elapsed: float) -> None:
     end = "\n" if done >= total else "\r"
     sys.stderr.write(f"  {label}: {done}/{total} jobs  {rate:,.0f}/s  ETA {eta:.0f}s   {end}")
     sys.stderr.flush()
-
-

@@ -52,21 +52,34 @@ def run_chain(app: App, chain: Chain) -> str:
         except (UnknownJobType, PayloadInvalid, PayloadTooLarge) as exc:
             raise ChainInvalid(f"job {key!r}: {exc}") from None
         if jt.delivery == "at_most_once" and spec.tries != 1:
-            raise ChainInvalid(f"job {key!r}: job type {jt.name!r} is at_most_once, so it runs "
-                               f"at most one try: tries={spec.tries} is impossible")
+            raise ChainInvalid(
+                f"job {key!r}: job type {jt.name!r} is at_most_once, so it runs "
+                f"at most one try: tries={spec.tries} is impossible"
+            )
         priority = jt.priority if spec.priority is None else spec.priority
         if isinstance(priority, bool) or priority not in PRIORITIES:
             raise ChainInvalid(f"job {key!r}: priority must be an integer 0-9, not {priority!r}")
-        jobs.append({"key": key, "name": jt.name, "payload": payload, "priority": priority,
-                     "delivery": jt.delivery, "after": list(spec.after),
-                     "seq": valid.sequence_of.get(key), "tries": spec.tries,
-                     "retry_wait_s": spec.retry_wait_s})
-    sequences = [{"start": start, "retries": s.retries, "retry_wait_s": s.retry_wait_s}
-                 for start, s in valid.starts.items()]
+        jobs.append(
+            {
+                "key": key,
+                "name": jt.name,
+                "payload": payload,
+                "priority": priority,
+                "delivery": jt.delivery,
+                "after": list(spec.after),
+                "seq": valid.sequence_of.get(key),
+                "tries": spec.tries,
+                "retry_wait_s": spec.retry_wait_s,
+            }
+        )
+    sequences = [
+        {"start": start, "retries": s.retries, "retry_wait_s": s.retry_wait_s}
+        for start, s in valid.starts.items()
+    ]
     request_id = uuid.uuid4().hex
     ChainStore(app.store).create(
-        {"id": request_id, "name": chain.name, "args": args, "jobs": len(jobs)}, jobs,
-        sequences)
+        {"id": request_id, "name": chain.name, "args": args, "jobs": len(jobs)}, jobs, sequences
+    )
     logger.info("chain stored", chain_id=request_id, chain=chain.name, jobs=len(jobs))
     return request_id
 
@@ -96,8 +109,12 @@ def stop_chain(app: App, request_id: str) -> bool:
         try:
             app.broker.publish_control(ControlMessage(action="cancel", job_id=job_id))
         except redis.RedisError as exc:
-            logger.warning("chain stop stored but not broadcast; its running jobs end "
-                           "cancelled when they fail", chain_id=request_id, error=repr(exc))
+            logger.warning(
+                "chain stop stored but not broadcast; its running jobs end "
+                "cancelled when they fail",
+                chain_id=request_id,
+                error=repr(exc),
+            )
             break
     logger.info("chain stop requested", chain_id=request_id, running=len(running))
     return True

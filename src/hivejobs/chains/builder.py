@@ -68,9 +68,17 @@ class Chain:
         self.jobs: dict[str, JobSpec] = {}
         self.sequences: list[SequenceSpec] = []
 
-    def job(self, type: str, payload: object = None, *,  # noqa: A002 - the job type
-            after: Iterable[JobRef | str] = (), tries: int = 1, retry_wait: float = 0.0,
-            key: str | None = None, priority: int | None = None) -> JobRef:
+    def job(
+        self,
+        type: str,
+        payload: object = None,
+        *,  # noqa: A002 - the job type
+        after: Iterable[JobRef | str] = (),
+        tries: int = 1,
+        retry_wait: float = 0.0,
+        key: str | None = None,
+        priority: int | None = None,
+    ) -> JobRef:
         """Add a job of a registered type; it runs once every job in `after` succeeded.
 
         `tries`: tries before the job fails for good (spincycle's retry + 1); `retry_wait`
@@ -83,12 +91,20 @@ class Chain:
         if key in self.jobs:
             raise ChainInvalid(f"chain {self.name!r} already has a job {key!r}")
         deps = tuple(self._key_of(ref, key) for ref in after)
-        self.jobs[key] = JobSpec(key=key, type=type, payload=payload, after=deps, tries=tries,
-                                 retry_wait_s=retry_wait, priority=priority)
+        self.jobs[key] = JobSpec(
+            key=key,
+            type=type,
+            payload=payload,
+            after=deps,
+            tries=tries,
+            retry_wait_s=retry_wait,
+            priority=priority,
+        )
         return JobRef(self, key)
 
-    def sequence(self, jobs: Iterable[JobRef | str], *, retries: int = 0,
-                 retry_wait: float = 0.0) -> None:
+    def sequence(
+        self, jobs: Iterable[JobRef | str], *, retries: int = 0, retry_wait: float = 0.0
+    ) -> None:
         """Jobs retried as a whole: when one fails for good and `retries` are left, all of
         them go back to pending and the sequence restarts from its start job after
         `retry_wait` seconds."""
@@ -100,7 +116,8 @@ class Chain:
             if ref.chain is not self:
                 raise ChainInvalid(
                     f"{user!r} in chain {self.name!r} refers to job {ref.key!r} of another "
-                    f"chain ({ref.chain.name!r}): a chain's jobs depend on its own jobs only")
+                    f"chain ({ref.chain.name!r}): a chain's jobs depend on its own jobs only"
+                )
             return ref.key
         if isinstance(ref, str):
             return ref
@@ -121,20 +138,40 @@ class Chain:
             raise ChainInvalid(f"chain file is not valid JSON: {exc}") from None
         chain = cls(data.name, data.args)
         for job in data.jobs:
-            chain.job(job.type, job.payload, after=job.after, tries=job.tries,
-                      retry_wait=job.retry_wait, key=job.key, priority=job.priority)
+            chain.job(
+                job.type,
+                job.payload,
+                after=job.after,
+                tries=job.tries,
+                retry_wait=job.retry_wait,
+                key=job.key,
+                priority=job.priority,
+            )
         for seq in data.sequences:
             chain.sequence(seq.jobs, retries=seq.retries, retry_wait=seq.retry_wait)
         return chain
 
     def to_json(self) -> bytes:
         data = ChainFile(
-            name=self.name, args=self.args,
-            jobs=[JobFile(key=j.key, type=j.type, payload=j.payload, after=list(j.after),
-                          tries=j.tries, retry_wait=j.retry_wait_s, priority=j.priority)
-                  for j in self.jobs.values()],
-            sequences=[SequenceFile(jobs=list(s.jobs), retries=s.retries,
-                                    retry_wait=s.retry_wait_s) for s in self.sequences])
+            name=self.name,
+            args=self.args,
+            jobs=[
+                JobFile(
+                    key=j.key,
+                    type=j.type,
+                    payload=j.payload,
+                    after=list(j.after),
+                    tries=j.tries,
+                    retry_wait=j.retry_wait_s,
+                    priority=j.priority,
+                )
+                for j in self.jobs.values()
+            ],
+            sequences=[
+                SequenceFile(jobs=list(s.jobs), retries=s.retries, retry_wait=s.retry_wait_s)
+                for s in self.sequences
+            ],
+        )
         return msgspec.json.encode(data)
 
 

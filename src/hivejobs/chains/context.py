@@ -38,8 +38,9 @@ class ChainView:
         if found is not None:
             chain_id, key, total, after, args = found
             decoded = decode_json(args)
-            self.info = ChainInfo(chain_id, decoded if isinstance(decoded, dict) else {},
-                                  key, total)
+            self.info = ChainInfo(
+                chain_id, decoded if isinstance(decoded, dict) else {}, key, total
+            )
             self._after = after
 
     def upstream(self) -> dict[str, object]:

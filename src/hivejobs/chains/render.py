@@ -40,11 +40,16 @@ def layers(jobs: list[ChainJobStatus]) -> list[list[ChainJobStatus]]:
 
 
 def render(status: ChainStatus) -> str:
-    lines = [f"chain {status.id}  {status.name}  {status.state.upper()}"
-             + ("  (stop requested)" if status.stop_requested
-                and status.state not in ("stopped",) else ""),
-             f"  created {_t(status.created_at)}  started {_t(status.started_at)}  "
-             f"finished {_t(status.finished_at)}  suspensions {status.suspensions}"]
+    lines = [
+        f"chain {status.id}  {status.name}  {status.state.upper()}"
+        + (
+            "  (stop requested)"
+            if status.stop_requested and status.state not in ("stopped",)
+            else ""
+        ),
+        f"  created {_t(status.created_at)}  started {_t(status.started_at)}  "
+        f"finished {_t(status.finished_at)}  suspensions {status.suspensions}",
+    ]
     counts: dict[str, int] = {}
     for job in status.jobs:
         counts[job.state] = counts.get(job.state, 0) + 1
@@ -56,13 +61,15 @@ def render(status: ChainStatus) -> str:
         for job in sorted(layer, key=lambda j: j.key):
             seq = f" seq {job.sequence}#{job.sequence_try}" if job.sequence else ""
             after = f"  <- {', '.join(job.after)}" if job.after else ""
-            text = f"  \"{job.status}\"" if job.status else ""
+            text = f'  "{job.status}"' if job.status else ""
             error = ""
             if job.state == "failed" and job.error:
                 error = "  error: " + job.error.strip().splitlines()[-1][:120]
-            lines.append(f"  [{_MARK[job.state]}] {job.key:<{key_w}}  {job.type:<{type_w}}  "
-                         f"{job.state:<9}  try {job.try_}/{job.tries} (total {job.total_tries})"
-                         f"{seq}{after}{text}{error}")
+            lines.append(
+                f"  [{_MARK[job.state]}] {job.key:<{key_w}}  {job.type:<{type_w}}  "
+                f"{job.state:<9}  try {job.try_}/{job.tries} (total {job.total_tries})"
+                f"{seq}{after}{text}{error}"
+            )
     return "\n".join(lines)
 
 

@@ -59,7 +59,7 @@ class Traverser:
         result = TraverseResult()
         ids = self.chains.chains_to_traverse(self.batch + 1)
         result.more = len(ids) > self.batch
-        for chain_id in ids[:self.batch]:
+        for chain_id in ids[: self.batch]:
             self._decided = None
             try:
                 pushes = self.chains.traverse(lease, chain_id, self._plan)
@@ -81,10 +81,13 @@ class Traverser:
                     self.broker.push_many(pushes)
                 except redis.RedisError as exc:
                     # The tries are queued in Postgres: the reconciler pushes them (R1).
-                    logger.warning("chain tries stored but not pushed; the reconciler will",
-                                   chain_id=chain_id, jobs=len(pushes), error=repr(exc))
+                    logger.warning(
+                        "chain tries stored but not pushed; the reconciler will",
+                        chain_id=chain_id,
+                        jobs=len(pushes),
+                        error=repr(exc),
+                    )
         return result
-
 
     def _plan(self, snapshot: Snapshot) -> Plan | None:
         self._decided = plan_chain(snapshot)
@@ -112,9 +115,16 @@ class _Draft:
         for key, was in self.was.items():
             row = self.snap.jobs[key]
             reaped = self.reaped.get(key)
-            change = JobChange(key=key, was=was, state=row.state, try_=row.try_,
-                               total_tries=row.total_tries, job_id=row.job_id,
-                               not_before=row.not_before, mode=self.modes[key])
+            change = JobChange(
+                key=key,
+                was=was,
+                state=row.state,
+                try_=row.try_,
+                total_tries=row.total_tries,
+                job_id=row.job_id,
+                not_before=row.not_before,
+                mode=self.modes[key],
+            )
             if reaped is not None:
                 change.started_at, change.finished_at = reaped.started_at, reaped.finished_at
                 change.result, change.error = reaped.result, reaped.error
@@ -147,9 +157,16 @@ def _reap(draft: _Draft) -> bool:
         row = snap.jobs[done.key]
         seq_try = snap.seq_tries.get(row.seq) if row.seq else None
         draft.touch(row, "reap")
-        change = JobChange(key=row.key, was=row.state, state="", try_=0, total_tries=0,
-                           job_id=None, started_at=done.started_at,
-                           finished_at=done.finished_at)
+        change = JobChange(
+            key=row.key,
+            was=row.state,
+            state="",
+            try_=0,
+            total_tries=0,
+            job_id=None,
+            started_at=done.started_at,
+            finished_at=done.finished_at,
+        )
         if done.state == "succeeded":
             row.state, change.result, log_state = "succeeded", done.result, "succeeded"
             succeeded_any = True
@@ -166,10 +183,19 @@ def _reap(draft: _Draft) -> bool:
             else:
                 row.state = "failed"
         draft.reaped[row.key] = change
-        draft.plan.log.append(LogRow(
-            key=row.key, try_=row.total_tries, name=row.name, job_id=done.id, seq_try=seq_try,
-            state=log_state, started_at=done.started_at, finished_at=done.finished_at,
-            error=change.error))
+        draft.plan.log.append(
+            LogRow(
+                key=row.key,
+                try_=row.total_tries,
+                name=row.name,
+                job_id=done.id,
+                seq_try=seq_try,
+                state=log_state,
+                started_at=done.started_at,
+                finished_at=done.finished_at,
+                error=change.error,
+            )
+        )
     return succeeded_any
 
 
@@ -199,8 +225,13 @@ def _retry_sequences(draft: _Draft) -> None:
             row.state, row.try_, row.not_before = "pending", 0, None
         snap.jobs[start].not_before = _after(snap, wait_s)
         snap.seq_tries[start] = draft.plan.seq_tries[start] = seq_try + 1
-        logger.warning("job failed for good: retrying its sequence", chain_id=snap.id,
-                       sequence=start, sequence_try=seq_try + 1, retry_in_s=wait_s)
+        logger.warning(
+            "job failed for good: retrying its sequence",
+            chain_id=snap.id,
+            sequence=start,
+            sequence_try=seq_try + 1,
+            retry_in_s=wait_s,
+        )
 
 
 def _start_runnable(draft: _Draft) -> None:
@@ -220,9 +251,14 @@ def _start_runnable(draft: _Draft) -> None:
 
 def _finalize(draft: _Draft) -> None:
     snap, plan = draft.snap, draft.plan
-    waits = [row.not_before for row in snap.jobs.values()
-             if not snap.stop_requested and row.state == "pending"
-             and _preds_succeeded(snap, row) and row.not_before is not None]
+    waits = [
+        row.not_before
+        for row in snap.jobs.values()
+        if not snap.stop_requested
+        and row.state == "pending"
+        and _preds_succeeded(snap, row)
+        and row.not_before is not None
+    ]
     running = any(row.state == "running" for row in snap.jobs.values())
     plan.wake_at = min((w for w in waits if w is not None), default=None)
     if running or waits:

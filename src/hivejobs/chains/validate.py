@@ -52,14 +52,18 @@ def check_key(key: object) -> str:
 
 
 def check_wait(what: str, value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not (
-            value >= 0 and math.isfinite(value)):
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not (value >= 0 and math.isfinite(value))
+    ):
         raise ChainInvalid(f"{what} must be a non-negative number of seconds, not {value!r}")
     return float(value)
 
 
-def validate(name: str, jobs: Mapping[str, JobSpec],
-             sequences: Sequence[SequenceSpec]) -> ValidChain:
+def validate(
+    name: str, jobs: Mapping[str, JobSpec], sequences: Sequence[SequenceSpec]
+) -> ValidChain:
     if not isinstance(name, str) or not 1 <= len(name) <= 200:
         raise ChainInvalid("a chain needs a name of 1-200 characters")
     if not jobs:
@@ -74,7 +78,8 @@ def validate(name: str, jobs: Mapping[str, JobSpec],
         for dep in spec.after:
             if dep not in jobs:
                 raise ChainInvalid(
-                    f"job {spec.key!r} runs after {dep!r}, which is not a job of this chain")
+                    f"job {spec.key!r} runs after {dep!r}, which is not a job of this chain"
+                )
     order = _topological_order(jobs)
     sequence_of, starts = _check_sequences(jobs, sequences)
     return ValidChain(order, sequence_of, starts)
@@ -112,13 +117,15 @@ def _find_cycle(jobs: Mapping[str, JobSpec], left: set[str]) -> list[str]:
         seen[key] = len(path)
         path.append(key)
         key = min(dep for dep in jobs[key].after if dep in left)
-    loop = path[seen[key]:] + [key]
+    loop = path[seen[key] :] + [key]
     loop.reverse()  # predecessors were walked: print in running order
     return loop
 
 
-def _check_sequences(jobs: Mapping[str, JobSpec], sequences: Sequence[SequenceSpec],
-                     ) -> tuple[dict[str, str], dict[str, SequenceSpec]]:
+def _check_sequences(
+    jobs: Mapping[str, JobSpec],
+    sequences: Sequence[SequenceSpec],
+) -> tuple[dict[str, str], dict[str, SequenceSpec]]:
     sequence_of: dict[str, str] = {}
     starts: dict[str, SequenceSpec] = {}
     for seq in sequences:
@@ -136,18 +143,21 @@ def _check_sequences(jobs: Mapping[str, JobSpec], sequences: Sequence[SequenceSp
                 raise ChainInvalid(f"job {key!r} is in two sequences")
         # A start job is where the sequence is entered: no predecessor inside it, or one
         # outside it. Retrying from one start must re-run everything, so exactly one.
-        entries = sorted(k for k in members
-                         if not members & set(jobs[k].after) or set(jobs[k].after) - members)
+        entries = sorted(
+            k for k in members if not members & set(jobs[k].after) or set(jobs[k].after) - members
+        )
         if len(entries) != 1:
             raise ChainInvalid(
                 f"{label} must have exactly one start job (the only one entered from outside "
-                f"the sequence), found {len(entries)}: {', '.join(entries) or 'none'}")
+                f"the sequence), found {len(entries)}: {', '.join(entries) or 'none'}"
+            )
         start = entries[0]
         reached = _reachable_inside(jobs, start, members)
         if reached != members:
             raise ChainInvalid(
                 f"{label} is not connected: {', '.join(sorted(members - reached))} cannot be "
-                f"reached from its start job {start!r} through jobs of the sequence")
+                f"reached from its start job {start!r} through jobs of the sequence"
+            )
         for key in members:
             sequence_of[key] = start
         starts[start] = seq

@@ -47,8 +47,9 @@ class Coordinator:
         if threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGTERM, signal.SIGINT):
                 signal.signal(sig, lambda *_: self.stop.set())
-        self.store.register_worker(self.worker_id, socket.gethostname(), os.getpid(),
-                                   "coordinator", None)
+        self.store.register_worker(
+            self.worker_id, socket.gethostname(), os.getpid(), "coordinator", None
+        )
         last_beat = 0.0
         while not self.stop.is_set():
             self.elector.tick()
@@ -66,8 +67,9 @@ class Coordinator:
 
     def _heartbeat(self) -> None:
         if not self.store.heartbeat(self.worker_id):  # declared dead while we were away
-            self.store.register_worker(self.worker_id, socket.gethostname(), os.getpid(),
-                                       "coordinator", None)
+            self.store.register_worker(
+                self.worker_id, socket.gethostname(), os.getpid(), "coordinator", None
+            )
 
     def _every(self, name: str, interval_s: float) -> bool:
         now = time.monotonic()
@@ -81,8 +83,7 @@ class Coordinator:
         if self._every("promote", s.promote_interval_s):
             self._guard("promote", lambda: self.promoter.run_once(lease))
         if self._every("rescue", s.coordinator_interval_s):
-            self._guard("rescue", lambda: self.rescuer.run_once(
-                lease, self.elector.healthy_for()))
+            self._guard("rescue", lambda: self.rescuer.run_once(lease, self.elector.healthy_for()))
         if self._every("reconcile", s.coordinator_interval_s):
             self._guard("reconcile", lambda: self.reconciler.run_once(lease))
         if self._chains_due or self._every("traverse", s.coordinator_interval_s):

@@ -15,6 +15,8 @@ from loguru import logger
 from hivejobs.config import Settings
 from hivejobs.store import Store
 
+STALL_S = 3.0  # the loop ticks every fraction of a second; a longer gap is a stall
+
 
 class Elector:
     def __init__(self, store: Store, holder: str, settings: Settings) -> None:
@@ -27,10 +29,16 @@ class Elector:
         self._trusted_until = 0.0
         self._next_attempt = 0.0
         self.healthy_since: float | None = None
+        self._last_tick = time.monotonic()
 
     def tick(self) -> None:
         """Acquire or renew when due; keeps `term` and the trust window current."""
         now = time.monotonic()
+        if now - self._last_tick > STALL_S:
+            # We were stopped or starved (SIGSTOP, VM pause): we observed nothing meanwhile,
+            # so every heartbeat may look stale. Health starts over (R6).
+            self.healthy_since = None
+        self._last_tick = now
         if now < self._next_attempt:
             return
         try:
@@ -60,8 +68,9 @@ class Elector:
         if self.term is None:
             return None
         if time.monotonic() >= self._trusted_until:
-            logger.warning("lease trust window passed without renewal: stepping down",
-                           term=self.term)
+            logger.warning(
+                "lease trust window passed without renewal: stepping down", term=self.term
+            )
             self.term = None
             return None
         return (self.holder, self.term)

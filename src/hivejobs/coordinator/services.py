@@ -70,8 +70,9 @@ class Rescuer:
             return RescueResult()
         if requeued:
             self.broker.push_many([(r[0], r[1], r[2]) for r in requeued])
-        logger.warning("rescued jobs of dead workers", workers=len(dead),
-                       requeued=len(requeued), failed=failed)
+        logger.warning(
+            "rescued jobs of dead workers", workers=len(dead), requeued=len(requeued), failed=failed
+        )
         return RescueResult(len(dead), len(requeued), failed)
 
 
@@ -95,9 +96,19 @@ class Reconciler:
             missing = count - lengths.get((name, priority), 0)
             if missing <= 0:
                 continue
-            rows = self.store.leader_write(lease, "stale_queued", {
-                "name": name, "priority": priority, "grace_s": self.grace_s,
-                "limit": min(missing, BATCH)}) or []
+            rows = (
+                self.store.leader_write(
+                    lease,
+                    "stale_queued",
+                    {
+                        "name": name,
+                        "priority": priority,
+                        "grace_s": self.grace_s,
+                        "limit": min(missing, BATCH),
+                    },
+                )
+                or []
+            )
             if rows:
                 pushed += self.broker.push_many([(r[0], r[1], r[2]) for r in rows])
         if pushed:
@@ -117,8 +128,9 @@ class Reconciler:
             failpoint("coord.mid_reconcile_batch")
             after = (rows[-1][3], rows[-1][0])
         self.broker.set_boot_marker(marker)
-        logger.warning("Redis had no boot marker (flushed or restarted): restored queues",
-                       jobs=pushed)
+        logger.warning(
+            "Redis had no boot marker (flushed or restarted): restored queues", jobs=pushed
+        )
         return pushed
 
 

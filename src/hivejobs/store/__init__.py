@@ -46,8 +46,18 @@ QUERIES = _load_queries()
 _COPY_COLUMNS = (
     "id, name, state, priority, attempts, delivery, payload, run_at, queued_at, expires_at"
 )
-_COPY_TYPES = ["text", "text", "text", "int2", "int4", "text", "bytea",
-               "timestamptz", "timestamptz", "timestamptz"]
+_COPY_TYPES = [
+    "text",
+    "text",
+    "text",
+    "int2",
+    "int4",
+    "text",
+    "bytea",
+    "timestamptz",
+    "timestamptz",
+    "timestamptz",
+]
 
 
 def connect(url: str, **kwargs: Any) -> Conn:
@@ -82,8 +92,9 @@ def create_database_if_missing(url: str) -> bool:
 class Store:
     """A connection pool plus one method per statement."""
 
-    def __init__(self, url: str, max_size: int = 4, min_size: int = 1,
-                 synchronous_commit: bool = True) -> None:
+    def __init__(
+        self, url: str, max_size: int = 4, min_size: int = 1, synchronous_commit: bool = True
+    ) -> None:
         self.url = url
         connect(url).close()  # fail fast with a clear message
         self._pool: ConnectionPool[Conn] = ConnectionPool(
@@ -120,8 +131,9 @@ class Store:
 
     # -- enqueue -----------------------------------------------------------------------
 
-    def insert_job(self, job: NewJob, conn: Conn | None = None,
-                   explicit_id: bool = True) -> Inserted:
+    def insert_job(
+        self, job: NewJob, conn: Conn | None = None, explicit_id: bool = True
+    ) -> Inserted:
         """Insert unless the id exists; `created` tells which. In `conn`'s transaction if given.
 
         A generated id cannot exist yet, so it costs one statement. A caller's id may name a
@@ -147,29 +159,44 @@ class Store:
             if archived is None:
                 return Inserted(row[0], row[1], row[2], row[3], job.payload, True)
             conn.execute(QUERIES["delete_live"], {"id": job.id})
-            return Inserted(job.id, archived[0], "archived", job.priority,
-                            bytes(archived[1]), False)
+            return Inserted(
+                job.id, archived[0], "archived", job.priority, bytes(archived[1]), False
+            )
         existing = conn.execute(QUERIES["find_existing"], {"id": job.id}).fetchone()
         if existing is None:  # finished and pruned between the two statements
             return Inserted(job.id, job.name, "gone", job.priority, b"", False)
         return Inserted(job.id, existing[0], existing[2], job.priority, bytes(existing[1]), False)
 
+    def notify_dispatch(self, conn: Conn, name: str, priority: int, job_id: str) -> None:
+        """Inside the caller's transaction: delivered to the coordinator only on commit."""
+        conn.execute(QUERIES["notify_dispatch"], {"payload": f"{name}\t{priority}\t{job_id}"})
+
     def insert_many(self, jobs: Sequence[NewJob]) -> datetime:
         """COPY fresh jobs (generated ids, so no conflicts) in one transaction."""
         with self.connection() as conn, conn.transaction():
             now: datetime = conn.execute("SELECT now()").fetchone()[0]  # type: ignore[index]
-            with conn.cursor().copy(f"COPY hivejobs_job ({_COPY_COLUMNS}) FROM STDIN "
-                                    "(FORMAT BINARY)") as copy:
+            with conn.cursor().copy(
+                f"COPY hivejobs_job ({_COPY_COLUMNS}) FROM STDIN (FORMAT BINARY)"
+            ) as copy:
                 copy.set_types(_COPY_TYPES)
                 for job in jobs:
                     delay = job.delay_s or 0.0
                     run_at = job.run_at or now + timedelta(seconds=delay)
                     waiting = run_at > now
-                    copy.write_row((
-                        job.id, job.name, "scheduled" if waiting else "queued", job.priority,
-                        job.attempts, job.delivery, job.payload, run_at,
-                        None if waiting else now, job.expires_at,
-                    ))
+                    copy.write_row(
+                        (
+                            job.id,
+                            job.name,
+                            "scheduled" if waiting else "queued",
+                            job.priority,
+                            job.attempts,
+                            job.delivery,
+                            job.payload,
+                            run_at,
+                            None if waiting else now,
+                            job.expires_at,
+                        )
+                    )
             return now
 
     # -- claim and finish --------------------------------------------------------------
@@ -192,26 +219,32 @@ class Store:
         requeued: list[tuple[Any, ...]] = []
         with conn.transaction():
             if archive:
-                rows = conn.execute(QUERIES["archive_finished_if_running"], {
-                    "ids": [c.id for c in archive],
-                    "tokens": [c.claim_token for c in archive],
-                    "states": [c.outcome for c in archive],
-                    "errors": [_text(c.error) for c in archive],
-                    "results": [c.result for c in archive],
-                }).fetchall()
+                rows = conn.execute(
+                    QUERIES["archive_finished_if_running"],
+                    {
+                        "ids": [c.id for c in archive],
+                        "tokens": [c.claim_token for c in archive],
+                        "states": [c.outcome for c in archive],
+                        "errors": [_text(c.error) for c in archive],
+                        "results": [c.result for c in archive],
+                    },
+                ).fetchall()
                 written += len(rows)
             if requeue:
                 suspends = [c for c in requeue if c.outcome == "suspend"]
                 if suspends:
                     # Chain tries end here (their chain is suspended); plain jobs requeue.
                     written += suspend_chain_tries(conn, suspends)
-                requeued = conn.execute(QUERIES["requeue_if_running"], {
-                    "ids": [c.id for c in requeue],
-                    "tokens": [c.claim_token for c in requeue],
-                    "delays": [c.retry_delay_s for c in requeue],
-                    "uncounts": [1 if c.outcome == "suspend" else 0 for c in requeue],
-                    "errors": [_text(c.error) for c in requeue],
-                }).fetchall()
+                requeued = conn.execute(
+                    QUERIES["requeue_if_running"],
+                    {
+                        "ids": [c.id for c in requeue],
+                        "tokens": [c.claim_token for c in requeue],
+                        "delays": [c.retry_delay_s for c in requeue],
+                        "uncounts": [1 if c.outcome == "suspend" else 0 for c in requeue],
+                        "errors": [_text(c.error) for c in requeue],
+                    },
+                ).fetchall()
                 written += len(requeued)
         return written, requeued
 
@@ -231,6 +264,12 @@ class Store:
             conn.execute(QUERIES["delete_workers"], {"worker_ids": worker_ids})
         return requeued, len(failed)
 
+    def release_unstarted(self, ids: list[str], worker_id: str) -> list[tuple[Any, ...]]:
+        with self.connection() as conn:
+            return conn.execute(
+                QUERIES["release_unstarted_if_mine"], {"ids": ids, "worker_id": worker_id}
+            ).fetchall()
+
     def running_claims(self, worker_id: str) -> list[tuple[str, int]]:
         with self.connection() as conn:
             rows = conn.execute(QUERIES["running_claims"], {"worker_id": worker_id}).fetchall()
@@ -238,8 +277,10 @@ class Store:
 
     def release_claims(self, claims: list[tuple[str, int]]) -> list[tuple[Any, ...]]:
         with self.connection() as conn:
-            return conn.execute(QUERIES["release_claims_if_running"], {
-                "ids": [c[0] for c in claims], "tokens": [c[1] for c in claims]}).fetchall()
+            return conn.execute(
+                QUERIES["release_claims_if_running"],
+                {"ids": [c[0] for c in claims], "tokens": [c[1] for c in claims]},
+            ).fetchall()
 
     # -- reads and user actions ----------------------------------------------------------
 
@@ -263,10 +304,17 @@ class Store:
     def upsert_job_types(self, types: Sequence[JobTypeInfo]) -> None:
         with self.connection() as conn, conn.transaction():
             for t in types:
-                conn.execute(QUERIES["upsert_job_type"], {
-                    "name": t.name, "concurrency": t.concurrency, "processes": t.processes,
-                    "attempts": t.attempts, "delivery": t.delivery, "timeout_s": t.timeout_s,
-                })
+                conn.execute(
+                    QUERIES["upsert_job_type"],
+                    {
+                        "name": t.name,
+                        "concurrency": t.concurrency,
+                        "processes": t.processes,
+                        "attempts": t.attempts,
+                        "delivery": t.delivery,
+                        "timeout_s": t.timeout_s,
+                    },
+                )
 
     def job_types(self) -> list[JobTypeInfo]:
         with self.connection() as conn:
@@ -289,11 +337,14 @@ class Store:
 
     # -- workers -----------------------------------------------------------------------
 
-    def register_worker(self, worker_id: str, host: str, pid: int, role: str,
-                        pool: str | None) -> None:
+    def register_worker(
+        self, worker_id: str, host: str, pid: int, role: str, pool: str | None
+    ) -> None:
         with self.connection() as conn:
-            conn.execute(QUERIES["register_worker"], {
-                "id": worker_id, "host": host, "pid": pid, "role": role, "pool": pool})
+            conn.execute(
+                QUERIES["register_worker"],
+                {"id": worker_id, "host": host, "pid": pid, "role": role, "pool": pool},
+            )
 
     def heartbeat(self, worker_id: str) -> bool:
         with self.connection() as conn:
@@ -310,8 +361,9 @@ class Store:
 
     def find_dead_workers(self, stuck_after_s: float) -> list[str]:
         with self.connection() as conn:
-            rows = conn.execute(QUERIES["find_dead_workers"],
-                                {"stuck_after_s": stuck_after_s}).fetchall()
+            rows = conn.execute(
+                QUERIES["find_dead_workers"], {"stuck_after_s": stuck_after_s}
+            ).fetchall()
         return [r[0] for r in rows]
 
     # -- coordinator -------------------------------------------------------------------
@@ -319,8 +371,9 @@ class Store:
     def lease_acquire(self, holder: str, ttl_s: float) -> int | None:
         """The term when we hold the lease after this call, else None."""
         with self.connection() as conn:
-            row = conn.execute(QUERIES["lease_acquire"],
-                               {"holder": holder, "ttl_s": ttl_s}).fetchone()
+            row = conn.execute(
+                QUERIES["lease_acquire"], {"holder": holder, "ttl_s": ttl_s}
+            ).fetchone()
         return None if row is None else int(row[0])
 
     def lease_resign(self, holder: str) -> None:
@@ -337,26 +390,26 @@ class Store:
         params = {"holder": lease[0], "term": lease[1]}
         return conn.execute(QUERIES["lease_hold"], params).fetchone() is not None
 
-    def leader_write(self, lease: tuple[str, int], query: str,
-                     params: dict[str, Any]) -> list[tuple[Any, ...]] | None:
+    def leader_write(
+        self, lease: tuple[str, int], query: str, params: dict[str, Any]
+    ) -> list[tuple[Any, ...]] | None:
         """Run one coordinator statement only while `lease` holds; None when it does not."""
         with self.connection() as conn, conn.transaction():
             if not self._hold_lease(conn, lease):
                 return None
             return conn.execute(QUERIES[query], params).fetchall()
 
-    def queued_page(self, after: tuple[datetime, str] | None,
-                    limit: int) -> list[tuple[Any, ...]]:
+    def queued_page(self, after: tuple[datetime, str] | None, limit: int) -> list[tuple[Any, ...]]:
         after_at, after_id = after or (datetime(1970, 1, 1).astimezone(), "")
         with self.connection() as conn:
-            return conn.execute(QUERIES["queued_page"], {
-                "after_at": after_at, "after_id": after_id, "limit": limit}).fetchall()
+            return conn.execute(
+                QUERIES["queued_page"], {"after_at": after_at, "after_id": after_id, "limit": limit}
+            ).fetchall()
 
     def set_gauges(self, values: Sequence[tuple[str, str, int]]) -> None:
         with self.connection() as conn, conn.transaction():
             for name, queue, value in values:
-                conn.execute(QUERIES["set_gauge"], {"name": name, "queue": queue,
-                                                    "value": value})
+                conn.execute(QUERIES["set_gauge"], {"name": name, "queue": queue, "value": value})
 
     def prune_archive(self, retention_s: float) -> int:
         with self.connection() as conn:
@@ -375,9 +428,15 @@ def _asynchronous_commit(conn: Conn) -> None:
 
 def _insert_params(job: NewJob) -> dict[str, Any]:
     return {
-        "id": job.id, "name": job.name, "priority": job.priority, "attempts": job.attempts,
-        "delivery": job.delivery, "payload": job.payload, "run_at": job.run_at,
-        "delay_s": job.delay_s, "expires_at": job.expires_at,
+        "id": job.id,
+        "name": job.name,
+        "priority": job.priority,
+        "attempts": job.attempts,
+        "delivery": job.delivery,
+        "payload": job.payload,
+        "run_at": job.run_at,
+        "delay_s": job.delay_s,
+        "expires_at": job.expires_at,
     }
 
 

@@ -40,6 +40,7 @@ Push = tuple[str, str, int]  # (job id, type, priority) for the broker
 
 # -- what the traverser reads and writes ---------------------------------------------------
 
+
 @dataclass
 class JobRow:
     key: str
@@ -132,12 +133,17 @@ def try_id(chain_id: str, key: str, total_try: int) -> str:
 
 # -- called by Store.finish, inside the completer's transaction ----------------------------
 
+
 def suspend_chain_tries(conn: Conn, suspends: Sequence[Completion]) -> int:
     """End suspended chain tries (see suspend_chain_tries in chain_queries.sql); returns
     how many were chain tries. The rest are left to the plain requeue."""
-    rows = conn.execute(CHAIN_QUERIES["suspend_chain_tries"], {
-        "ids": [c.id for c in suspends], "tokens": [c.claim_token for c in suspends],
-    }).fetchall()
+    rows = conn.execute(
+        CHAIN_QUERIES["suspend_chain_tries"],
+        {
+            "ids": [c.id for c in suspends],
+            "tokens": [c.claim_token for c in suspends],
+        },
+    ).fetchall()
     if rows:
         conn.execute("SELECT pg_notify('hivejobs_chain', '')")
     return len(rows)
@@ -151,27 +157,37 @@ class ChainStore:
 
     # -- create and user actions ---------------------------------------------------------
 
-    def create(self, chain: dict[str, Any], jobs: list[dict[str, Any]],
-               sequences: list[dict[str, Any]]) -> None:
+    def create(
+        self, chain: dict[str, Any], jobs: list[dict[str, Any]], sequences: list[dict[str, Any]]
+    ) -> None:
         """Store a validated chain in one transaction and wake the traverser on commit."""
         with self.store.connection() as conn, conn.transaction():
             conn.execute(CHAIN_QUERIES["insert_chain"], chain)
-            conn.execute(CHAIN_QUERIES["insert_chain_jobs"], {
-                "chain_id": chain["id"],
-                "keys": [j["key"] for j in jobs], "names": [j["name"] for j in jobs],
-                "payloads": [j["payload"] for j in jobs],
-                "priorities": [j["priority"] for j in jobs],
-                "deliveries": [j["delivery"] for j in jobs],
-                "afters": [" ".join(j["after"]) for j in jobs],
-                "seqs": [j["seq"] for j in jobs], "tries": [j["tries"] for j in jobs],
-                "waits": [j["retry_wait_s"] for j in jobs],
-            })
+            conn.execute(
+                CHAIN_QUERIES["insert_chain_jobs"],
+                {
+                    "chain_id": chain["id"],
+                    "keys": [j["key"] for j in jobs],
+                    "names": [j["name"] for j in jobs],
+                    "payloads": [j["payload"] for j in jobs],
+                    "priorities": [j["priority"] for j in jobs],
+                    "deliveries": [j["delivery"] for j in jobs],
+                    "afters": [" ".join(j["after"]) for j in jobs],
+                    "seqs": [j["seq"] for j in jobs],
+                    "tries": [j["tries"] for j in jobs],
+                    "waits": [j["retry_wait_s"] for j in jobs],
+                },
+            )
             if sequences:
-                conn.execute(CHAIN_QUERIES["insert_chain_sequences"], {
-                    "chain_id": chain["id"], "starts": [s["start"] for s in sequences],
-                    "retries": [s["retries"] for s in sequences],
-                    "waits": [s["retry_wait_s"] for s in sequences],
-                })
+                conn.execute(
+                    CHAIN_QUERIES["insert_chain_sequences"],
+                    {
+                        "chain_id": chain["id"],
+                        "starts": [s["start"] for s in sequences],
+                        "retries": [s["retries"] for s in sequences],
+                        "waits": [s["retry_wait_s"] for s in sequences],
+                    },
+                )
             conn.execute("SELECT pg_notify('hivejobs_chain', '')")
 
     def request_stop(self, chain_id: str) -> tuple[bool, list[str]]:
@@ -216,14 +232,16 @@ class ChainStore:
 
     def upstream(self, chain_id: str, keys: list[str]) -> dict[str, bytes | None]:
         with self.store.connection() as conn:
-            rows = conn.execute(CHAIN_QUERIES["upstream_results"],
-                                {"id": chain_id, "keys": keys}).fetchall()
+            rows = conn.execute(
+                CHAIN_QUERIES["upstream_results"], {"id": chain_id, "keys": keys}
+            ).fetchall()
         return {r[0]: None if r[1] is None else bytes(r[1]) for r in rows}
 
     def set_status(self, job_id: str, status: str) -> bool:
         with self.store.connection() as conn:
-            row = conn.execute(CHAIN_QUERIES["set_status"],
-                               {"job_id": job_id, "status": status}).fetchone()
+            row = conn.execute(
+                CHAIN_QUERIES["set_status"], {"job_id": job_id, "status": status}
+            ).fetchone()
         return row is not None
 
     # -- traverser -----------------------------------------------------------------------
@@ -233,8 +251,9 @@ class ChainStore:
             rows = conn.execute(CHAIN_QUERIES["chains_to_traverse"], {"limit": limit})
             return [r[0] for r in rows.fetchall()]
 
-    def traverse(self, lease: Lease, chain_id: str,
-                 plan: Callable[[Snapshot], Plan | None]) -> list[Push] | None:
+    def traverse(
+        self, lease: Lease, chain_id: str, plan: Callable[[Snapshot], Plan | None]
+    ) -> list[Push] | None:
         """Read one chain, let `plan` decide, write the plan; one transaction under the lease.
 
         None when the lease is gone (nothing written). A crash anywhere before COMMIT leaves
@@ -256,60 +275,91 @@ class ChainStore:
         head = conn.execute(CHAIN_QUERIES["lock_chain"], params).fetchone()
         if head is None:
             return None
-        jobs = {r[0]: JobRow(*r)
-                for r in conn.execute(CHAIN_QUERIES["load_chain_jobs"], params).fetchall()}
+        jobs = {
+            r[0]: JobRow(*r)
+            for r in conn.execute(CHAIN_QUERIES["load_chain_jobs"], params).fetchall()
+        }
         for row in jobs.values():
             row.payload = bytes(row.payload)
         seq_tries: dict[str, int] = {}
         seq_limits: dict[str, tuple[int, float]] = {}
         for start, retries, wait_s, seq_try in conn.execute(
-                CHAIN_QUERIES["load_chain_sequences"], params).fetchall():
+            CHAIN_QUERIES["load_chain_sequences"], params
+        ).fetchall():
             seq_tries[start] = seq_try
             seq_limits[start] = (retries, wait_s)
-        finished = [FinishedTry(r[0], r[1], r[2], r[3], None if r[4] is None else bytes(r[4]),
-                                r[5], r[6])
-                    for r in conn.execute(CHAIN_QUERIES["finished_tries"], params).fetchall()]
-        return Snapshot(head[0], head[1], head[2], head[3], jobs, seq_tries, seq_limits,
-                        finished)
+        finished = [
+            FinishedTry(r[0], r[1], r[2], r[3], None if r[4] is None else bytes(r[4]), r[5], r[6])
+            for r in conn.execute(CHAIN_QUERIES["finished_tries"], params).fetchall()
+        ]
+        return Snapshot(head[0], head[1], head[2], head[3], jobs, seq_tries, seq_limits, finished)
 
     def _write(self, conn: Conn, chain_id: str, plan: Plan) -> list[Push]:
         if plan.changes:
             ch = plan.changes
-            updated = conn.execute(CHAIN_QUERIES["update_chain_jobs"], {
-                "id": chain_id, "keys": [c.key for c in ch], "was": [c.was for c in ch],
-                "states": [c.state for c in ch], "tries": [c.try_ for c in ch],
-                "totals": [c.total_tries for c in ch], "job_ids": [c.job_id for c in ch],
-                "not_befores": [c.not_before for c in ch],
-                "started": [c.started_at for c in ch], "finished": [c.finished_at for c in ch],
-                "results": [c.result for c in ch], "errors": [c.error for c in ch],
-                "modes": [c.mode for c in ch],
-            }).fetchall()
+            updated = conn.execute(
+                CHAIN_QUERIES["update_chain_jobs"],
+                {
+                    "id": chain_id,
+                    "keys": [c.key for c in ch],
+                    "was": [c.was for c in ch],
+                    "states": [c.state for c in ch],
+                    "tries": [c.try_ for c in ch],
+                    "totals": [c.total_tries for c in ch],
+                    "job_ids": [c.job_id for c in ch],
+                    "not_befores": [c.not_before for c in ch],
+                    "started": [c.started_at for c in ch],
+                    "finished": [c.finished_at for c in ch],
+                    "results": [c.result for c in ch],
+                    "errors": [c.error for c in ch],
+                    "modes": [c.mode for c in ch],
+                },
+            ).fetchall()
             if len(updated) != len(ch):
                 # A job changed under the plan (a pool stopped a try meanwhile): roll back.
                 raise StaleSnapshot(chain_id)
         if plan.log:
             lg = plan.log
-            conn.execute(CHAIN_QUERIES["insert_job_log"], {
-                "id": chain_id, "keys": [r.key for r in lg], "tries": [r.try_ for r in lg],
-                "names": [r.name for r in lg], "job_ids": [r.job_id for r in lg],
-                "seq_tries": [r.seq_try for r in lg], "states": [r.state for r in lg],
-                "started": [r.started_at for r in lg], "finished": [r.finished_at for r in lg],
-                "errors": [r.error for r in lg],
-            })
+            conn.execute(
+                CHAIN_QUERIES["insert_job_log"],
+                {
+                    "id": chain_id,
+                    "keys": [r.key for r in lg],
+                    "tries": [r.try_ for r in lg],
+                    "names": [r.name for r in lg],
+                    "job_ids": [r.job_id for r in lg],
+                    "seq_tries": [r.seq_try for r in lg],
+                    "states": [r.state for r in lg],
+                    "started": [r.started_at for r in lg],
+                    "finished": [r.finished_at for r in lg],
+                    "errors": [r.error for r in lg],
+                },
+            )
         if plan.seq_tries:
-            conn.execute(CHAIN_QUERIES["update_sequence_tries"], {
-                "id": chain_id, "starts": list(plan.seq_tries),
-                "seq_tries": list(plan.seq_tries.values())})
+            conn.execute(
+                CHAIN_QUERIES["update_sequence_tries"],
+                {
+                    "id": chain_id,
+                    "starts": list(plan.seq_tries),
+                    "seq_tries": list(plan.seq_tries.values()),
+                },
+            )
         pushes: list[Push] = []
         if plan.tries:
             tr = plan.tries
-            rows = conn.execute(CHAIN_QUERIES["insert_tries"], {
-                "ids": [t.job_id for t in tr], "names": [t.name for t in tr],
-                "priorities": [t.priority for t in tr],
-                "deliveries": [t.delivery for t in tr], "payloads": [t.payload for t in tr],
-            }).fetchall()
+            rows = conn.execute(
+                CHAIN_QUERIES["insert_tries"],
+                {
+                    "ids": [t.job_id for t in tr],
+                    "names": [t.name for t in tr],
+                    "priorities": [t.priority for t in tr],
+                    "deliveries": [t.delivery for t in tr],
+                    "payloads": [t.payload for t in tr],
+                },
+            ).fetchall()
             pushes = [(r[0], r[1], r[2]) for r in rows]
-        conn.execute(CHAIN_QUERIES["update_chain"], {
-            "id": chain_id, "state": plan.state, "wake_at": plan.wake_at,
-            "resumed": plan.resumed})
+        conn.execute(
+            CHAIN_QUERIES["update_chain"],
+            {"id": chain_id, "state": plan.state, "wake_at": plan.wake_at, "resumed": plan.resumed},
+        )
         return pushes

@@ -16,6 +16,11 @@ SELECT %(id)s, %(name)s,
 ON CONFLICT (id) DO NOTHING
 RETURNING id, name, state, priority;
 
+-- name: notify_dispatch
+-- A job enqueued in the caller's transaction: the coordinator pushes its id once (and only
+-- if) that transaction commits, because NOTIFY is delivered on commit.
+SELECT pg_notify('hivejobs_dispatch', %(payload)s);
+
 -- name: find_existing
 -- After a conflicting insert: the job with that id, live or finished.
 SELECT name, payload, 'live' AS place FROM hivejobs_job WHERE id = %(id)s
@@ -74,6 +79,15 @@ UPDATE hivejobs_job j
               %(uncounts)s::int[], %(errors)s::text[]) AS c(id, token, delay, uncount, error)
  WHERE j.id = c.id AND j.state = 'running' AND j.claim_token = c.token
 RETURNING j.id, j.name, j.priority, j.state;
+
+-- name: release_unstarted_if_mine
+-- A claim whose COMMIT outcome was unknown: what we may hold never ran, so it goes back
+-- without counting the attempt (safe even for at-most-once).
+UPDATE hivejobs_job
+   SET state = 'queued', attempt = attempt - 1, worker_id = NULL, claim_token = NULL,
+       queued_at = now()
+ WHERE id = ANY(%(ids)s) AND worker_id = %(worker_id)s AND state = 'running'
+RETURNING id, name, priority;
 
 -- name: running_claims
 SELECT id, claim_token FROM hivejobs_job WHERE worker_id = %(worker_id)s AND state = 'running';
