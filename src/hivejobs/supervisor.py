@@ -31,7 +31,7 @@ from hivejobs.store import Store, new_worker_id
 PR_SET_PDEATHSIG = 1
 EXIT_RELOAD = 75  # a pool asked for a reload (`hivejobs restart`): re-exec for new code
 RESTART_BACKOFF_MAX_S = 30.0
-HEALTHY_AFTER_S = 10.0
+HEALTHY_AFTER_S = 3.0  # lived this long: it started fine, so a death is not a crash loop
 
 
 @dataclass
@@ -196,7 +196,7 @@ class Supervisor:
             logger.info("child recycled", role=child.role, pool=child.pool)
             return
         if time.monotonic() - child.started > HEALTHY_AFTER_S:
-            child.crashes = 0  # it worked for a while: a death, not a crash loop
+            child.crashes = 0
         child.crashes += 1
         delay = min(RESTART_BACKOFF_MAX_S, 0.5 * 2 ** (child.crashes - 1))
         child.restart_at = time.monotonic() + delay

@@ -40,13 +40,19 @@ class BenchEnvironment:
         maintenance = with_database(self.server_url, "postgres")
         with connect(maintenance) as conn:
             conn.execute(f'CREATE DATABASE "{self.dbname}"')
-        self.app = App(database_url=self.database_url, redis_url=self.redis_url, prefix=self.prefix)
-        self.app.migrate()
-        from hivejobs import benchapp
+        try:
+            self.app = App(
+                database_url=self.database_url, redis_url=self.redis_url, prefix=self.prefix
+            )
+            self.app.migrate()
+            from hivejobs import benchapp
 
-        # The bench enqueues through the worker's job type, declared as the worker would.
-        self.app.types = {"bench_noop": benchapp.app.types["bench_noop"]}
-        self.app.store.upsert_job_types([t.info() for t in self.app.types.values()])
+            # The bench enqueues through the worker's job type, declared as the worker would.
+            self.app.types = {"bench_noop": benchapp.app.types["bench_noop"]}
+            self.app.store.upsert_job_types([t.info() for t in self.app.types.values()])
+        except BaseException:
+            self.__exit__(None, None, None)  # a half-made sandbox is removed too
+            raise
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -1,0 +1,89 @@
+"""`hivejobs bench`: options, isolation, cleanup and the JSON it writes (never its timings)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import redis
+
+from hivejobs.cli import main
+from tests.harness import REDIS_URL, ROOT, sql
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--scenarios", "throughput,warp"], "unknown scenario ['warp']"),
+        (["--jobs", "0"], "--jobs must be at least 1"),
+        (["--rate", "-5"], "--rate and --duration must be positive"),
+        (["--work-ms", "-1"], "--work-ms and --payload-bytes cannot be negative"),
+        (["--repeats", "x"], "invalid int value"),
+    ],
+)
+def test_bad_options_exit_2_with_one_line(
+    args: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["bench", *args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1
+
+
+def test_small_bench_writes_json_and_leaves_nothing_behind(admin_url: str, tmp_path: Path) -> None:
+    client = redis.Redis.from_url(REDIS_URL)
+    client.set("user:data", "kept")  # a user's key next to the bench's prefix
+    databases_before = {r[0] for r in sql(admin_url, "SELECT datname FROM pg_database")}
+    out = tmp_path / "bench.json"
+    server = admin_url.rsplit("/", 1)[0] + "/postgres"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "hivejobs",
+            "bench",
+            "--scenarios",
+            "enqueue,throughput,latency",
+            "--jobs",
+            "300",
+            "--repeats",
+            "2",
+            "--rate",
+            "200",
+            "--duration",
+            "0.5",
+            "--database-url",
+            server,
+            "--redis-url",
+            REDIS_URL,
+            "--json",
+            str(out),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "throughput_jobs_per_s" in proc.stdout  # the summary table
+
+    report = json.loads(out.read_text())
+    assert set(report) >= {"options", "runs", "medians", "versions", "wall_s"}
+    assert set(report["versions"]) >= {"python", "postgres", "redis", "cpus"}
+    assert len(report["runs"]["throughput"]) == 2  # --repeats
+    assert set(report["medians"]["ceilings"]) == {
+        "redis_round_trips_per_s",
+        "pg_commits_per_s",
+        "pg_batched_lifecycle_jobs_per_s",
+    }
+    assert {"enqueue_single_per_s", "enqueue_bulk_per_s"} <= set(report["medians"]["enqueue"])
+    assert {"pickup_p50_ms", "pickup_p99_ms"} <= set(report["medians"]["latency"])
+    assert report["medians"]["throughput"]["throughput_jobs_per_s"] > 0
+
+    databases_after = {r[0] for r in sql(admin_url, "SELECT datname FROM pg_database")}
+    assert databases_after == databases_before  # its own database was dropped
+    assert not list(client.scan_iter(match="hivejobs-bench:*"))
+    assert client.get("user:data") == b"kept"
+    client.delete("user:data")
