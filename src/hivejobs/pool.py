@@ -56,7 +56,9 @@ class Pool:
         # Postgres crash means a re-run, never a loss (the claim check below finds it).
         self.async_commit = jt.delivery == "at_least_once"
         self.store = Store(
-            settings.database_url, max_size=3, synchronous_commit=not self.async_commit
+            settings.database_url,
+            max_size=3,
+            session={"synchronous_commit": "off"} if self.async_commit else None,
         )
         self.broker = Broker(settings)
         self.completer = Completer(self.store, self.broker, self._forget)

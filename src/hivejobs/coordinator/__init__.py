@@ -30,7 +30,15 @@ class Coordinator:
     def __init__(self, settings: Settings, worker_id: str) -> None:
         self.settings = settings
         self.worker_id = worker_id
-        self.store = Store(settings.database_url, max_size=2)
+        # A leader paused mid-transaction (SIGSTOP, VM stall) holds the lease row's share lock:
+        # Postgres ends such a session before the lease could expire, so a follower can take
+        # over; followers never queue behind that lock for long.
+        idle_ms = int(max(settings.lease_ttl_s - settings.lease_margin_s, 1.0) * 1000)
+        self.store = Store(
+            settings.database_url,
+            max_size=2,
+            session={"idle_in_transaction_session_timeout": str(idle_ms), "lock_timeout": "2000"},
+        )
         self.broker = Broker(settings)
         self.elector = Elector(self.store, worker_id, settings)
         self.promoter = Promoter(self.store, self.broker)

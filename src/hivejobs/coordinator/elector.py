@@ -43,6 +43,10 @@ class Elector:
             return
         try:
             term = self.store.lease_acquire(self.holder, self.ttl_s)
+        except psycopg.errors.LockNotAvailable:
+            # The holder is mid-transaction (or paused there until Postgres ends it): the
+            # database answered, so our health stands; try again shortly.
+            term = None
         except psycopg.Error as exc:
             self.healthy_since = None
             self._next_attempt = now + 0.5

@@ -7,8 +7,6 @@ the guards that keep them safe (state and claim-token fences).
 
 from __future__ import annotations
 
-import importlib.resources
-import re
 import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -32,17 +30,12 @@ from hivejobs.records import (
 )
 from hivejobs.store.chains import suspend_chain_tries
 from hivejobs.store.migrate import apply_migrations, check_schema
+from hivejobs.store.sql import load_queries
 
 Conn = psycopg.Connection[Any]
 
 
-def _load_queries() -> dict[str, str]:
-    text = (importlib.resources.files("hivejobs.store") / "queries.sql").read_text()
-    blocks = re.split(r"^-- name: (\w+)\n", text, flags=re.MULTILINE)
-    return {name: sql.strip() for name, sql in zip(blocks[1::2], blocks[2::2], strict=True)}
-
-
-QUERIES = _load_queries()
+QUERIES = load_queries("queries.sql")
 _COPY_COLUMNS = (
     "id, name, state, priority, attempts, delivery, payload, run_at, queued_at, expires_at"
 )
@@ -93,18 +86,16 @@ class Store:
     """A connection pool plus one method per statement."""
 
     def __init__(
-        self, url: str, max_size: int = 4, min_size: int = 1, synchronous_commit: bool = True
+        self, url: str, max_size: int = 4, min_size: int = 1, session: dict[str, str] | None = None
     ) -> None:
+        """`session`: Postgres settings for every connection (sent at connect, no round trip)."""
         self.url = url
         connect(url).close()  # fail fast with a clear message
+        kwargs: dict[str, Any] = {"autocommit": True, "connect_timeout": 5}
+        if session:
+            kwargs["options"] = " ".join(f"-c {k}={v}" for k, v in session.items())
         self._pool: ConnectionPool[Conn] = ConnectionPool(
-            url,
-            min_size=min_size,
-            max_size=max_size,
-            kwargs={"autocommit": True, "connect_timeout": 5},
-            configure=None if synchronous_commit else _asynchronous_commit,
-            open=True,
-            name="hivejobs",
+            url, min_size=min_size, max_size=max_size, kwargs=kwargs, open=True, name="hivejobs"
         )
 
     def close(self) -> None:
@@ -420,10 +411,6 @@ class Store:
 def _text(value: str | None) -> str | None:
     """Postgres text cannot hold NUL; an error message from user code might."""
     return None if value is None else value.replace("\x00", "\\x00")
-
-
-def _asynchronous_commit(conn: Conn) -> None:
-    conn.execute("SET synchronous_commit = off")
 
 
 def _insert_params(job: NewJob) -> dict[str, Any]:

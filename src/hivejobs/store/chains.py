@@ -8,8 +8,6 @@ store package itself (Store.finish suspends chain tries), so it never imports it
 
 from __future__ import annotations
 
-import importlib.resources
-import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -18,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from psycopg.rows import dict_row
 
 from hivejobs.records import Completion
+from hivejobs.store.sql import load_queries
 
 if TYPE_CHECKING:
     import psycopg
@@ -27,13 +26,7 @@ if TYPE_CHECKING:
     Conn = psycopg.Connection[Any]
 
 
-def _load() -> dict[str, str]:
-    text = (importlib.resources.files("hivejobs.store") / "chain_queries.sql").read_text()
-    blocks = re.split(r"^-- name: (\w+)\n", text, flags=re.MULTILINE)
-    return {name: sql.strip() for name, sql in zip(blocks[1::2], blocks[2::2], strict=True)}
-
-
-CHAIN_QUERIES = _load()
+CHAIN_QUERIES = load_queries("chain_queries.sql")
 Lease = tuple[str, int]
 Push = tuple[str, str, int]  # (job id, type, priority) for the broker
 
