@@ -38,6 +38,7 @@ class Completer:
         self._idle = threading.Condition()
         self._thread = threading.Thread(target=self._run, name="completer", daemon=True)
         self.fenced_out = 0
+        self.batches = 0
 
     def start(self) -> None:
         self._thread.start()
@@ -124,6 +125,7 @@ class Completer:
                 )
                 time.sleep(delay)
                 delay = min(delay * 2, 2.0)
+        self.batches += 1
         if self.on_written is not None:
             self.on_written(batch)
         if written < len(batch):

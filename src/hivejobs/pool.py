@@ -81,6 +81,7 @@ class Pool:
         self.prefetch = PREFETCH if jt.delivery == "at_least_once" else 0
         self.avg_run_s = 1.0  # pessimistic until measured
         self.last_heartbeat_ok = time.monotonic()
+        self.counts = {"pops": 0, "claim_statements": 0, "claimed": 0}  # logged at exit
         self.log = logger.bind(pool=jt.name, worker_id=worker_id)
 
     # -- lifecycle ---------------------------------------------------------------------
@@ -145,7 +146,8 @@ class Pool:
             self.store.deregister_worker(self.worker_id)
         except psycopg.Error as exc:
             self.log.warning("could not remove worker row", error=repr(exc))
-        self.log.info("pool stopped", suspended=len(stragglers), reason=self.recycle_reason)
+        self.log.info("pool stopped", suspended=len(stragglers), reason=self.recycle_reason,
+                      completion_batches=self.completer.batches, **self.counts)
         return EXIT_RELOAD if self.recycle_reason == "restart requested" else EXIT_RECYCLE
 
     def _wait_idle(self, until: float, watch: bool) -> None:
@@ -202,6 +204,7 @@ class Pool:
                 continue
             try:
                 ids = self.broker.pop(self.jt.name, free)
+                self.counts["pops"] += 1
                 if ids and not self._claim(ids):
                     continue
                 backoff = 0.05
@@ -220,6 +223,8 @@ class Pool:
                 raise
             with self.lock:
                 self.held.update((j.id, j.claim_token) for j in jobs)
+            self.counts["claim_statements"] += 1
+            self.counts["claimed"] += len(jobs)
         failpoint("pool.after_claim_commit")
         with self.lock:
             self.reserved += len(jobs)

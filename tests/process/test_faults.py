@@ -150,6 +150,22 @@ def test_kill_active_coordinator(
             lambda p=pid: leader_pid(database_url)[0] not in (0, p), timeout=12, what="takeover"
         )
         assert time.monotonic() - killed < 10
+    # A paused leader (GC or VM stall), maybe mid-transaction: a follower still takes over.
+    pid, term = wait_until(
+        lambda: leader_pid(database_url)[0] and leader_pid(database_url), what="a leader"
+    )
+    terms.append(term)
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        paused = time.monotonic()
+        wait_until(
+            lambda: leader_pid(database_url)[0] not in (0, pid),
+            timeout=12,
+            what="takeover from the paused leader",
+        )
+        assert time.monotonic() - paused < 10
+    finally:
+        os.kill(pid, signal.SIGCONT)
     terms.append(leader_pid(database_url)[1])
     assert terms == sorted(set(terms))  # terms strictly increase
     wait_until(lambda: live(database_url) == 0, timeout=60, what="all jobs finished")
