@@ -248,6 +248,7 @@ class Pool:
             for c in written:
                 if self.held.get(c.id) == c.claim_token:
                     del self.held[c.id]
+            self.lock.notify_all()
 
     def _release_untracked_claims(self) -> None:
         """After a Postgres crash an asynchronously committed completion may be gone, leaving
@@ -281,7 +282,7 @@ class Pool:
             self._release_slot()
             return
         try:
-            if self._wait_turn(suspect):
+            if self._wait_turn(job.id if suspect else None):
                 self._run_started(job)
             else:
                 self._suspend(job, started=False)
@@ -293,18 +294,21 @@ class Pool:
                     self.lock.notify_all()
                 self.isolation.release()
 
-    def _wait_turn(self, suspect: bool) -> bool:
-        """A suspect waits until nothing else runs. Other claims give way while it runs (back
-        to the queue, uncounted): a death now must be charged to the suspect alone.
-        False means: do not start this job."""
+    def _wait_turn(self, suspect_id: str | None) -> bool:
+        """A suspect waits until this process holds no other claim in Postgres: neighbours
+        give way (back to the queue, uncounted) and their release must be committed, so that
+        a death now is charged to the suspect alone. False means: do not start this job."""
         with self.lock:
-            if not suspect:
+            if suspect_id is None:
                 return not self.isolating and not self.shutting_down.is_set()
             self.isolating = True
             while not self.shutting_down.is_set():
-                # Only this claim held: claimed neighbours give way in their runners.
-                abandoned = sum(1 for r in self.running.values() if r.abandoned)
-                if self.reserved - abandoned <= 1:
+                others = [
+                    i
+                    for i in self.held
+                    if i != suspect_id and not (i in self.running and self.running[i].abandoned)
+                ]
+                if not others:
                     return True
                 self.lock.wait(0.1)
             return False
