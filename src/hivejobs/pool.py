@@ -146,8 +146,13 @@ class Pool:
             self.store.deregister_worker(self.worker_id)
         except psycopg.Error as exc:
             self.log.warning("could not remove worker row", error=repr(exc))
-        self.log.info("pool stopped", suspended=len(stragglers), reason=self.recycle_reason,
-                      completion_batches=self.completer.batches, **self.counts)
+        self.log.info(
+            "pool stopped",
+            suspended=len(stragglers),
+            reason=self.recycle_reason,
+            completion_batches=self.completer.batches,
+            **self.counts,
+        )
         return EXIT_RELOAD if self.recycle_reason == "restart requested" else EXIT_RECYCLE
 
     def _wait_idle(self, until: float, watch: bool) -> None:

@@ -124,3 +124,15 @@ def test_gauges_record_depth_and_in_flight(make_app: Callable[..., App], databas
     assert totals == {"queued": 7, "running": 0}
     rows = dict(sql(database_url, "SELECT name, value FROM hivejobs_gauge WHERE queue = 'thing'"))
     assert rows == {"queued": 7, "running": 0}
+
+
+def test_first_start_without_marker_does_not_push_ids_twice(
+    make_app: Callable[..., App], database_url: str
+) -> None:
+    """A fresh Redis has no boot marker yet, but its lists already hold what enqueue pushed."""
+    app = make(make_app(), database_url)
+    app.enqueue_many("thing", [{"n": i} for i in range(100)])
+    result = Reconciler(app.store, app.broker).run_once(leader(app))
+    assert (result.full_restore, result.pushed) == (True, 0)
+    assert app.broker.redis.llen(app.broker.queue_key("thing", 0)) == 100
+    assert app.broker.boot_marker_present()

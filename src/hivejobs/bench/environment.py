@@ -93,7 +93,7 @@ class BenchEnvironment:
                 "HIVEJOBS_BENCH_CONCURRENCY": str(concurrency),
                 "HIVEJOBS_BENCH_WORK_MS": str(work_ms),
                 "HIVEJOBS_BENCH_DIR": str(self.workdir),
-                "HIVEJOBS_LOG_LEVEL": "WARNING",
+                "HIVEJOBS_LOG_LEVEL": os.environ.get("HIVEJOBS_LOG_LEVEL", "WARNING"),
             }
         )
         log = open(self.workdir / "worker.log", "ab")  # noqa: SIM115 - owned by the child

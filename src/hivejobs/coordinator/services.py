@@ -116,15 +116,23 @@ class Reconciler:
         return ReconcileResult(False, pushed)
 
     def _restore_all(self) -> int:
-        """Redis was flushed or restarted empty: push every queued id, keyset-paged."""
+        """No boot marker: Redis was flushed or restarted empty, or this is its first use.
+        Push every queued id of each list that is empty, keyset-paged; a list that still
+        holds ids (a first start after enqueues) is left to the deficit check, so a fresh
+        Redis does not get every id twice."""
         marker = str(uuid.uuid4())
+        pg = self.store.queued_counts()
+        lengths = self.broker.queue_lengths({name for name, _ in pg})
+        empty = {queue for queue in pg if lengths.get(queue, 0) == 0}
         after: tuple[datetime, str] | None = None
         pushed = 0
-        while True:
+        while empty:
             rows = self.store.queued_page(after, BATCH)
             if not rows:
                 break
-            pushed += self.broker.push_many([(r[0], r[1], r[2]) for r in rows])
+            pushed += self.broker.push_many(
+                [(r[0], r[1], r[2]) for r in rows if (r[1], r[2]) in empty]
+            )
             failpoint("coord.mid_reconcile_batch")
             after = (rows[-1][3], rows[-1][0])
         self.broker.set_boot_marker(marker)
