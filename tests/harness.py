@@ -248,3 +248,77 @@ class RedisServer:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait(10)
+
+
+class PostgresServer:
+    """A throwaway Postgres cluster of this test's own (initdb, fsync off), so that it can be
+    restarted, crashed and have its backends killed without touching the shared server.
+    As root the server runs as the `postgres` user (Postgres refuses root)."""
+
+    def __init__(self) -> None:
+        import glob
+        import shutil
+        import tempfile
+
+        found = sorted(glob.glob("/usr/lib/postgresql/*/bin/pg_ctl"))
+        self.bin = Path(found[-1]).parent if found else Path(shutil.which("pg_ctl") or "").parent
+        self.dir = Path(tempfile.mkdtemp(prefix="hj-pg-"))
+        self.data = self.dir / "data"
+        self.port = free_port()
+        self.url = f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
+        if os.geteuid() == 0:
+            shutil.chown(self.dir, "postgres", "postgres")
+        self._run("initdb", "-D", str(self.data), "-A", "trust", "-U", "postgres", "--no-sync")
+        self.start()
+
+    def _run(self, tool: str, *args: str) -> None:
+        cmd = [str(self.bin / tool), *args]
+        if os.geteuid() == 0:
+            cmd = ["runuser", "-u", "postgres", "--", *cmd]
+        subprocess.run(cmd, check=True, capture_output=True, timeout=60)
+
+    def _ctl(self, *args: str) -> None:
+        opts = (
+            f"-p {self.port} -c listen_addresses=127.0.0.1 -c fsync=off "
+            f"-c unix_socket_directories={self.dir} -c max_connections=200"
+        )
+        self._run(
+            "pg_ctl",
+            "-D",
+            str(self.data),
+            "-o",
+            opts,
+            "-l",
+            str(self.dir / "log"),
+            "-w",
+            "-t",
+            "30",
+            *args,
+        )
+
+    def start(self) -> None:
+        self._ctl("start")
+
+    def restart_fast(self) -> None:
+        self._ctl("-m", "fast", "restart")
+
+    def stop_immediate(self) -> None:
+        """A crash: no checkpoint, crash recovery on the next start."""
+        self._ctl("-m", "immediate", "stop")
+
+    def terminate_backends(self) -> int:
+        rows = sql(
+            self.url,
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+            "WHERE pid <> pg_backend_pid() AND backend_type = 'client backend'",
+        )
+        return int(rows[0][0])
+
+    def close(self) -> None:
+        import shutil
+
+        try:
+            self._ctl("-m", "immediate", "stop")
+        except subprocess.CalledProcessError:
+            pass
+        shutil.rmtree(self.dir, ignore_errors=True)

@@ -7,6 +7,7 @@ logged and left to the coordinator's reconciler: the job is acknowledged once Po
 
 from __future__ import annotations
 
+import contextlib
 import math
 import random
 import re
@@ -14,7 +15,7 @@ import threading
 import time
 import unicodedata
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -28,9 +29,11 @@ from hivejobs.config import (
     DEFAULT_DATABASE_URL,
     DEFAULT_REDIS_URL,
     Settings,
+    redact_url,
     settings_from_env,
 )
 from hivejobs.errors import (
+    ConnectionFailed,
     InvalidArgument,
     InvalidJobType,
     JobIdConflict,
@@ -216,9 +219,23 @@ class App:
     def _declared_types(self) -> dict[str, JobTypeInfo]:
         at, cached = self._remote_types
         if time.monotonic() - at > 5.0:
-            cached = {t.name: t for t in self.store.job_types()}
+            try:
+                cached = {t.name: t for t in self.store.job_types()}
+            except psycopg.OperationalError:
+                if not cached:
+                    raise
+                return cached  # a stale list beats failing while Postgres blinks
             self._remote_types = (time.monotonic(), cached)
         return cached
+
+    @contextlib.contextmanager
+    def _postgres_errors(self) -> Iterator[None]:
+        """A lost or refused connection surfaces as ConnectionFailed, with a redacted URL."""
+        try:
+            yield
+        except psycopg.OperationalError as exc:
+            url = redact_url(self.settings.database_url)
+            raise ConnectionFailed("Postgres", url, str(exc).strip() or repr(exc)) from None
 
     # -- connections -------------------------------------------------------------------
 
@@ -317,12 +334,16 @@ class App:
         raises JobIdConflict. With `conn`, dispatch happens only if that transaction commits
         (a NOTIFY, delivered on commit, tells the coordinator).
         """
-        jt = self.job_type(name)
+        with self._postgres_errors():
+            jt = self.job_type(name)
         job = self._new_job(jt, payload, id, priority, delay, run_at, expires_at)
         own_transaction = conn is None or (
             conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
         )
-        inserted = self.store.insert_job(job, conn, explicit_id=id is not None)
+        with self._postgres_errors():
+            # On an error the job is not acknowledged; if the connection died during COMMIT
+            # it may be stored: enqueue again with the same id to be sure (idempotent).
+            inserted = self.store.insert_job(job, conn, explicit_id=id is not None)
         if not inserted.created:
             if inserted.name != job.name or inserted.payload != job.payload:
                 if inserted.state != "gone":
@@ -345,11 +366,13 @@ class App:
         expires_at: datetime | None = None,
     ) -> list[str]:
         """Validate every payload first (one bad one stores nothing), then COPY them in."""
-        jt = self.job_type(name)
+        with self._postgres_errors():
+            jt = self.job_type(name)
         jobs = [self._new_job(jt, p, None, priority, delay, None, expires_at) for p in payloads]
         if not jobs:
             return []
-        self.store.insert_many(jobs)
+        with self._postgres_errors():
+            self.store.insert_many(jobs)
         if not delay:
             self._push(name, jobs[0].priority, [j.id for j in jobs])
         return [j.id for j in jobs]

@@ -210,32 +210,39 @@ class Pool:
             try:
                 ids = self.broker.pop(self.jt.name, free)
                 self.counts["pops"] += 1
-                if ids and not self._claim(ids):
-                    continue
+                if ids:
+                    self._claim(ids)
                 backoff = 0.05
             except (redis.RedisError, psycopg.Error) as exc:
                 self.log.warning("fetch failed, retrying", error=repr(exc), retry_in_s=backoff)
                 self.stop_acquiring.wait(backoff)
                 backoff = min(backoff * 2, 2.0)
 
-    def _claim(self, ids: list[str]) -> bool:
+    def _claim(self, ids: list[str]) -> None:
         with self.claim_lock:
             try:
                 with self.store.connection() as conn:
                     jobs = self.store.claim_queued(ids, self.worker_id, conn)
-            except psycopg.Error:
-                self._release_ambiguous(ids)
-                raise
+            except psycopg.Error as exc:
+                failure: psycopg.Error | None = exc
+            else:
+                failure = None
+                with self.lock:
+                    self.held.update((j.id, j.claim_token) for j in jobs)
+                self.counts["claim_statements"] += 1
+                self.counts["claimed"] += len(jobs)
+        if failure is not None:
+            # Outside the claim lock: the heartbeat's claim check must not wait on an outage.
+            # A popped duplicate of a job we already run is ours for good: never release it.
             with self.lock:
-                self.held.update((j.id, j.claim_token) for j in jobs)
-            self.counts["claim_statements"] += 1
-            self.counts["claimed"] += len(jobs)
+                unheld = [i for i in ids if i not in self.held]
+            self._release_ambiguous(unheld)
+            raise failure
         failpoint("pool.after_claim_commit")
         with self.lock:
             self.reserved += len(jobs)
         for job in jobs:
             self.work.put(job)
-        return True
 
     def _release_ambiguous(self, ids: list[str]) -> None:
         """The claim's COMMIT outcome is unknown: put back what we may hold but never ran."""

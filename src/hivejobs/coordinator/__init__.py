@@ -22,6 +22,7 @@ from hivejobs.chains.traverser import Traverser
 from hivejobs.config import Settings
 from hivejobs.coordinator.elector import Elector
 from hivejobs.coordinator.services import Gauges, Promoter, Reconciler, Rescuer
+from hivejobs.errors import ConnectionFailed
 from hivejobs.failpoints import failpoint
 from hivejobs.store import Store, connect
 
@@ -139,7 +140,7 @@ class Coordinator:
                         entries.append((job_id, name, int(priority)))
             if entries and leader:
                 self.broker.push_many(entries)
-        except (psycopg.Error, redis.RedisError, ValueError) as exc:
+        except (psycopg.Error, redis.RedisError, ValueError, ConnectionFailed) as exc:
             logger.warning("dispatch listener failed", error=repr(exc))
             if self._listen is not None:
                 self._listen.close()

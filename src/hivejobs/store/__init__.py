@@ -95,7 +95,14 @@ class Store:
         if session:
             kwargs["options"] = " ".join(f"-c {k}={v}" for k, v in session.items())
         self._pool: ConnectionPool[Conn] = ConnectionPool(
-            url, min_size=min_size, max_size=max_size, kwargs=kwargs, open=True, name="hivejobs"
+            url,
+            min_size=min_size,
+            max_size=max_size,
+            kwargs=kwargs,
+            open=True,
+            name="hivejobs",
+            timeout=5.0,  # an outage fails calls in seconds instead of queueing them
+            reconnect_timeout=3600.0,  # keep trying through long outages
         )
 
     def close(self) -> None:
