@@ -32,11 +32,34 @@ class JobContext:
         self.priority = job.priority
         self.delivery = job.delivery
         self.app = app
-        self.stopping = threading.Event()
+        self._stopping: threading.Event | None = None  # made on first use: most jobs never ask
+        self._stop_requested = False
         self.cancelled = False
         self._logger: Logger | None = None
         self._broker = broker
         self._chain: ChainView | None = None
+
+    @property
+    def stopping(self) -> threading.Event:
+        """Set when this attempt should stop: shutdown, cancel, or its timeout passed."""
+        event = self._stopping
+        if event is None:
+            event = threading.Event()
+            self._stopping = event
+        if self._stop_requested:  # checked after publishing: a concurrent request is not lost
+            event.set()
+        return event
+
+    def request_stop(self) -> None:
+        """Called by the pool (any thread): sets `stopping`, now or when first looked at."""
+        self._stop_requested = True
+        event = self._stopping
+        if event is not None:
+            event.set()
+
+    @property
+    def stop_requested(self) -> bool:
+        return self._stop_requested
 
     @property
     def logger(self) -> Logger:

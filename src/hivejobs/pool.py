@@ -131,7 +131,7 @@ class Pool:
         self._wait_idle(soft, watch=True)
         with self.lock:
             for r in self.running.values():
-                r.ctx.stopping.set()
+                r.ctx.request_stop()
         self._wait_idle(deadline, watch=False)
         with self.lock:
             stragglers = [r for r in self.running.values() if not r.abandoned]
@@ -345,7 +345,7 @@ class Pool:
             self.lock.notify_all()
 
     def _execute(self, job: ClaimedJob, ctx: JobContext) -> Completion:
-        jt, log = self.jt, ctx.logger
+        jt = self.jt
         started = time.monotonic()
         try:
             payload = jt.codec.decode(job.payload)
@@ -354,18 +354,18 @@ class Pool:
             encoded = encode_result(result)
         except PayloadInvalid as exc:
             # Schema drift will not fix itself on retry: fail for good, keep the pool alive.
-            log.error("payload does not decode", error=str(exc))
+            ctx.logger.error("payload does not decode", error=str(exc))
             return self._ended(job, "failed", str(exc))
         except Retry as exc:
             delay = exc.delay if exc.delay is not None else jt.backoff.delay_s(job.attempt)
             return self._failed(job, ctx, f"Retry: {exc}", delay)
         except BaseException as exc:  # noqa: BLE001 - any handler error ends this attempt
             if isinstance(exc, Interrupted | SystemExit) or (
-                ctx.stopping.is_set() and self.shutting_down.is_set()
+                ctx.stop_requested and self.shutting_down.is_set()
             ):
                 if self.shutting_down.is_set():
                     # A stop is not an attempt, whatever exception the handler raised (R9).
-                    log.info("attempt interrupted by shutdown")
+                    ctx.logger.info("attempt interrupted by shutdown")
                     if job.delivery == "at_most_once":
                         return self._ended(job, "failed", "interrupted by shutdown")
                     return Completion(id=job.id, claim_token=job.claim_token, outcome="suspend")
@@ -412,8 +412,8 @@ class Pool:
         with self.lock:
             for r in self.running.values():
                 age = now - r.started
-                if age > timeout and not r.ctx.stopping.is_set():
-                    r.ctx.stopping.set()
+                if age > timeout and not r.ctx.stop_requested:
+                    r.ctx.request_stop()
                 if age > timeout + self.settings.timeout_grace_s and not r.abandoned:
                     r.abandoned = True
                     expired.append(r)
@@ -472,7 +472,7 @@ class Pool:
                 r = self.running.get(msg.job_id)
                 if r is not None:
                     r.ctx.cancelled = True
-                    r.ctx.stopping.set()
+                    r.ctx.request_stop()
         elif msg.action == "restart" and msg.pool in (None, self.jt.name):
             self.recycle_reason = "restart requested"
             self.stop_acquiring.set()
