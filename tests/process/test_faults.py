@@ -373,3 +373,23 @@ def test_instance_killed_whole_is_rescued_by_another(
     assert {states[i] for i in amo} == {"worker lost"}
     assert [i for i in amo if ledger_starts(ledger_dir)[i] != 1] == []
     assert not [p for p in (a_alo, a_amo) if alive(p)]
+
+
+def test_killed_supervisor_takes_its_children_along(
+    make_app: Callable[..., App],
+    start_instance: Callable[..., Instance],
+    database_url: str,
+) -> None:
+    """S13a: kill -9 of the supervisor alone: its pools and coordinator exit within 2 s
+    (parent-death signal), so no orphan keeps heartbeating with nobody to restart it."""
+    inst = start_instance({"HJ_TYPES": "alo,amo"})
+    fleet_app(make_app, database_url, ["alo", "amo"])
+    rows = wait_until(
+        lambda: (r := sql(database_url, "SELECT pid FROM hivejobs_worker")) and len(r) == 3 and r,
+        what="two pools and a coordinator",
+    )
+    children = [int(r[0]) for r in rows]
+    os.kill(inst.pid, signal.SIGKILL)
+    killed = time.monotonic()
+    wait_until(lambda: not [p for p in children if alive(p)], timeout=5, what="children gone")
+    assert time.monotonic() - killed <= 2.0
