@@ -41,6 +41,7 @@ from hivejobs.errors import (
     JobNotFound,
     UnknownJobType,
 )
+from hivejobs.failpoints import failpoint
 from hivejobs.records import PRIORITIES, Delivery, JobInfo, JobTypeInfo, NewJob
 from hivejobs.serialization import PayloadCodec, decode_json, payload_type_of
 from hivejobs.store import Store
@@ -350,6 +351,7 @@ class App:
                     raise JobIdConflict(job.id)
             return job.id
         if inserted.state == "queued":
+            failpoint("enqueue.after_commit_before_push")
             if own_transaction or conn is None:
                 self.pusher.submit(job.name, job.priority, [job.id])
             else:

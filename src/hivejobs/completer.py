@@ -17,6 +17,7 @@ import redis
 from loguru import logger
 
 from hivejobs.broker import Broker
+from hivejobs.logs import fatal_on_error
 from hivejobs.records import Completion
 from hivejobs.store import Store
 
@@ -36,7 +37,9 @@ class Completer:
         self._queue: queue.SimpleQueue[Completion | None] = queue.SimpleQueue()
         self._pending = 0
         self._idle = threading.Condition()
-        self._thread = threading.Thread(target=self._run, name="completer", daemon=True)
+        self._thread = threading.Thread(
+            target=fatal_on_error(self._run), name="completer", daemon=True
+        )
         self.fenced_out = 0
         self.batches = 0
 

@@ -2,7 +2,8 @@
 
 Read only when HIVEJOBS_TESTING=1, so production code paths never change. Actions: exit
 (os._exit(137)), raise (RuntimeError), sleep:<s>, stop (SIGSTOP self). `@n` fires on the n-th
-hit only (default: the first).
+hit only (default: the first), counted per process; with HIVEJOBS_FAILPOINTS_ONCE_DIR set, a
+failpoint fires once across all processes and restarts (a marker file records it).
 """
 
 from __future__ import annotations
@@ -30,6 +31,13 @@ def _parse() -> dict[str, tuple[str, int]]:
 _TABLE = _parse()
 
 
+def reload() -> None:
+    """Re-read the environment (tests that set HIVEJOBS_FAILPOINTS after import)."""
+    global _TABLE
+    _TABLE = _parse()
+    _hits.clear()
+
+
 def failpoint(name: str) -> None:
     if not _TABLE or name not in _TABLE:
         return
@@ -37,6 +45,12 @@ def failpoint(name: str) -> None:
     with _lock:
         _hits[name] = _hits.get(name, 0) + 1
         if _hits[name] != nth:
+            return
+    once_dir = os.environ.get("HIVEJOBS_FAILPOINTS_ONCE_DIR")
+    if once_dir:
+        try:
+            os.close(os.open(os.path.join(once_dir, name), os.O_CREAT | os.O_EXCL))
+        except FileExistsError:
             return
     if action == "exit":
         os._exit(137)

@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
 
 from loguru import logger
+
+EXIT_THREAD_CRASHED = 70
 
 _TEXT_FORMAT = (
     "<green>{time:YYYY-MM-DD HH:mm:ss.SSS}</green> <level>{level: <7}</level> "
@@ -33,3 +36,18 @@ def setup_logging(process: str) -> None:
             backtrace=False,
             colorize=None,
         )
+
+
+def fatal_on_error(target: Callable[[], None]) -> Callable[[], None]:
+    """A pool thread that dies of an unexpected error would leave claims nobody finishes
+    while the heartbeat says all is well: exit instead, so the supervisor releases them and
+    starts a fresh process."""
+
+    def guarded() -> None:
+        try:
+            target()
+        except BaseException as exc:  # noqa: BLE001 - anything here is a bug or a failpoint
+            logger.opt(exception=exc).critical("pool thread crashed: exiting the process")
+            os._exit(EXIT_THREAD_CRASHED)
+
+    return guarded

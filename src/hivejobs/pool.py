@@ -28,6 +28,7 @@ from hivejobs.config import Settings
 from hivejobs.context import JobContext
 from hivejobs.errors import Interrupted, PayloadInvalid
 from hivejobs.failpoints import failpoint
+from hivejobs.logs import fatal_on_error
 from hivejobs.records import ClaimedJob, Completion
 from hivejobs.serialization import encode_result
 from hivejobs.store import Store
@@ -95,14 +96,16 @@ class Pool:
                 signal.signal(sig, self._on_stop_signal)
         self.completer.start()
         threads = [
-            threading.Thread(target=self._runner, name=f"runner-{i}", daemon=True)
+            threading.Thread(target=fatal_on_error(self._runner), name=f"runner-{i}", daemon=True)
             for i in range(self.jt.concurrency)
         ]
-        self._fetcher_thread = threading.Thread(target=self._fetcher, name="fetcher", daemon=True)
+        self._fetcher_thread = threading.Thread(
+            target=fatal_on_error(self._fetcher), name="fetcher", daemon=True
+        )
         threads += [
             self._fetcher_thread,
-            threading.Thread(target=self._heartbeat, name="heartbeat", daemon=True),
-            threading.Thread(target=self._control, name="control", daemon=True),
+            threading.Thread(target=fatal_on_error(self._heartbeat), name="heartbeat", daemon=True),
+            threading.Thread(target=fatal_on_error(self._control), name="control", daemon=True),
         ]
         for t in threads:
             t.start()
