@@ -35,3 +35,8 @@ def bench_noop(ctx: JobContext, payload: dict[str, object]) -> None:
         os.write(_latency_fd, b"%d\n" % int((started - sent) * 1e6))
     if WORK_S:
         time.sleep(WORK_S)
+
+
+@app.job("bench_step", concurrency=int(os.environ.get("HIVEJOBS_BENCH_CHAIN_CONCURRENCY", "50")))
+def bench_step(ctx: JobContext, payload: dict[str, object]) -> None:
+    """A chain job for the chain scenario: no work, so hops measure coordination only."""

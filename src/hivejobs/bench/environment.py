@@ -48,7 +48,7 @@ class BenchEnvironment:
             from hivejobs import benchapp
 
             # The bench enqueues through the worker's job type, declared as the worker would.
-            self.app.types = {"bench_noop": benchapp.app.types["bench_noop"]}
+            self.app.types = dict(benchapp.app.types)
             self.app.store.upsert_job_types([t.info() for t in self.app.types.values()])
         except BaseException:
             self.__exit__(None, None, None)  # a half-made sandbox is removed too
@@ -114,15 +114,17 @@ class BenchEnvironment:
         )
         log.close()
         deadline = time.monotonic() + 30
-        while len(self.pool_pids()) < processes:
+        while len(self.pool_pids()) < processes or not self.pool_pids("bench_step"):
             if self.worker.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(
                     f"the bench worker did not start; see {self.workdir / 'worker.log'}"
                 )
             time.sleep(0.05)
 
-    def pool_pids(self) -> list[int]:
-        rows = self.sql("SELECT pid FROM hivejobs_worker WHERE role = 'pool'")
+    def pool_pids(self, pool: str = "bench_noop") -> list[int]:
+        rows = self.sql(
+            "SELECT pid FROM hivejobs_worker WHERE role = 'pool' AND pool = %s", (pool,)
+        )
         return [int(r[0]) for r in rows]
 
     def stop_worker(self) -> None:
