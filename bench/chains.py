@@ -24,7 +24,14 @@ import psycopg
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tests.harness import FAST_SETTINGS, REDIS_URL, db_url, pg_admin_url, read_ledger  # noqa: E402
+from tests.harness import (  # noqa: E402
+    FAST_SETTINGS,
+    REDIS_URL,
+    db_url,
+    pg_admin_url,
+    read_ledger,
+    wait_until,
+)
 
 from hivejobs import App, Chain  # noqa: E402
 
@@ -76,7 +83,15 @@ def main() -> int:
         start_new_session=True,
     )
     try:
-        time.sleep(2.0)  # a benchmark, not a test: let the pools start
+        wait_until(
+            lambda: (
+                psycopg.connect(url)
+                .execute("SELECT count(*) FROM hivejobs_worker WHERE role = 'pool'")
+                .fetchone()[0]
+                >= len(declared.types)
+            ),
+            what="the chain app's pools",
+        )
         line = Chain("hops")
         prev = None
         for i in range(args.hops):

@@ -114,19 +114,18 @@ def running_in_pid(folder: Path, pid: int, prefix: str = "") -> set[str]:
 
 
 class Instance:
-    """`hivejobs run tests.apps.faultapp:app` in its own session (pgid == pid)."""
+    """`hivejobs run APP` (the fault test app by default) in its own session (pgid == pid)."""
 
-    def __init__(self, env: dict[str, str], log_path: Path, extra_args: list[str] | None = None):
+    def __init__(
+        self,
+        env: dict[str, str],
+        log_path: Path,
+        extra_args: list[str] | None = None,
+        app_spec: str = "tests.apps.faultapp:app",
+    ):
         self.log_path = log_path
         self._log = open(log_path, "ab")  # noqa: SIM115 - closed in stop()
-        args = [
-            sys.executable,
-            "-m",
-            "hivejobs",
-            "run",
-            "tests.apps.faultapp:app",
-            *(extra_args or []),
-        ]
+        args = [sys.executable, "-m", "hivejobs", "run", app_spec, *(extra_args or [])]
         self.proc = subprocess.Popen(
             args,
             cwd=ROOT,

@@ -13,19 +13,10 @@ import time
 from typing import Any
 
 from hivejobs import App, Interrupted, JobContext
+from tests.apps.ledger import note
 
 app = App()
-LEDGER = os.environ.get("HJ_LEDGER", "/tmp")
 CONCURRENCY = int(os.environ.get("HJ_CHAIN_CONCURRENCY", "8"))
-
-
-def note(*fields: object) -> None:
-    line = " ".join(str(f) for f in fields) + "\n"
-    fd = os.open(f"{LEDGER}/ledger.{os.getpid()}", os.O_WRONLY | os.O_CREAT | os.O_APPEND)
-    try:
-        os.write(fd, line.encode())
-    finally:
-        os.close(fd)
 
 
 def start(ctx: JobContext) -> None:

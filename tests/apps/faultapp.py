@@ -12,19 +12,10 @@ import threading
 import time
 
 from hivejobs import App, Backoff, Interrupted, JobContext
+from tests.apps.ledger import note
 
 app = App()
-LEDGER = os.environ.get("HJ_LEDGER", "/tmp")
 SELECTED = set(filter(None, os.environ.get("HJ_TYPES", "").split(",")))
-
-
-def note(*fields: object) -> None:
-    line = " ".join(str(f) for f in fields) + "\n"
-    fd = os.open(f"{LEDGER}/ledger.{os.getpid()}", os.O_WRONLY | os.O_CREAT | os.O_APPEND)
-    try:
-        os.write(fd, line.encode())
-    finally:
-        os.close(fd)
 
 
 def start(ctx: JobContext) -> None:

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -20,7 +18,6 @@ import pytest
 
 from hivejobs import App, Chain
 from tests.harness import (
-    ROOT,
     Instance,
     alive,
     ledger_starts,
@@ -32,33 +29,18 @@ from tests.harness import (
 FINAL = ("succeeded", "failed", "stopped")
 
 
-class ChainInstance(Instance):
-    """Instance, but running the chain test app."""
-
-    def __init__(self, env: dict[str, str], log_path: Path) -> None:
-        self.log_path = log_path
-        self._log = open(log_path, "ab")  # noqa: SIM115 - closed in stop()
-        args = [sys.executable, "-m", "hivejobs", "run", "tests.apps.chainapp:app"]
-        self.proc = subprocess.Popen(
-            args,
-            cwd=ROOT,
-            env=env,
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        self.pid = self.proc.pid
-
-
 @pytest.fixture
 def chain_instance(
     instance_env: dict[str, str], tmp_path: Path
-) -> Iterator[Callable[..., ChainInstance]]:
-    started: list[ChainInstance] = []
+) -> Iterator[Callable[..., Instance]]:
+    """Like start_instance, running the chain test app."""
+    started: list[Instance] = []
 
-    def start(extra_env: dict[str, str] | None = None) -> ChainInstance:
-        inst = ChainInstance(
-            {**instance_env, **(extra_env or {})}, tmp_path / f"chain{len(started)}.log"
+    def start(extra_env: dict[str, str] | None = None) -> Instance:
+        inst = Instance(
+            {**instance_env, **(extra_env or {})},
+            tmp_path / f"chain{len(started)}.log",
+            app_spec="tests.apps.chainapp:app",
         )
         started.append(inst)
         return inst
@@ -94,7 +76,7 @@ def assert_no_try_twice(ledger_dir: Path) -> None:
 
 def test_diamond(
     chain_app: App,
-    chain_instance: Callable[..., ChainInstance],
+    chain_instance: Callable[..., Instance],
     ledger_dir: Path,
     database_url: str,
 ) -> None:
@@ -131,7 +113,7 @@ def test_diamond(
 
 
 def test_fan_out_of_200_into_one_merge(
-    chain_app: App, chain_instance: Callable[..., ChainInstance], ledger_dir: Path
+    chain_app: App, chain_instance: Callable[..., Instance], ledger_dir: Path
 ) -> None:
     chain_instance({"HJ_CHAIN_CONCURRENCY": "16"})
     chain = Chain("fan-out")
@@ -160,7 +142,7 @@ def sequence_chain(retries: int, fail_until: int) -> Chain:
 
 
 def test_sequence_retried_as_a_whole_until_it_succeeds(
-    chain_app: App, chain_instance: Callable[..., ChainInstance], ledger_dir: Path
+    chain_app: App, chain_instance: Callable[..., Instance], ledger_dir: Path
 ) -> None:
     chain_instance()
     request_id = chain_app.run_chain(sequence_chain(retries=2, fail_until=2))
@@ -185,7 +167,7 @@ def test_sequence_retried_as_a_whole_until_it_succeeds(
 
 
 def test_sequence_with_retries_exhausted_fails_the_chain(
-    chain_app: App, chain_instance: Callable[..., ChainInstance], ledger_dir: Path
+    chain_app: App, chain_instance: Callable[..., Instance], ledger_dir: Path
 ) -> None:
     chain_instance()
     request_id = chain_app.run_chain(sequence_chain(retries=1, fail_until=5))
@@ -200,7 +182,7 @@ def test_sequence_with_retries_exhausted_fails_the_chain(
 
 def test_stop_mid_chain(
     chain_app: App,
-    chain_instance: Callable[..., ChainInstance],
+    chain_instance: Callable[..., Instance],
     ledger_dir: Path,
     database_url: str,
 ) -> None:
@@ -245,7 +227,7 @@ def _ppid(pid: int) -> int:
 
 def test_sigterm_suspends_chain_and_another_instance_resumes_it(
     chain_app: App,
-    chain_instance: Callable[..., ChainInstance],
+    chain_instance: Callable[..., Instance],
     ledger_dir: Path,
     database_url: str,
 ) -> None:
@@ -326,7 +308,7 @@ def stalled_transaction(url: str) -> bool:
 
 def test_kill_9_of_the_coordinator_mid_traversal_loses_nothing(
     chain_app: App,
-    chain_instance: Callable[..., ChainInstance],
+    chain_instance: Callable[..., Instance],
     ledger_dir: Path,
     database_url: str,
 ) -> None:
