@@ -30,6 +30,7 @@ from tests.harness import (  # noqa: E402
     db_url,
     pg_admin_url,
     read_ledger,
+    sql,
     wait_until,
 )
 
@@ -83,15 +84,8 @@ def main() -> int:
         start_new_session=True,
     )
     try:
-        wait_until(
-            lambda: (
-                psycopg.connect(url)
-                .execute("SELECT count(*) FROM hivejobs_worker WHERE role = 'pool'")
-                .fetchone()[0]
-                >= len(declared.types)
-            ),
-            what="the chain app's pools",
-        )
+        pools = "SELECT count(*) FROM hivejobs_worker WHERE role = 'pool'"
+        wait_until(lambda: sql(url, pools)[0][0] >= len(declared.types), what="chain pools")
         line = Chain("hops")
         prev = None
         for i in range(args.hops):
