@@ -89,15 +89,16 @@ class Coordinator:
 
     def _services(self, lease: tuple[str, int]) -> None:
         s = self.settings
+        # Chain hops wait on this pass, so it goes first; the rest is periodic upkeep.
+        if self._chains_due or self._every("traverse", s.coordinator_interval_s):
+            self._chains_due = False
+            self._guard("traverse", lambda: self._traverse(lease))
         if self._every("promote", s.promote_interval_s):
             self._guard("promote", lambda: self.promoter.run_once(lease))
         if self._every("rescue", s.coordinator_interval_s):
             self._guard("rescue", lambda: self.rescuer.run_once(lease, self.elector.healthy_for()))
         if self._every("reconcile", s.coordinator_interval_s):
             self._guard("reconcile", lambda: self.reconciler.run_once(lease))
-        if self._chains_due or self._every("traverse", s.coordinator_interval_s):
-            self._chains_due = False
-            self._guard("traverse", lambda: self._traverse(lease))
         if self._every("gauges", max(5.0, s.coordinator_interval_s)):
             self._guard("gauges", self.gauges.run_once)
         if self._every("prune", 60.0):
