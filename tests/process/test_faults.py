@@ -393,3 +393,31 @@ def test_killed_supervisor_takes_its_children_along(
     killed = time.monotonic()
     wait_until(lambda: not [p for p in children if alive(p)], timeout=5, what="children gone")
     assert time.monotonic() - killed <= 2.0
+
+
+def test_garbage_in_redis_lists_is_skipped(
+    make_app: Callable[..., App],
+    start_instance: Callable[..., Instance],
+    database_url: str,
+    ledger_dir: Path,
+) -> None:
+    """Foreign writes to a queue list (random ids, a pickle blob, a 10 MB value, invalid
+    UTF-8) are never claimed or executed, and the pool keeps running."""
+    start_instance({"HJ_TYPES": "alo"})
+    app = fleet_app(make_app, database_url, ["alo"])
+    pid = pool_pids(database_url, "alo")[0]
+    key = app.broker.queue_key("alo", 0)
+    garbage = [os.urandom(16).hex() for _ in range(10_000)]
+    app.broker.redis.rpush(key, *garbage)
+    app.broker.redis.rpush(
+        key,
+        b"\x80\x04\x95cos\nsystem\n",
+        b"../../etc/passwd",
+        b"\xff\xfe",
+        b"x" * (10 * 1024 * 1024),
+    )
+    ids = app.enqueue_many("alo", [{"ms": 1}] * 200)
+    wait_until(lambda: live(database_url) == 0, timeout=60, what="real jobs done")
+    assert [i for i in ids if ledger_oks(ledger_dir)[i] != 1] == []
+    assert app.broker.redis.llen(key) == 0
+    assert pool_pids(database_url, "alo") == [pid]  # the same process: nothing crashed
