@@ -113,9 +113,13 @@ def start_instance(
 ) -> Iterator[Callable[..., Instance]]:
     started: list[Instance] = []
 
-    def start(extra_env: dict[str, str] | None = None, args: list[str] | None = None) -> Instance:
+    def start(
+        extra_env: dict[str, str] | None = None,
+        args: list[str] | None = None,
+        app_spec: str = "tests.apps.faultapp:app",
+    ) -> Instance:
         env = {**instance_env, **(extra_env or {})}
-        inst = Instance(env, tmp_path / f"instance{len(started)}.log", args)
+        inst = Instance(env, tmp_path / f"instance{len(started)}.log", args, app_spec)
         started.append(inst)
         return inst
 

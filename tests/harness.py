@@ -17,6 +17,8 @@ from typing import Any
 
 import psycopg
 
+from hivejobs import App
+
 ROOT = Path(__file__).resolve().parents[1]
 REDIS_URL = os.environ.get("HIVEJOBS_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 
@@ -73,6 +75,20 @@ def sql(url: str, query: str, params: Any = None) -> list[tuple[Any, ...]]:
     with psycopg.connect(url, autocommit=True) as conn:
         cur = conn.execute(query, params)
         return cur.fetchall() if cur.description else []
+
+
+def live_jobs(url: str) -> int:
+    """Jobs not yet finished (scheduled, queued or running)."""
+    return int(sql(url, "SELECT count(*) FROM hivejobs_job")[0][0])
+
+
+def fleet_app(make_app: Callable[..., App], url: str, types: list[str], **kw: object) -> App:
+    """An App that enqueues through the types the running fleet declared in Postgres, once
+    the fleet's pools for `types` are up."""
+    wait_until(lambda: all(pool_pids(url, t) for t in types), what=f"pools {types}")
+    app = make_app(**kw)
+    app.types.clear()
+    return app
 
 
 # -- ledger: one line per handler event, O_APPEND, survives kill -9 ----------------------

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import signal
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -30,24 +30,13 @@ FINAL = ("succeeded", "failed", "stopped")
 
 
 @pytest.fixture
-def chain_instance(
-    instance_env: dict[str, str], tmp_path: Path
-) -> Iterator[Callable[..., Instance]]:
+def chain_instance(start_instance: Callable[..., Instance]) -> Callable[..., Instance]:
     """Like start_instance, running the chain test app."""
-    started: list[Instance] = []
 
     def start(extra_env: dict[str, str] | None = None) -> Instance:
-        inst = Instance(
-            {**instance_env, **(extra_env or {})},
-            tmp_path / f"chain{len(started)}.log",
-            app_spec="tests.apps.chainapp:app",
-        )
-        started.append(inst)
-        return inst
+        return start_instance(extra_env, app_spec="tests.apps.chainapp:app")
 
-    yield start
-    for inst in started:
-        inst.stop()
+    return start
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from hivejobs import App, failpoints
-from tests.harness import Instance, ledger_oks, pool_pids, sql, wait_until
+from tests.harness import Instance, fleet_app, ledger_oks, live_jobs, sql, wait_until
 
 pytestmark = pytest.mark.faults
 
@@ -39,16 +39,10 @@ def test_instance_failpoint_loses_nothing(
     inst = start_instance(
         {"HJ_TYPES": "alo", "HIVEJOBS_FAILPOINTS": spec, "HIVEJOBS_FAILPOINTS_ONCE_DIR": str(once)}
     )
-    wait_until(lambda: pool_pids(database_url, "alo"), what="pool")
-    app = make_app()
-    app.types.clear()
+    app = fleet_app(make_app, database_url, ["alo"])
     ids = app.enqueue_many("alo", [{"ms": 2}] * 300)
     wait_until(lambda: list(once.iterdir()), timeout=30, what="the failpoint to fire")
-    wait_until(
-        lambda: sql(database_url, "SELECT count(*) FROM hivejobs_job")[0][0] == 0,
-        timeout=60,
-        what="all jobs finished",
-    )
+    wait_until(lambda: live_jobs(database_url) == 0, timeout=60, what="all jobs finished")
     states = dict(sql(database_url, "SELECT id, state FROM hivejobs_archive"))
     assert {states[i] for i in ids} == {"succeeded"}
     assert all(ledger_oks(ledger_dir)[i] >= 1 for i in ids)
@@ -75,9 +69,7 @@ def test_enqueue_dying_between_commit_and_push_is_dispatched_later(
 ) -> None:
     """R1's second trigger: committed but never pushed; the reconciler finds it by age."""
     start_instance({"HJ_TYPES": "alo"})
-    wait_until(lambda: pool_pids(database_url, "alo"), what="pool")
-    app = make_app()
-    app.types.clear()
+    app = fleet_app(make_app, database_url, ["alo"])
     with pytest.raises(RuntimeError, match="failpoint"):
         app.enqueue("alo", {"ms": 1}, id="stranded")
     assert sql(database_url, "SELECT state FROM hivejobs_job WHERE id = 'stranded'") == [

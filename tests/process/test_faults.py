@@ -21,8 +21,10 @@ from tests.harness import (
     Instance,
     RedisServer,
     alive,
+    fleet_app,
     ledger_oks,
     ledger_starts,
+    live_jobs,
     pool_pids,
     read_ledger,
     running_in_pid,
@@ -35,18 +37,6 @@ pytestmark = pytest.mark.faults
 
 def count(url: str, where: str = "true", params: tuple[object, ...] = ()) -> int:
     return int(sql(url, f"SELECT count(*) FROM hivejobs_archive WHERE {where}", params)[0][0])
-
-
-def live(url: str) -> int:
-    return int(sql(url, "SELECT count(*) FROM hivejobs_job")[0][0])
-
-
-def fleet_app(make_app: Callable[..., App], url: str, types: list[str], **kw: object) -> App:
-    """An App that enqueues through the types the running fleet declared in Postgres."""
-    wait_until(lambda: all(pool_pids(url, t) for t in types), what=f"pools {types}")
-    app = make_app(**kw)
-    app.types.clear()
-    return app
 
 
 def test_kill_pool_mid_job(
@@ -93,7 +83,7 @@ def test_kill_pool_mid_job(
             lambda v=victim, k=kind: [p for p in pool_pids(database_url, k) if p != v],
             what="replacement pool",
         )
-    wait_until(lambda: live(database_url) == 0, timeout=90, what="all jobs finished")
+    wait_until(lambda: live_jobs(database_url) == 0, timeout=90, what="all jobs finished")
 
     # Each job ended ok at least once, and at most once outside the killed processes (a run
     # that ended in a killed process just before its completion was committed runs again).
@@ -168,7 +158,7 @@ def test_kill_active_coordinator(
         os.kill(pid, signal.SIGCONT)
     terms.append(leader_pid(database_url)[1])
     assert terms == sorted(set(terms))  # terms strictly increase
-    wait_until(lambda: live(database_url) == 0, timeout=60, what="all jobs finished")
+    wait_until(lambda: live_jobs(database_url) == 0, timeout=60, what="all jobs finished")
     oks = ledger_oks(ledger_dir)
     assert [i for i in ids + delayed if oks[i] != 1] == []
     late = sql(
@@ -198,7 +188,7 @@ def test_flushall_while_queued(
     flushed = time.monotonic()
     wait_until(lambda: client.exists(app.broker.boot_key), timeout=5, what="restore")
     assert time.monotonic() - flushed < 5
-    wait_until(lambda: live(database_url) == 0, timeout=90, what="all jobs finished")
+    wait_until(lambda: live_jobs(database_url) == 0, timeout=90, what="all jobs finished")
     assert [i for i in ids if ledger_oks(ledger_dir)[i] != 1] == []
     client.close()
 
@@ -237,7 +227,7 @@ def test_redis_paused(
         what="throughput back after SIGCONT",
     )
     assert time.monotonic() - resumed < 10
-    wait_until(lambda: live(database_url) == 0, timeout=90, what="all jobs finished")
+    wait_until(lambda: live_jobs(database_url) == 0, timeout=90, what="all jobs finished")
     assert [i for i in ids + during if ledger_oks(ledger_dir)[i] != 1] == []
     assert count(database_url, "error = 'worker lost'") == 0  # no false rescue
 
@@ -273,7 +263,7 @@ def test_rolling_restart(
     assert time.monotonic() - termed <= 7.5
     a_exit = time.monotonic_ns()
     assert not [p for p in a_pids if alive(p)]
-    wait_until(lambda: live(database_url) == 0, timeout=90, what="B finished everything")
+    wait_until(lambda: live_jobs(database_url) == 0, timeout=90, what="B finished everything")
 
     oks, starts = ledger_oks(ledger_dir), ledger_starts(ledger_dir)
     for job_id in coop + stubborn:
@@ -314,7 +304,7 @@ def test_poison_handlers(
     amo_exit = app.enqueue("poison_amo", {"do": "exit"})
     normal += app.enqueue_many("poison", [{"do": "ok"}] * 500)
     normal_amo = app.enqueue_many("poison_amo", [{"do": "ok"}] * 1000)
-    wait_until(lambda: live(database_url) == 0, timeout=90, what="all jobs finished")
+    wait_until(lambda: live_jobs(database_url) == 0, timeout=90, what="all jobs finished")
 
     def state(job_id: str) -> tuple[str, str, int]:
         info = app.get_job(job_id)
@@ -364,7 +354,7 @@ def test_instance_killed_whole_is_rescued_by_another(
     wait_until(lambda: len(pool_pids(database_url, "alo")) == 2, what="B's pools")
     a.signal_group(signal.SIGKILL)
     killed = time.monotonic()
-    wait_until(lambda: live(database_url) == 0, timeout=60, what="B finished everything")
+    wait_until(lambda: live_jobs(database_url) == 0, timeout=60, what="B finished everything")
     # Rescue waited for stale heartbeats (stuck_after 5 s), plus B's own R6 health window.
     assert time.monotonic() - killed > 5
     states = dict(sql(database_url, "SELECT id, coalesce(error, state) FROM hivejobs_archive"))
@@ -417,7 +407,7 @@ def test_garbage_in_redis_lists_is_skipped(
         b"x" * (10 * 1024 * 1024),
     )
     ids = app.enqueue_many("alo", [{"ms": 1}] * 200)
-    wait_until(lambda: live(database_url) == 0, timeout=60, what="real jobs done")
+    wait_until(lambda: live_jobs(database_url) == 0, timeout=60, what="real jobs done")
     assert [i for i in ids if ledger_oks(ledger_dir)[i] != 1] == []
     assert app.broker.redis.llen(key) == 0
     assert pool_pids(database_url, "alo") == [pid]  # the same process: nothing crashed

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 from collections.abc import Callable
 from pathlib import Path
@@ -10,6 +11,7 @@ from hivejobs import App
 from tests.harness import (
     Instance,
     alive,
+    fleet_app,
     ledger_oks,
     pool_pids,
     running_in_pid,
@@ -29,19 +31,12 @@ def test_run_processes_types_survives_pool_kill_and_exits_zero_on_sigterm(
     ledger_dir: Path,
 ) -> None:
     inst = start_instance({"HJ_TYPES": "alo,amo"})
-    wait_until(
-        lambda: pool_pids(database_url, "alo") and pool_pids(database_url, "amo"),
-        what="pools registered",
-    )
-    app = make_app()
-    app.types.clear()  # enqueue through the types the running fleet declared
+    app = fleet_app(make_app, database_url, ["alo", "amo"])
     alo_ids = app.enqueue_many("alo", [{"ms": 50}] * 400)
     amo_ids = app.enqueue_many("amo", [{"ms": 5}] * 100)
 
     victim = pool_pids(database_url, "alo")[0]
     wait_until(lambda: len(running_in_pid(ledger_dir, victim)) >= 4, what="alo jobs mid-run")
-    import os
-
     os.kill(victim, signal.SIGKILL)
     # The supervisor restarts the pool with a fresh identity.
     wait_until(
