@@ -29,7 +29,7 @@ from hivejobs.context import JobContext
 from hivejobs.errors import Interrupted, PayloadInvalid
 from hivejobs.failpoints import failpoint
 from hivejobs.logs import fatal_on_error
-from hivejobs.records import ClaimedJob, Completion
+from hivejobs.records import ClaimedJob, Completion, Outcome
 from hivejobs.serialization import encode_result
 from hivejobs.store import Store
 
@@ -182,14 +182,7 @@ class Pool:
     def _suspend(self, job: ClaimedJob, started: bool) -> None:
         if started and job.delivery == "at_most_once":
             # At-most-once and maybe started: fail it, never requeue.
-            self.completer.submit(
-                Completion(
-                    id=job.id,
-                    claim_token=job.claim_token,
-                    outcome="failed",
-                    error="interrupted by shutdown",
-                )
-            )
+            self.completer.submit(self._ended(job, "failed", "interrupted by shutdown"))
         else:
             self.completer.submit(
                 Completion(id=job.id, claim_token=job.claim_token, outcome="suspend")
@@ -399,8 +392,8 @@ class Pool:
         ctx.logger.error("job failed, no attempts left", error=error.strip().splitlines()[-1][:500])
         return self._ended(job, "failed", error)
 
-    def _ended(self, job: ClaimedJob, outcome: str, error: str) -> Completion:
-        return Completion(id=job.id, claim_token=job.claim_token, outcome=outcome, error=error)  # type: ignore[arg-type]
+    def _ended(self, job: ClaimedJob, outcome: Outcome, error: str) -> Completion:
+        return Completion(id=job.id, claim_token=job.claim_token, outcome=outcome, error=error)
 
     # -- timeouts ----------------------------------------------------------------------
 

@@ -160,20 +160,18 @@ class Supervisor:
         assert child.pool is not None
         return run_pool(self.app, child.pool, child.worker_id, self.settings)
 
-    def _reap(self) -> list[Child]:
-        ended: list[Child] = []
+    def _reap(self) -> None:
         while True:
             try:
                 pid, status = os.waitpid(-1, os.WNOHANG)
             except ChildProcessError:
-                return ended
+                return
             if pid == 0:
-                return ended
+                return
             child = next((c for c in self.children if c.pid == pid), None)
             if child is None:
                 continue
             child.pid = 0
-            ended.append(child)
             self._on_child_exit(child, status)
 
     def _on_child_exit(self, child: Child, status: int) -> None:
