@@ -67,11 +67,11 @@ from urllib.parse import quote, urlsplit, urlunsplit
 import psycopg
 import redis
 from loguru import logger
-from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 
 from hivejobs.config import DEFAULT_DATABASE_URL, DEFAULT_REDIS_URL, redact_url
 from hivejobs.errors import ConfigError, HivejobsError
+from hivejobs.store import create_database_if_missing
 
 __all__ = [
     "DEFAULT_DATABASE_URL",
@@ -165,21 +165,8 @@ def _tcp_open(host: str, port: int, timeout: float = PROBE_TIMEOUT_S) -> bool:
 
 
 def ensure_database(database_url: str) -> None:
-    """Create the URL's database if missing, via the ``postgres`` maintenance database.
-
-    For callers of a "local" backend choice (``hivejobs migrate``); the embedded servers
-    already create ``hivejobs``. A concurrent creator winning the race is not an error.
-    """
-    params = conninfo_to_dict(database_url)
-    dbname = str(params.get("dbname") or DATABASE_NAME)
-    params["dbname"] = "postgres"
-    with psycopg.connect(**params, autocommit=True) as conn:  # type: ignore[arg-type]
-        found = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (dbname,))
-        if found.fetchone() is None:
-            try:
-                conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(dbname)))
-            except psycopg.errors.DuplicateDatabase:
-                pass
+    """Create the URL's database if missing (the store's one way of doing it)."""
+    create_database_if_missing(database_url)
 
 
 # --------------------------------------------------------------------------- processes

@@ -14,6 +14,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import psycopg
+import psycopg.sql
 from psycopg.rows import class_row, dict_row
 from psycopg_pool import ConnectionPool
 
@@ -78,7 +79,12 @@ def create_database_if_missing(url: str) -> bool:
             raise ConnectionFailed("Postgres", redact_url(url), str(exc).strip()) from None
     maintenance = psycopg.conninfo.make_conninfo(url, dbname="postgres")
     with connect(maintenance) as conn:
-        conn.execute(f'CREATE DATABASE "{dbname.replace(chr(34), "")}"')
+        try:
+            conn.execute(
+                psycopg.sql.SQL("CREATE DATABASE {}").format(psycopg.sql.Identifier(dbname))
+            )
+        except psycopg.errors.DuplicateDatabase:
+            return False  # a concurrent creator won the race
     return True
 
 
