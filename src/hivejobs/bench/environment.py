@@ -61,11 +61,7 @@ class BenchEnvironment:
             self.app.close()
         if self.keep:
             return
-        client = redis.Redis.from_url(self.redis_url)
-        keys = list(client.scan_iter(match=self.prefix + "*", count=1000))
-        if keys:
-            client.delete(*keys)
-        client.close()
+        self.clear_redis(keep_boot_marker=False)
         maintenance = with_database(self.server_url, "postgres")
         with connect(maintenance) as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{self.dbname}" WITH (FORCE)')
@@ -146,6 +142,16 @@ class BenchEnvironment:
         self.sql("TRUNCATE hivejobs_job, hivejobs_archive")
         for path in self.workdir.glob("latency.*"):
             path.unlink()
+
+    def clear_redis(self, keep_boot_marker: bool) -> None:
+        """Delete the bench's keys. Between scenarios the boot marker stays, so the
+        coordinator does not take the empty lists for a flushed Redis."""
+        keep = {self.app.broker.boot_key.encode()} if keep_boot_marker and self.app else set()
+        client = redis.Redis.from_url(self.redis_url)
+        keys = [k for k in client.scan_iter(match=self.prefix + "*", count=1000) if k not in keep]
+        if keys:
+            client.delete(*keys)
+        client.close()
 
     def latencies_us(self) -> list[int]:
         values: list[int] = []

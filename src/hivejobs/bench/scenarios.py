@@ -83,7 +83,7 @@ def enqueue(env: BenchEnvironment, jobs: int, payload_bytes: int) -> Figures:
         env.app.enqueue_many(JOB, [body] * min(10_000, bulk - offset))
     bulk_rate = bulk / (time.perf_counter() - start)
     env.reset_jobs()
-    _flush_redis(env)
+    env.clear_redis(keep_boot_marker=True)
     return {"enqueue_single_per_s": single_rate, "enqueue_bulk_per_s": bulk_rate}
 
 
@@ -211,14 +211,6 @@ def _wait_done(
         if time.perf_counter() > deadline or (env.worker and env.worker.poll() is not None):
             raise RuntimeError(f"{label}: {done}/{total} done; see {env.workdir}/worker.log")
         time.sleep(0.1)  # progress polling interval
-
-
-def _flush_redis(env: BenchEnvironment) -> None:
-    client = redis.Redis.from_url(env.redis_url)
-    keys = [k for k in client.scan_iter(match=env.prefix + "*") if not k.endswith(b"boot")]
-    if keys:
-        client.delete(*keys)
-    client.close()
 
 
 def _hot_table_bytes(env: BenchEnvironment) -> float:
