@@ -337,7 +337,8 @@ class App:
         """
         with self._postgres_errors():
             jt = self.job_type(name)
-        job = self._new_job(jt, payload, id, priority, delay, run_at, expires_at)
+        prio = _checked_options(jt, id, priority, delay, run_at, expires_at)
+        job = _new_job(jt, payload, id, prio, delay, run_at, expires_at)
         own_transaction = conn is None or (
             conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
         )
@@ -370,51 +371,16 @@ class App:
         """Validate every payload first (one bad one stores nothing), then COPY them in."""
         with self._postgres_errors():
             jt = self.job_type(name)
-        jobs = [self._new_job(jt, p, None, priority, delay, None, expires_at) for p in payloads]
-        if not jobs:
+        batch = list(payloads)
+        if not batch:
             return []
+        prio = _checked_options(jt, None, priority, delay, None, expires_at)  # once for all
+        jobs = [_new_job(jt, p, None, prio, delay, None, expires_at) for p in batch]
         with self._postgres_errors():
             self.store.insert_many(jobs)
         if not delay:
             self._push(name, jobs[0].priority, [j.id for j in jobs])
         return [j.id for j in jobs]
-
-    def _new_job(
-        self,
-        jt: JobType,
-        payload: object,
-        job_id: str | None,
-        priority: int | None,
-        delay: float | None,
-        run_at: datetime | None,
-        expires_at: datetime | None,
-    ) -> NewJob:
-        if job_id is not None:
-            _check_id(job_id)
-        prio = jt.priority if priority is None else priority
-        _check_priority(prio)
-        if delay is not None and run_at is not None:
-            raise InvalidArgument("give either delay or run_at, not both")
-        if delay is not None:
-            _check_delay(delay)
-        for label, moment in (("run_at", run_at), ("expires_at", expires_at)):
-            if moment is not None and not isinstance(moment, datetime):
-                raise InvalidArgument(f"{label} must be a datetime, not {type(moment).__name__}")
-            if moment is not None and moment.tzinfo is None:
-                raise InvalidArgument(f"{label} must be timezone-aware (e.g. datetime.now(UTC))")
-        if expires_at is not None and expires_at.timestamp() <= time.time():
-            raise InvalidArgument("expires_at is already in the past")
-        return NewJob(
-            id=job_id or str(uuid.uuid4()),
-            name=jt.name,
-            priority=prio,
-            attempts=jt.attempts,
-            delivery=jt.delivery,
-            payload=jt.codec.encode(payload),
-            delay_s=delay,
-            run_at=run_at,
-            expires_at=expires_at,
-        )
 
     def _push(self, name: str, priority: int, ids: Sequence[str]) -> None:
         try:
@@ -492,6 +458,55 @@ class App:
         from hivejobs.chains.api import list_chains
 
         return list_chains(self, limit)
+
+
+def _checked_options(
+    jt: JobType,
+    job_id: str | None,
+    priority: int | None,
+    delay: float | None,
+    run_at: datetime | None,
+    expires_at: datetime | None,
+) -> int:
+    """Refuse bad enqueue options before anything is written; returns the priority."""
+    if job_id is not None:
+        _check_id(job_id)
+    prio = jt.priority if priority is None else priority
+    _check_priority(prio)
+    if delay is not None and run_at is not None:
+        raise InvalidArgument("give either delay or run_at, not both")
+    if delay is not None:
+        _check_delay(delay)
+    for label, moment in (("run_at", run_at), ("expires_at", expires_at)):
+        if moment is not None and not isinstance(moment, datetime):
+            raise InvalidArgument(f"{label} must be a datetime, not {type(moment).__name__}")
+        if moment is not None and moment.tzinfo is None:
+            raise InvalidArgument(f"{label} must be timezone-aware (e.g. datetime.now(UTC))")
+    if expires_at is not None and expires_at.timestamp() <= time.time():
+        raise InvalidArgument("expires_at is already in the past")
+    return prio
+
+
+def _new_job(
+    jt: JobType,
+    payload: object,
+    job_id: str | None,
+    priority: int,
+    delay: float | None,
+    run_at: datetime | None,
+    expires_at: datetime | None,
+) -> NewJob:
+    return NewJob(
+        id=job_id or str(uuid.uuid4()),
+        name=jt.name,
+        priority=priority,
+        attempts=jt.attempts,
+        delivery=jt.delivery,
+        payload=jt.codec.encode(payload),
+        delay_s=delay,
+        run_at=run_at,
+        expires_at=expires_at,
+    )
 
 
 def _check_delay(delay: float) -> None:
