@@ -4,11 +4,14 @@ This module is imported both by every driver (running in that peer's own virtual
 the peer's worker processes (where the job bodies call :func:`record`), so it only depends on
 the standard library and redis-py, which every venv installs.
 
-Completion counter: every job, in every system, ends with ONE Redis round trip (a Lua script
-on the peer's own Redis db) that increments ``peers:done``, stores the first and last
-completion timestamps, and for latency jobs also appends ``start - enqueue_ts``. That costs
-each peer the same, whatever it uses as a broker or store, and needs no peer-specific
-result backend.
+Completion counter: every job, in every system, calls :func:`record`, which appends
+(completion time, pickup latency) to a per-process buffer; a flusher thread in that process
+sends whatever accumulated while its previous send was in flight as ONE Lua script call on
+the peer's own Redis db (never waiting to fill a batch). The script adds to ``peers:done``,
+keeps the earliest and latest completion times and appends the latencies. That costs each
+peer the same small in-process step, whatever it uses as a broker or store, needs no
+peer-specific result backend, and does not let the harness's own round trips bound the
+fastest systems (an earlier version made one blocking round trip per job).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import signal
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -31,46 +35,61 @@ REDIS_URL_ENV = "PEERS_REDIS_URL"
 PG_URL_ENV = "PEERS_PG_URL"
 DONE, FIRST, LAST, LAT = "peers:done", "peers:first", "peers:last", "peers:lat"
 
-# KEYS: done, first, last, lat ; ARGV: now, latency (negative = not a latency job)
-_RECORD_LUA = """
-local n = redis.call('INCR', KEYS[1])
-if n == 1 then redis.call('SET', KEYS[2], ARGV[1]) end
-redis.call('SET', KEYS[3], ARGV[1])
-if tonumber(ARGV[2]) >= 0 then redis.call('RPUSH', KEYS[4], ARGV[2]) end
-return n
+# KEYS: done, first, last, lat ; ARGV: count, earliest, latest, latencies...
+_FLUSH_LUA = """
+redis.call('INCRBY', KEYS[1], ARGV[1])
+local first = redis.call('GET', KEYS[2])
+if not first or tonumber(ARGV[2]) < tonumber(first) then redis.call('SET', KEYS[2], ARGV[2]) end
+local last = redis.call('GET', KEYS[3])
+if not last or tonumber(ARGV[3]) > tonumber(last) then redis.call('SET', KEYS[3], ARGV[3]) end
+for i = 4, #ARGV do redis.call('RPUSH', KEYS[4], ARGV[i]) end
+return 1
 """
 
-_sync_script = None
-_async_script = None
+
+class _Recorder:
+    """Per-process completion buffer plus the thread that flushes it (made after any fork)."""
+
+    def __init__(self) -> None:
+        self._pid = -1
+        self._cond = threading.Condition()
+        self._buffer: list[tuple[float, float]] = []
+
+    def add(self, finished: float, latency: float) -> None:
+        if self._pid != os.getpid():  # first use in this process (or a forked child)
+            self._pid = os.getpid()
+            self._cond = threading.Condition()
+            self._buffer = []
+            threading.Thread(target=self._flush_forever, daemon=True).start()
+        with self._cond:
+            self._buffer.append((finished, latency))
+            self._cond.notify()
+
+    def _flush_forever(self) -> None:
+        script = redis.Redis.from_url(os.environ[REDIS_URL_ENV]).register_script(_FLUSH_LUA)
+        while True:
+            with self._cond:
+                while not self._buffer:
+                    self._cond.wait()
+                batch, self._buffer = self._buffer, []
+            finished = [f for f, _ in batch]
+            latencies = [lat for _, lat in batch if lat >= 0]
+            args = [len(batch), min(finished), max(finished), *latencies]
+            script(keys=[DONE, FIRST, LAST, LAT], args=args)
+
+
+_recorder = _Recorder()
 
 
 def record(enqueued_at: float, started: float) -> None:
-    """Count one finished job (sync job bodies). ``enqueued_at`` > 0 marks a latency job.
-
-    The client is created lazily so that it is made after any fork, once per worker process.
-    """
-    global _sync_script
-    if _sync_script is None:
-        _sync_script = redis.Redis.from_url(os.environ[REDIS_URL_ENV]).register_script(_RECORD_LUA)
-    latency = started - enqueued_at if enqueued_at > 0 else -1.0
-    _sync_script(keys=[DONE, FIRST, LAST, LAT], args=[time.time(), latency])
+    """Count one finished job. ``enqueued_at`` > 0 marks a latency job (handler start minus
+    enqueue-call start). Never blocks on the network: the flusher thread sends it."""
+    _recorder.add(time.time(), started - enqueued_at if enqueued_at > 0 else -1.0)
 
 
 async def arecord(enqueued_at: float, started: float) -> None:
-    """Same as :func:`record` for asyncio job bodies (same single round trip, no loop block)."""
-    global _async_script
-    if _async_script is None:
-        import redis.asyncio as aredis
-
-        # blocking pool: peers that run many jobs at once on one loop (pgqueuer) must queue
-        # for a connection instead of failing with "Too many connections"
-        pool = aredis.BlockingConnectionPool.from_url(
-            os.environ[REDIS_URL_ENV], max_connections=16, timeout=None
-        )
-        client = aredis.Redis(connection_pool=pool)
-        _async_script = client.register_script(_RECORD_LUA)
-    latency = started - enqueued_at if enqueued_at > 0 else -1.0
-    await _async_script(keys=[DONE, FIRST, LAST, LAT], args=[time.time(), latency])
+    """Same as :func:`record` for asyncio job bodies (it does not block the loop)."""
+    record(enqueued_at, started)
 
 
 # --------------------------------------------------------------------------- driver side
