@@ -106,6 +106,10 @@ UPDATE hivejobs_chain_sequence s SET seq_try = u.seq_try
   FROM unnest(%(starts)s::text[], %(seq_tries)s::int[]) AS u(start_key, seq_try)
  WHERE s.chain_id = %(id)s AND s.start_key = u.start_key;
 
+-- name: commit_async
+-- This transaction may commit without waiting for the WAL flush (see ChainStore.traverse).
+SELECT set_config('synchronous_commit', 'off', true);
+
 -- name: update_chain
 UPDATE hivejobs_chain
    SET state = %(state)s, wake_at = %(wake_at)s,

@@ -24,9 +24,11 @@ if TYPE_CHECKING:
     from hivejobs.store import Store
 
     Conn = psycopg.Connection[Any]
+    Cursor = psycopg.Cursor[Any]
 
 
 CHAIN_QUERIES = load_queries("chain_queries.sql")
+LEASE_HOLD = load_queries("queries.sql")["lease_hold"]  # pipelined with the reads
 Lease = tuple[str, int]
 Push = tuple[str, str, int]  # (job id, type, priority) for the broker
 
@@ -251,11 +253,22 @@ class ChainStore:
 
         None when the lease is gone (nothing written). A crash anywhere before COMMIT leaves
         the chain as it was, so the next leader recomputes the same plan (idempotence).
+
+        Pipelined: the reads go out as one round trip, the writes as another, then COMMIT;
+        a hop's latency is mostly these round trips. A plan that does not end the chain
+        commits asynchronously: lost in a Postgres crash, it is recomputed from the state
+        before it (its new tries were in the same transaction, so they are gone too, and a
+        later synchronous commit, such as an at-most-once claim, flushes it first).
         """
-        with self.store.connection() as conn, conn.transaction():
-            if not self.store._hold_lease(conn, lease):
+        with self.store.connection() as conn, conn.pipeline() as pipeline, conn.transaction():
+            held = conn.execute(LEASE_HOLD, {"holder": lease[0], "term": lease[1]})
+            reads = self._read(conn, chain_id)
+            # A Sync, not just a flush: the session must show "idle in transaction" while we
+            # plan, so that idle_in_transaction_session_timeout ends a stalled leader (I7).
+            pipeline.sync()
+            if held.fetchone() is None:
                 return None
-            snapshot = self._snapshot(conn, chain_id)
+            snapshot = self._snapshot(*reads)
             if snapshot is None:
                 return []
             decided = plan(snapshot)
@@ -263,31 +276,38 @@ class ChainStore:
                 return []
             return self._write(conn, chain_id, decided)
 
-    def _snapshot(self, conn: Conn, chain_id: str) -> Snapshot | None:
+    def _read(self, conn: Conn, chain_id: str) -> tuple[Cursor, Cursor, Cursor, Cursor]:
+        """Queue the snapshot's reads (the chain row lock first) in the pipeline."""
         params = {"id": chain_id}
-        head = conn.execute(CHAIN_QUERIES["lock_chain"], params).fetchone()
+        queries = ("lock_chain", "load_chain_jobs", "load_chain_sequences", "finished_tries")
+        head, jobs, seqs, finished = (conn.execute(CHAIN_QUERIES[q], params) for q in queries)
+        return head, jobs, seqs, finished
+
+    def _snapshot(
+        self, head_cur: Cursor, jobs_cur: Cursor, seq_cur: Cursor, finished_cur: Cursor
+    ) -> Snapshot | None:
+        head = head_cur.fetchone()
         if head is None:
             return None
-        jobs = {
-            r[0]: JobRow(*r)
-            for r in conn.execute(CHAIN_QUERIES["load_chain_jobs"], params).fetchall()
-        }
+        jobs = {r[0]: JobRow(*r) for r in jobs_cur.fetchall()}
         for row in jobs.values():
             row.payload = bytes(row.payload)
         seq_tries: dict[str, int] = {}
         seq_limits: dict[str, tuple[int, float]] = {}
-        for start, retries, wait_s, seq_try in conn.execute(
-            CHAIN_QUERIES["load_chain_sequences"], params
-        ).fetchall():
+        for start, retries, wait_s, seq_try in seq_cur.fetchall():
             seq_tries[start] = seq_try
             seq_limits[start] = (retries, wait_s)
         finished = [
             FinishedTry(r[0], r[1], r[2], r[3], None if r[4] is None else bytes(r[4]), r[5], r[6])
-            for r in conn.execute(CHAIN_QUERIES["finished_tries"], params).fetchall()
+            for r in finished_cur.fetchall()
         ]
         return Snapshot(head[0], head[1], head[2], head[3], jobs, seq_tries, seq_limits, finished)
 
     def _write(self, conn: Conn, chain_id: str, plan: Plan) -> list[Push]:
+        """Queue the plan's statements in the pipeline; results are read once, at the end."""
+        if plan.state not in ("succeeded", "failed", "stopped"):
+            conn.execute(CHAIN_QUERIES["commit_async"])
+        updated = None
         if plan.changes:
             ch = plan.changes
             updated = conn.execute(
@@ -307,10 +327,7 @@ class ChainStore:
                     "errors": [c.error for c in ch],
                     "modes": [c.mode for c in ch],
                 },
-            ).fetchall()
-            if len(updated) != len(ch):
-                # A job changed under the plan (a pool stopped a try meanwhile): roll back.
-                raise StaleSnapshot(chain_id)
+            )
         if plan.log:
             lg = plan.log
             conn.execute(
@@ -337,10 +354,10 @@ class ChainStore:
                     "seq_tries": list(plan.seq_tries.values()),
                 },
             )
-        pushes: list[Push] = []
+        inserted = None
         if plan.tries:
             tr = plan.tries
-            rows = conn.execute(
+            inserted = conn.execute(
                 CHAIN_QUERIES["insert_tries"],
                 {
                     "ids": [t.job_id for t in tr],
@@ -349,10 +366,12 @@ class ChainStore:
                     "deliveries": [t.delivery for t in tr],
                     "payloads": [t.payload for t in tr],
                 },
-            ).fetchall()
-            pushes = [(r[0], r[1], r[2]) for r in rows]
+            )
         conn.execute(
             CHAIN_QUERIES["update_chain"],
             {"id": chain_id, "state": plan.state, "wake_at": plan.wake_at, "resumed": plan.resumed},
         )
-        return pushes
+        if updated is not None and len(updated.fetchall()) != len(plan.changes):
+            # A job changed under the plan (a pool stopped a try meanwhile): roll back.
+            raise StaleSnapshot(chain_id)
+        return [(r[0], r[1], r[2]) for r in inserted.fetchall()] if inserted is not None else []

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import functools
 import importlib.resources
 import re
 
 
+@functools.cache
 def load_queries(filename: str) -> dict[str, str]:
     """`-- name: x` starts block x; every statement the store runs lives in such a block."""
     text = (importlib.resources.files("hivejobs.store") / filename).read_text()
