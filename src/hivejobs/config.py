@@ -44,6 +44,8 @@ class Settings(msgspec.Struct, kw_only=True):
     lease_margin_s: float = 1.0
     poison_pill_after: int = 3
     archive_retention_s: float = 7 * 24 * 3600.0
+    # A drained hot table (a few live rows) bigger than this is vacuumed and reindexed.
+    compact_above_bytes: float = 16 * 1024 * 1024
 
     def __post_init__(self) -> None:
         if not PREFIX_RE.match(self.prefix):

@@ -5,9 +5,12 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+import psycopg
+import pytest
+
 from hivejobs import App
 from hivejobs.coordinator.elector import Elector
-from hivejobs.coordinator.services import Gauges, Reconciler, Rescuer
+from hivejobs.coordinator.services import Compactor, Gauges, Reconciler, Rescuer
 from hivejobs.store import new_worker_id
 from tests.harness import sql
 
@@ -136,3 +139,38 @@ def test_first_start_without_marker_does_not_push_ids_twice(
     assert (result.full_restore, result.pushed) == (True, 0)
     assert app.broker.redis.llen(app.broker.queue_key("thing", 0)) == 100
     assert app.broker.boot_marker_present()
+
+
+def test_compactor_gives_a_drained_hot_table_its_space_back(
+    make_app: Callable[..., App], database_url: str
+) -> None:
+    app = make(make_app(compact_above_bytes=512 * 1024), database_url)
+    compactor = Compactor(app.store, app.settings)
+    empty = app.store.hot_table_size(1)[1]
+    app.enqueue_many("thing", [{"n": i} for i in range(20_000)])
+    full = app.store.hot_table_size(1)[1]
+    assert full > 512 * 1024
+    assert compactor.run_once() is False  # 20,000 live rows: not drained, left alone
+    # Drain all but a few, as finished jobs leave the hot table for the archive.
+    sql(
+        database_url,
+        "DELETE FROM hivejobs_job WHERE id NOT IN (SELECT id FROM hivejobs_job LIMIT 5)",
+    )
+    assert app.store.hot_table_size(1)[1] == full  # deleting alone gives nothing back
+    # An interrupted earlier rebuild leaves an invalid index behind: it must go too.
+    with pytest.raises(psycopg.errors.UniqueViolation):
+        sql(
+            database_url,
+            "CREATE UNIQUE INDEX CONCURRENTLY hivejobs_job_name_ccnew ON hivejobs_job (name)",
+        )
+    assert compactor.run_once() is True
+    assert compactor.run_once() is False  # one compaction at a time
+    compactor.join(60)
+    live, size = app.store.hot_table_size(100)
+    assert live == 5
+    assert size < empty + 256 * 1024, (empty, size, full)
+    assert sql(
+        database_url,
+        "SELECT count(*) FROM pg_index WHERE indrelid = 'hivejobs_job'::regclass AND indisvalid",
+    )[0][0] == len(sql(database_url, "SELECT 1 FROM pg_indexes WHERE tablename = 'hivejobs_job'"))
+    assert compactor.run_once() is False  # compact now: nothing more to do

@@ -205,8 +205,9 @@ def format_report(report: dict[str, Any]) -> str:
     ceil = med.get("ceilings", {})
     rows = [("figure", "median", "vs this machine's ceiling")]
     for name in ("ceilings", "enqueue", "throughput", "latency", "chain", "backlog"):
-        for key, value in med.get(name, {}).items():
-            rows.append((key, f"{value:,.1f}", _fraction(key, value, ceil)))
+        figures = med.get(name, {})
+        for key, value in figures.items():
+            rows.append((key, f"{value:,.1f}", _fraction(key, value, ceil) or _drift(key, figures)))
     widths = [max(len(r[i]) for r in rows) for i in range(3)]
     lines = ["  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip() for r in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
@@ -219,6 +220,18 @@ def _fraction(key: str, value: float, ceil: scenarios.Figures) -> str:
     if key == "throughput_jobs_per_s" and ceil.get("pg_batched_lifecycle_jobs_per_s"):
         return f"{value / ceil['pg_batched_lifecycle_jobs_per_s']:.0%} of batched PG life-cycle"
     return ""
+
+
+def _drift(key: str, figures: scenarios.Figures) -> str:
+    """Backlog figures at the end as a fraction of the same figure at the start."""
+    start = {
+        "backlog_rate_end_per_s": "backlog_rate_start_per_s",
+        "backlog_pool_rss_end_kib": "backlog_pool_rss_start_kib",
+        "backlog_hot_table_bytes_end": "backlog_hot_table_bytes_empty",
+    }.get(key)
+    if start is None or not figures.get(start):
+        return ""
+    return f"{figures[key] / figures[start]:.0%} of {start.removeprefix('backlog_')}"
 
 
 def plot(report: dict[str, Any], path: str) -> None:

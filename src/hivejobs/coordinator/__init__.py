@@ -21,7 +21,7 @@ from hivejobs.broker import Broker
 from hivejobs.chains.traverser import Traverser
 from hivejobs.config import Settings
 from hivejobs.coordinator.elector import Elector
-from hivejobs.coordinator.services import Gauges, Promoter, Reconciler, Rescuer
+from hivejobs.coordinator.services import Compactor, Gauges, Promoter, Reconciler, Rescuer
 from hivejobs.errors import ConnectionFailed
 from hivejobs.failpoints import failpoint
 from hivejobs.store import Store, connect
@@ -46,6 +46,7 @@ class Coordinator:
         self.rescuer = Rescuer(self.store, self.broker, settings)
         self.reconciler = Reconciler(self.store, self.broker)
         self.gauges = Gauges(self.store)
+        self.compactor = Compactor(self.store, settings)
         self.traverser = Traverser(self.store, self.broker)
         self._chains_due = True  # a NOTIFY on hivejobs_chain: traverse at once
         self.stop = threading.Event()
@@ -103,6 +104,8 @@ class Coordinator:
             self._guard("gauges", self.gauges.run_once)
         if self._every("prune", 60.0):
             self._guard("prune", lambda: self.store.prune_archive(s.archive_retention_s))
+        if self._every("compact", max(10.0, s.coordinator_interval_s)):
+            self._guard("compact", self.compactor.run_once)
 
     def _traverse(self, lease: tuple[str, int]) -> None:
         result = self.traverser.run_once(lease)

@@ -4,15 +4,19 @@ Promoter: due scheduled jobs to queued, expired and cancelled waiting jobs to th
 Rescuer: claims of processes whose heartbeat is older than stuck_after (R6: only once this
 coordinator has been healthy that long). Reconciler: Redis lists from Postgres, after a flush
 (boot marker missing) or when a list holds fewer ids than Postgres has queued (R1).
-Gauges: queue depth and in-flight counts. Every write checks the lease term (R7).
+Gauges: queue depth and in-flight counts. Compactor: a drained hot table's space back.
+Every write of job state checks the lease term (R7).
 """
 
 from __future__ import annotations
 
+import threading
+import time
 import uuid
 from datetime import datetime
 
 import msgspec
+import psycopg
 from loguru import logger
 
 from hivejobs.broker import Broker
@@ -161,3 +165,48 @@ class Gauges:
         if names:
             logger.info("queue depth", **total, by_type={n: queued.get(n, 0) for n in names})
         return total
+
+
+class Compactor:
+    """After a large backlog drains, the hot table keeps its size: VACUUM leaves the index
+    pages allocated. When it is nearly empty but bigger than `compact_above_bytes`, vacuum
+    and reindex it online, in a thread of its own so the other services keep their pace."""
+
+    NEARLY_EMPTY = 1000  # live rows: reindexing that many is instant
+
+    def __init__(self, store: Store, settings: Settings) -> None:
+        self.store = store
+        self.above_bytes = settings.compact_above_bytes
+        self._thread: threading.Thread | None = None
+
+    def run_once(self) -> bool:
+        """Start a compaction when one is due; True if it started."""
+        if self.above_bytes <= 0 or (self._thread is not None and self._thread.is_alive()):
+            return False
+        live, size = self.store.hot_table_size(self.NEARLY_EMPTY + 1)
+        if live > self.NEARLY_EMPTY or size <= self.above_bytes:
+            return False
+        self._thread = threading.Thread(
+            target=self._compact, args=(size,), name="compactor", daemon=True
+        )
+        self._thread.start()
+        return True
+
+    def join(self, timeout_s: float) -> None:
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+
+    def _compact(self, size: int) -> None:
+        began = time.monotonic()
+        try:
+            self.store.compact_hot_table()
+            _, after = self.store.hot_table_size(1)
+        except psycopg.Error as exc:
+            logger.warning("hot table compaction failed; retried later", error=repr(exc))
+            return
+        logger.info(
+            "compacted the drained hot table",
+            bytes_before=size,
+            bytes_after=after,
+            seconds=round(time.monotonic() - began, 2),
+        )

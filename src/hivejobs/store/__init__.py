@@ -415,6 +415,29 @@ class Store:
             for name, queue, value in values:
                 conn.execute(QUERIES["set_gauge"], {"name": name, "queue": queue, "value": value})
 
+    def hot_table_size(self, cap: int) -> tuple[int, int]:
+        """(live rows, counted up to `cap`; total bytes of the hot table and its indexes)."""
+        with self.connection() as conn:
+            row = conn.execute(QUERIES["hot_table_size"], {"cap": cap}).fetchone()
+        assert row is not None
+        return int(row[0]), int(row[1])
+
+    def compact_hot_table(self, timeout_s: float = 300.0) -> None:
+        """Give a drained hot table's space back: VACUUM truncates the empty heap, REINDEX
+        CONCURRENTLY rebuilds the indexes (VACUUM only marks their pages reusable). Both run
+        online, beside enqueues and claims, on a connection of their own without the
+        coordinator's lock timeout; leftovers of an interrupted earlier run are dropped."""
+        options = f"-c statement_timeout={int(timeout_s * 1000)}"
+        with connect(self.url, options=options) as conn:
+            for (name,) in conn.execute(QUERIES["invalid_hot_indexes"]).fetchall():
+                conn.execute(
+                    psycopg.sql.SQL("DROP INDEX CONCURRENTLY IF EXISTS {}").format(
+                        psycopg.sql.SQL(name)
+                    )
+                )
+            conn.execute("VACUUM hivejobs_job")
+            conn.execute("REINDEX TABLE CONCURRENTLY hivejobs_job")
+
     def prune_archive(self, retention_s: float) -> int:
         with self.connection() as conn:
             cur = conn.execute(QUERIES["prune_archive"], {"retention_s": retention_s})

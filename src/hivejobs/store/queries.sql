@@ -314,3 +314,13 @@ ON CONFLICT (name, queue) DO UPDATE SET value = EXCLUDED.value, measured_at = no
 
 -- name: running_counts
 SELECT name, count(*) AS n FROM hivejobs_job WHERE state = 'running' GROUP BY name;
+
+-- name: hot_table_size
+-- Live rows (counted up to a cap: only "nearly empty" matters) and bytes, indexes included.
+SELECT (SELECT count(*) FROM (SELECT 1 FROM hivejobs_job LIMIT %(cap)s) s)::int AS live,
+       pg_total_relation_size('hivejobs_job') AS bytes;
+
+-- name: invalid_hot_indexes
+-- Leftovers of an interrupted REINDEX CONCURRENTLY (*_ccnew, *_ccold): invalid, unused.
+SELECT i.indexrelid::regclass::text FROM pg_index i
+ WHERE i.indrelid = 'hivejobs_job'::regclass AND NOT i.indisvalid;
