@@ -60,6 +60,8 @@ def test_small_bench_writes_json_and_leaves_nothing_behind(admin_url: str, tmp_p
             REDIS_URL,
             "--json",
             str(out),
+            "--plot",
+            str(tmp_path / "bench.png"),
         ],
         cwd=ROOT,
         capture_output=True,
@@ -81,6 +83,7 @@ def test_small_bench_writes_json_and_leaves_nothing_behind(admin_url: str, tmp_p
     assert {"enqueue_single_per_s", "enqueue_bulk_per_s"} <= set(report["medians"]["enqueue"])
     assert {"pickup_p50_ms", "pickup_p99_ms"} <= set(report["medians"]["latency"])
     assert report["medians"]["throughput"]["throughput_jobs_per_s"] > 0
+    assert (tmp_path / "bench.png").read_bytes().startswith(b"\x89PNG")
 
     databases_after = {r[0] for r in sql(admin_url, "SELECT datname FROM pg_database")}
     assert databases_after == databases_before  # its own database was dropped

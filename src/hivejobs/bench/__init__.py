@@ -105,7 +105,7 @@ def run_bench(args: argparse.Namespace) -> int:
         with open(args.json, "wb") as out:
             out.write(msgspec.json.format(msgspec.json.encode(report), indent=2))
     if args.plot:
-        plot(report, args.plot)
+        plot(env, args.plot)
     return 0
 
 
@@ -234,7 +234,8 @@ def _drift(key: str, figures: scenarios.Figures) -> str:
     return f"{figures[key] / figures[start]:.0%} of {start.removeprefix('backlog_')}"
 
 
-def plot(report: dict[str, Any], path: str) -> None:
+def plot(env: BenchEnvironment, path: str) -> None:
+    """Throughput over time while draining, and the pickup latency distribution."""
     try:
         import matplotlib
 
@@ -243,16 +244,27 @@ def plot(report: dict[str, Any], path: str) -> None:
     except ImportError:
         print("--plot needs matplotlib: pip install 'hivejobs[plot]'", file=sys.stderr)
         return
-    med = report["medians"]
-    fig, ax = plt.subplots(figsize=(7, 3.5))
-    names = [k for k in ("throughput", "enqueue") if k in med]
-    values = [
-        med["throughput"]["throughput_jobs_per_s"]
-        if n == "throughput"
-        else med["enqueue"]["enqueue_bulk_per_s"]
-        for n in names
-    ]
-    ax.bar(names, values)
-    ax.set_ylabel("jobs/s (median)")
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    for label, curve in env.drain_curves.items():
+        # jobs/s between successive samples, at the later sample's time
+        rates = [
+            (t1, (d1 - d0) / (t1 - t0))
+            for (t0, d0), (t1, d1) in zip(curve, curve[1:], strict=False)
+            if t1 > t0
+        ]
+        if rates:
+            left.plot([t for t, _ in rates], [r for _, r in rates], label=label)
+    left.set(title="throughput while draining", xlabel="seconds", ylabel="jobs/s")
+    if env.drain_curves:
+        left.legend()
+    if env.latencies_ms:
+        values = sorted(env.latencies_ms)
+        right.hist(values, bins=100, range=(0, values[int(len(values) * 0.999) - 1] * 1.1))
+        for pct in (50, 99):
+            v = values[min(len(values) - 1, len(values) * pct // 100)]
+            right.axvline(v, color="k", linestyle=":", label=f"p{pct} {v:.2f} ms")
+        right.legend()
+    right.set(title="pickup latency (enqueue call to handler start)", xlabel="ms", ylabel="jobs")
     fig.tight_layout()
     fig.savefig(path)
+    print(f"wrote {path}", file=sys.stderr)

@@ -35,6 +35,10 @@ class BenchEnvironment:
         self.workdir = Path(tempfile.mkdtemp(prefix="hivejobs-bench-"))
         self.worker: subprocess.Popen[bytes] | None = None
         self.app: App | None = None
+        # Curves for --plot, from the last run of each scenario: (seconds, jobs done) while
+        # draining, and pickup latencies in ms. Kept out of the JSON (figures only).
+        self.drain_curves: dict[str, list[tuple[float, int]]] = {}
+        self.latencies_ms: list[float] = []
 
     def __enter__(self) -> BenchEnvironment:
         maintenance = with_database(self.server_url, "postgres")

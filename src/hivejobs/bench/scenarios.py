@@ -155,6 +155,7 @@ def latency(
     env.reset_jobs()
     if not values:
         return {}
+    env.latencies_ms = [v / 1000 for v in values]
     q = statistics.quantiles(values, n=100, method="inclusive")
     return {
         "pickup_p50_ms": q[49] / 1000,
@@ -182,9 +183,11 @@ def backlog(
     window = max(jobs // 20, 1000)
     rates: list[float] = []
     done, mark, mark_t = 0, 0, time.perf_counter()
+    curve = env.drain_curves["backlog"] = []
     while done < jobs:
         time.sleep(0.5)  # sampling interval of a long drain
         done = env.archived()
+        curve.append((time.perf_counter() - begin, done))
         if done - mark >= window:
             rates.append((done - mark) / (time.perf_counter() - mark_t))
             mark, mark_t = done, time.perf_counter()
@@ -215,8 +218,10 @@ def _wait_done(
     env: BenchEnvironment, total: int, began: float, label: str, progress: Progress
 ) -> None:
     deadline = time.perf_counter() + 600
+    curve = env.drain_curves[label] = []
     while True:
         done = env.archived()
+        curve.append((time.perf_counter() - began, done))
         progress(label, done, total, time.perf_counter() - began)
         if done >= total:
             return
