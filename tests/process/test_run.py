@@ -44,7 +44,9 @@ def test_run_processes_types_survives_pool_kill_and_exits_zero_on_sigterm(
     )
     wait_until(lambda: archived(database_url) == 500, timeout=60, what="all jobs succeeded")
 
-    oks = ledger_oks(ledger_dir)
+    # Outside the killed process each job succeeded exactly once (an attempt that ended in
+    # it just before the kill, its completion not yet committed, is re-run by design: I4).
+    oks = ledger_oks(ledger_dir, killed={victim})
     assert all(oks[i] == 1 for i in alo_ids + amo_ids)
     rows = sql(database_url, "SELECT count(*) FROM hivejobs_archive WHERE attempt > 1")
     assert rows[0][0] >= 1  # the jobs that were mid-run in the killed process ran again
