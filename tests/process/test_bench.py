@@ -80,7 +80,12 @@ def test_small_bench_writes_json_and_leaves_nothing_behind(admin_url: str, tmp_p
         "pg_commits_per_s",
         "pg_batched_lifecycle_jobs_per_s",
     }
-    assert {"enqueue_single_per_s", "enqueue_bulk_per_s"} <= set(report["medians"]["enqueue"])
+    assert set(report["medians"]["enqueue"]) == {
+        "enqueue_single_per_s",
+        "raw_commits_alongside_per_s",
+        "enqueue_single_vs_raw",
+        "enqueue_bulk_per_s",
+    }
     assert {"pickup_p50_ms", "pickup_p99_ms"} <= set(report["medians"]["latency"])
     assert report["medians"]["throughput"]["throughput_jobs_per_s"] > 0
     assert (tmp_path / "bench.png").read_bytes().startswith(b"\x89PNG")
