@@ -55,9 +55,11 @@ class Traverser:
         self.batch = batch
         self._decided: Plan | None = None  # the last plan, for logging after its commit
 
-    def run_once(self, lease: Lease) -> TraverseResult:
+    def run_once(self, lease: Lease, only: set[str] | None = None) -> TraverseResult:
+        """Traverse the chains that need it; with `only`, just those (a wake-up named them,
+        which spares a hop the search for work)."""
         result = TraverseResult()
-        ids = self.chains.chains_to_traverse(self.batch + 1)
+        ids = sorted(only) if only is not None else self.chains.chains_to_traverse(self.batch + 1)
         result.more = len(ids) > self.batch
         for chain_id in ids[: self.batch]:
             self._decided = None

@@ -12,6 +12,7 @@ import signal
 import socket
 import threading
 import time
+from collections.abc import Iterable
 
 import psycopg
 import redis
@@ -48,7 +49,8 @@ class Coordinator:
         self.gauges = Gauges(self.store)
         self.compactor = Compactor(self.store, settings)
         self.traverser = Traverser(self.store, self.broker)
-        self._chains_due = True  # a NOTIFY on hivejobs_chain: traverse at once
+        self._chains_due = True  # look for chain work at once (chains_to_traverse)
+        self._chain_hints: set[str] = set()  # chains a wake-up named: traverse just these
         self.stop = threading.Event()
         self._due: dict[str, float] = {}
         self._listen: psycopg.Connection[object] | None = None
@@ -91,9 +93,11 @@ class Coordinator:
     def _services(self, lease: tuple[str, int]) -> None:
         s = self.settings
         # Chain hops wait on this pass, so it goes first; the rest is periodic upkeep.
-        if self._chains_due or self._every("traverse", s.coordinator_interval_s):
-            self._chains_due = False
-            self._guard("traverse", lambda: self._traverse(lease))
+        full = self._every("traverse", s.coordinator_interval_s) or self._chains_due
+        if full or self._chain_hints:
+            only = None if full else self._chain_hints
+            self._chains_due, self._chain_hints = False, set()
+            self._guard("traverse", lambda: self._traverse(lease, only))
         if self._every("promote", s.promote_interval_s):
             self._guard("promote", lambda: self.promoter.run_once(lease))
         if self._every("rescue", s.coordinator_interval_s):
@@ -107,9 +111,9 @@ class Coordinator:
         if self._every("compact", max(10.0, s.coordinator_interval_s)):
             self._guard("compact", self.compactor.run_once)
 
-    def _traverse(self, lease: tuple[str, int]) -> None:
-        result = self.traverser.run_once(lease)
-        self._chains_due = result.more
+    def _traverse(self, lease: tuple[str, int], only: set[str] | None) -> None:
+        result = self.traverser.run_once(lease, only)
+        self._chains_due = self._chains_due or result.more
 
     def _guard(self, what: str, fn: object) -> None:
         try:
@@ -120,28 +124,22 @@ class Coordinator:
     def _wait_for_dispatch(self, leader: bool) -> None:
         """Sleep until the next tick, pushing ids of transactional enqueues as they commit."""
         # Chain work left over from a capped pass: only collect what is already here.
-        busy = leader and self._chains_due
+        busy = leader and (self._chains_due or bool(self._chain_hints))
         timeout = 0.0 if busy else self.settings.promote_interval_s
         try:
             if self._listen is None:
                 self._listen = connect(self.settings.database_url)
                 self._listen.execute("LISTEN hivejobs_dispatch")
                 self._listen.execute("LISTEN hivejobs_chain")
-            entries = []
-            for note in self._listen.notifies(timeout=timeout, stop_after=1000):
-                if note.channel == "hivejobs_chain":
-                    # A chain try finished (or a chain came, or was stopped): traverse now,
-                    # this is the hop latency between a job and its successor. One pass
-                    # serves every notification already here, so drain them first.
-                    self._chains_due = True
-                    break
-                name, priority, job_id = note.payload.split("\t", 2)
-                entries.append((job_id, name, int(priority)))
-            if self._chains_due:
-                for note in self._listen.notifies(timeout=0.0, stop_after=1000):
-                    if note.channel != "hivejobs_chain":
-                        name, priority, job_id = note.payload.split("\t", 2)
-                        entries.append((job_id, name, int(priority)))
+            entries: list[tuple[str, str, int]] = []
+            notes = self._listen.notifies(timeout=timeout, stop_after=1000)
+            woken = self._collect(notes, entries, stop_at_wake=True)
+            if woken:
+                # A chain try finished (or a chain came, or was stopped): traverse now, this
+                # is the hop latency between a job and its successor. One pass serves every
+                # wake-up already here, so collect those first.
+                notes = self._listen.notifies(timeout=0.0, stop_after=1000)
+                self._collect(notes, entries, stop_at_wake=False)
             if entries and leader:
                 self.broker.push_many(entries)
         except (psycopg.Error, redis.RedisError, ValueError, ConnectionFailed) as exc:
@@ -150,6 +148,29 @@ class Coordinator:
                 self._listen.close()
             self._listen = None
             self.stop.wait(timeout)
+
+    def _collect(
+        self,
+        notes: Iterable[psycopg.Notify],
+        entries: list[tuple[str, str, int]],
+        stop_at_wake: bool,
+    ) -> bool:
+        """Sort notifications into dispatch entries and chain wake-ups; True if a chain
+        wake-up came (with `stop_at_wake`, stop there: the caller traverses before waiting)."""
+        woken = False
+        for note in notes:
+            if note.channel == "hivejobs_chain":
+                if note.payload:
+                    self._chain_hints.update(note.payload.split(","))
+                else:
+                    self._chains_due = True
+                woken = True
+                if stop_at_wake:
+                    break
+                continue
+            name, priority, job_id = note.payload.split("\t", 2)
+            entries.append((job_id, name, int(priority)))
+        return woken
 
 
 def run_coordinator(settings: Settings, worker_id: str) -> int:

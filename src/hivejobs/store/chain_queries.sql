@@ -32,6 +32,11 @@ SELECT cj.chain_id FROM hivejobs_chain_job cj
  WHERE cj.state = 'running'
 LIMIT %(limit)s;
 
+-- name: wake_traverser
+-- Delivered on commit. The payload names chains to traverse (comma-separated, as the
+-- try-finished trigger sends them); empty means "look for work" (chains_to_traverse).
+SELECT pg_notify('hivejobs_chain', %(id)s);
+
 -- name: lock_chain
 -- The row lock orders the traverser with stop_chain and with suspensions written by pools.
 SELECT id, state, stop_requested, now() AS now FROM hivejobs_chain

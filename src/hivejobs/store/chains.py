@@ -140,7 +140,7 @@ def suspend_chain_tries(conn: Conn, suspends: Sequence[Completion]) -> int:
         },
     ).fetchall()
     if rows:
-        conn.execute("SELECT pg_notify('hivejobs_chain', '')")
+        conn.execute(CHAIN_QUERIES["wake_traverser"], {"id": ""})  # "" = look for work
     return len(rows)
 
 
@@ -183,7 +183,7 @@ class ChainStore:
                         "waits": [s["retry_wait_s"] for s in sequences],
                     },
                 )
-            conn.execute("SELECT pg_notify('hivejobs_chain', '')")
+            conn.execute(CHAIN_QUERIES["wake_traverser"], {"id": chain["id"]})
 
     def request_stop(self, chain_id: str) -> tuple[bool, list[str]]:
         """Flag the chain stopped, end its waiting tries, and mark its running tries
@@ -194,7 +194,7 @@ class ChainStore:
                 return False, []
             conn.execute(CHAIN_QUERIES["cancel_waiting_tries"], params)
             running = conn.execute(CHAIN_QUERIES["cancel_running_tries"], params).fetchall()
-            conn.execute("SELECT pg_notify('hivejobs_chain', '')")
+            conn.execute(CHAIN_QUERIES["wake_traverser"], params)
         return True, [r[0] for r in running]
 
     # -- reads ---------------------------------------------------------------------------
