@@ -140,6 +140,9 @@ class Coordinator:
                 # wake-up already here, so collect those first.
                 notes = self._listen.notifies(timeout=0.0, stop_after=1000)
                 self._collect(notes, entries, stop_at_wake=False)
+            if not leader:
+                # Followers keep no wake-ups: a new leader starts with a full search anyway.
+                self._chain_hints.clear()
             if entries and leader:
                 self.broker.push_many(entries)
         except (psycopg.Error, redis.RedisError, ValueError, ConnectionFailed) as exc:
