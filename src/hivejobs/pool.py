@@ -266,9 +266,14 @@ class Pool:
             with self.lock:
                 lost = [(i, t) for i, t in rows if self.held.get(i) != t]
         if lost:
+            # Most are completions that committed between the read and the check above
+            # (already archived, so nothing to release): only real releases are news.
             released = self.store.release_claims(lost)
-            self.broker.push_many([(r[0], r[1], r[2]) for r in released])
-            self.log.warning("released claims this process no longer tracks", jobs=len(released))
+            if released:
+                self.broker.push_many([(r[0], r[1], r[2]) for r in released])
+                self.log.warning(
+                    "released claims this process no longer tracks", jobs=len(released)
+                )
 
     # -- runners -----------------------------------------------------------------------
 
