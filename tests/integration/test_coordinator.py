@@ -123,8 +123,11 @@ def test_elector_steps_down_when_its_trust_window_passes(make_app: Callable[...,
 def test_gauges_record_depth_and_in_flight(make_app: Callable[..., App], database_url: str) -> None:
     app = make(make_app(), database_url)
     app.enqueue_many("thing", [{"n": i} for i in range(7)])
-    totals = Gauges(app.store).run_once()
+    gauges = Gauges(app.store)
+    assert gauges.in_flight is None  # no pass yet
+    totals = gauges.run_once()
     assert totals == {"queued": 7, "running": 0}
+    assert gauges.in_flight == 7  # what the compactor is gated on
     rows = dict(sql(database_url, "SELECT name, value FROM hivejobs_gauge WHERE queue = 'thing'"))
     assert rows == {"queued": 7, "running": 0}
 
@@ -150,7 +153,8 @@ def test_compactor_gives_a_drained_hot_table_its_space_back(
     app.enqueue_many("thing", [{"n": i} for i in range(20_000)])
     full = app.store.hot_table_size(1)[1]
     assert full > 512 * 1024
-    assert compactor.run_once() is False  # 20,000 live rows: not drained, left alone
+    assert compactor.run_once(20_000) is False  # the gauges say it is not drained
+    assert compactor.run_once(0) is False  # the gauges lag: the count finds 20,000 live rows
     # Drain all but a few, as finished jobs leave the hot table for the archive.
     sql(
         database_url,
@@ -163,8 +167,9 @@ def test_compactor_gives_a_drained_hot_table_its_space_back(
             database_url,
             "CREATE UNIQUE INDEX CONCURRENTLY hivejobs_job_name_ccnew ON hivejobs_job (name)",
         )
-    assert compactor.run_once() is True
-    assert compactor.run_once() is False  # one compaction at a time
+    assert compactor.run_once(None) is False  # no gauges pass yet: no scan either
+    assert compactor.run_once(5) is True
+    assert compactor.run_once(5) is False  # one compaction at a time
     compactor.join(60)
     live, size = app.store.hot_table_size(100)
     assert live == 5
@@ -173,4 +178,4 @@ def test_compactor_gives_a_drained_hot_table_its_space_back(
         database_url,
         "SELECT count(*) FROM pg_index WHERE indrelid = 'hivejobs_job'::regclass AND indisvalid",
     )[0][0] == len(sql(database_url, "SELECT 1 FROM pg_indexes WHERE tablename = 'hivejobs_job'"))
-    assert compactor.run_once() is False  # compact now: nothing more to do
+    assert compactor.run_once(5) is False  # compact now: nothing more to do

@@ -109,7 +109,7 @@ class Coordinator:
         if self._every("prune", 60.0):
             self._guard("prune", lambda: self.store.prune_archive(s.archive_retention_s))
         if self._every("compact", max(10.0, s.coordinator_interval_s)):
-            self._guard("compact", self.compactor.run_once)
+            self._guard("compact", lambda: self.compactor.run_once(self.gauges.in_flight))
 
     def _traverse(self, lease: tuple[str, int], only: set[str] | None) -> None:
         result = self.traverser.run_once(lease, only)

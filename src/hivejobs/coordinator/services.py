@@ -151,6 +151,7 @@ class Gauges:
 
     def __init__(self, store: Store) -> None:
         self.store = store
+        self.in_flight: int | None = None  # queued + running at the last pass
 
     def run_once(self) -> dict[str, int]:
         queued: dict[str, int] = {}
@@ -162,6 +163,7 @@ class Gauges:
         values += [("running", n, running.get(n, 0)) for n in names]
         self.store.set_gauges(values)
         total = {"queued": sum(queued.values()), "running": sum(running.values())}
+        self.in_flight = total["queued"] + total["running"]
         if names:
             logger.info("queue depth", **total, by_type={n: queued.get(n, 0) for n in names})
         return total
@@ -179,9 +181,15 @@ class Compactor:
         self.above_bytes = settings.compact_above_bytes
         self._thread: threading.Thread | None = None
 
-    def run_once(self) -> bool:
-        """Start a compaction when one is due; True if it started."""
+    def run_once(self, in_flight: int | None) -> bool:
+        """Start a compaction when one is due; True if it started.
+
+        `in_flight` (queued + running, from the last gauges pass, None if unknown) gates the
+        exact count, which scans past every dead row of a drain: it must not run every few
+        seconds while a big backlog drains."""
         if self.above_bytes <= 0 or (self._thread is not None and self._thread.is_alive()):
+            return False
+        if in_flight is None or in_flight > self.NEARLY_EMPTY:
             return False
         live, size = self.store.hot_table_size(self.NEARLY_EMPTY + 1)
         if live > self.NEARLY_EMPTY or size <= self.above_bytes:
