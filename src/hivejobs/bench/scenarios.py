@@ -14,6 +14,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+import psycopg
 import redis
 
 from hivejobs.bench.environment import BenchEnvironment
@@ -23,6 +24,13 @@ Figures = dict[str, float]
 Progress = Callable[[str, int, int, float], None]
 JOB = "bench_noop"
 COMPACTED_SLACK_BYTES = 1024 * 1024  # "back to empty": within 1 MiB of the empty table
+# The raw one-INSERT commit every single-enqueue figure is compared with: a logged table like
+# the jobs table (a temporary one would skip the WAL flush), one row per autocommit.
+RAW_TABLE = "CREATE TABLE ceiling (id text PRIMARY KEY, state text, body bytea)"
+
+
+def _raw_commit(conn: psycopg.Connection[Any]) -> None:
+    conn.execute("INSERT INTO ceiling VALUES (%s, 'queued', %s)", (uuid.uuid4().hex, b"{}"))
 
 
 def payload(size: int) -> dict[str, Any]:
@@ -39,11 +47,10 @@ def ceilings(env: BenchEnvironment, seconds: float = 1.0) -> Figures:
     redis_rtt = n / seconds
     client.close()
     with connect(env.database_url) as conn:
-        # A logged table like the jobs table: a temporary one would skip the WAL flush.
-        conn.execute("CREATE TABLE ceiling (id text PRIMARY KEY, state text, body bytea)")
+        conn.execute(RAW_TABLE)
         n, start = 0, time.perf_counter()
         while time.perf_counter() - start < seconds:
-            conn.execute("INSERT INTO ceiling VALUES (%s, 'queued', %s)", (uuid.uuid4().hex, b"{}"))
+            _raw_commit(conn)
             n += 1
         commits = n / (time.perf_counter() - start)
         conn.execute("CREATE TABLE ceiling_done (LIKE ceiling)")
@@ -81,13 +88,11 @@ def enqueue(env: BenchEnvironment, jobs: int, payload_bytes: int) -> Figures:
     per_round = max(1, single // rounds)
     ratios, enqueue_s, raw_s = [], 0.0, 0.0
     with connect(env.database_url) as conn:
-        conn.execute("CREATE TABLE raw_commits (id text PRIMARY KEY, state text, body bytea)")
+        conn.execute(RAW_TABLE)
         for _ in range(rounds):
             start = time.perf_counter()
             for _ in range(per_round):
-                conn.execute(
-                    "INSERT INTO raw_commits VALUES (%s, 'queued', %s)", (uuid.uuid4().hex, b"{}")
-                )
+                _raw_commit(conn)
             raw = time.perf_counter() - start
             start = time.perf_counter()
             for _ in range(per_round):
@@ -95,7 +100,7 @@ def enqueue(env: BenchEnvironment, jobs: int, payload_bytes: int) -> Figures:
             took = time.perf_counter() - start
             ratios.append(raw / took)
             raw_s, enqueue_s = raw_s + raw, enqueue_s + took
-        conn.execute("DROP TABLE raw_commits")
+        conn.execute("DROP TABLE ceiling")
     bulk = max(jobs, 10_000)
     start = time.perf_counter()
     for offset in range(0, bulk, 10_000):

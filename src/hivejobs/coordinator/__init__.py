@@ -113,7 +113,7 @@ class Coordinator:
 
     def _traverse(self, lease: tuple[str, int], only: set[str] | None) -> None:
         result = self.traverser.run_once(lease, only)
-        self._chains_due = self._chains_due or result.more
+        self._chains_due = result.more
 
     def _guard(self, what: str, fn: object) -> None:
         try:
