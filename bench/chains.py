@@ -72,7 +72,7 @@ def main() -> int:
         "HIVEJOBS_REDIS_URL": REDIS_URL,
         "HIVEJOBS_PREFIX": prefix,
         "HJ_LEDGER": str(ledger),
-        "PYTHONPATH": str(ROOT),
+        "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)]),
         "HJ_CHAIN_CONCURRENCY": str(args.width),
         "HIVEJOBS_LOG_LEVEL": "WARNING",
     }

@@ -75,7 +75,7 @@ class Scenario:
                 "HIVEJOBS_PREFIX": self.prefix,
                 "HJ_LEDGER": str(self.ledger),
                 "HJ_TYPES": types,
-                "PYTHONPATH": str(ROOT),
+                "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)]),
                 "HIVEJOBS_TESTING": "1",
             }
         )

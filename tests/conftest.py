@@ -100,7 +100,7 @@ def instance_env(database_url: str, redis_prefix: str, ledger_dir: Path) -> dict
             "HIVEJOBS_PREFIX": redis_prefix,
             "HJ_LEDGER": str(ledger_dir),
             "HIVEJOBS_TESTING": "1",
-            "PYTHONPATH": str(ROOT),
+            "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)]),
         }
     )
     env.update({"HIVEJOBS_" + k.upper(): str(v) for k, v in FAST_SETTINGS.items()})

@@ -52,7 +52,7 @@ def test_postgres_restart_crash_and_killed_connections(
             "HIVEJOBS_PREFIX": redis_prefix,
             "HJ_LEDGER": str(ledger_dir),
             "HJ_TYPES": "alo",
-            "PYTHONPATH": str(ROOT),
+            "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)]),
             "HIVEJOBS_TESTING": "1",
         }
     )
