@@ -7,6 +7,7 @@ logged and left to the coordinator's reconciler: the job is acknowledged once Po
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import math
 import random
@@ -24,6 +25,7 @@ import psycopg
 import redis
 from loguru import logger
 
+from hivejobs.aio import AsyncBackends, AsyncBackendsByLoop
 from hivejobs.broker import MAX_ID_LENGTH, Broker, ControlMessage, Pusher
 from hivejobs.config import (
     DEFAULT_DATABASE_URL,
@@ -42,9 +44,11 @@ from hivejobs.errors import (
     UnknownJobType,
 )
 from hivejobs.failpoints import failpoint
-from hivejobs.records import PRIORITIES, Delivery, JobInfo, JobTypeInfo, NewJob
+from hivejobs.integrations import adriver_connection, driver_connection
+from hivejobs.records import PRIORITIES, Delivery, Inserted, JobInfo, JobTypeInfo, NewJob
 from hivejobs.serialization import PayloadCodec, decode_json, payload_type_of
 from hivejobs.store import Store
+from hivejobs.store.enqueue import Push, owns_transaction
 
 if TYPE_CHECKING:
     from hivejobs.chains.builder import Chain
@@ -121,6 +125,7 @@ class App:
         self.embedded: EmbeddedServers | None = None
         self._lock = threading.RLock()
         self._remote_types: tuple[float, dict[str, JobTypeInfo]] = (0.0, {})
+        self._async = AsyncBackendsByLoop()
 
     # -- registry ----------------------------------------------------------------------
 
@@ -327,36 +332,57 @@ class App:
         delay: float | None = None,
         run_at: datetime | None = None,
         expires_at: datetime | None = None,
-        conn: psycopg.Connection[Any] | None = None,
+        conn: object | None = None,
     ) -> str:
-        """Store the job (in `conn`'s transaction if given) and dispatch it; returns its id.
+        """Store the job and dispatch it; returns its id.
 
         The same id with the same payload returns the existing job; a different payload
-        raises JobIdConflict. With `conn`, dispatch happens only if that transaction commits
-        (a NOTIFY, delivered on commit, tells the coordinator).
+        raises JobIdConflict.
+
+        `conn` puts the job in the caller's transaction: a psycopg `Connection`, a SQLAlchemy
+        `Connection` or `Session` (postgresql+psycopg), or Django's `connection`. hivejobs
+        never commits, rolls back or closes it: the job exists, and is dispatched (NOTIFY,
+        delivered on commit), only if the caller commits. The one exception is an autocommit
+        connection with no transaction open, where the enqueue is its own transaction.
         """
         with self._postgres_errors():
             jt = self.job_type(name)
-        prio = _checked_options(jt, id, priority, delay, run_at, expires_at)
-        job = _new_job(jt, payload, id, prio, delay, run_at, expires_at)
-        own_transaction = conn is None or (
-            conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
-        )
+        job = _new_job(jt, payload, id, priority, delay, run_at, expires_at)
+        raw = driver_connection(conn) if conn is not None else None
+        own = raw is None or owns_transaction(raw)
         with self._postgres_errors():
             # On an error the job is not acknowledged; if the connection died during COMMIT
             # it may be stored: enqueue again with the same id to be sure (idempotent).
-            inserted = self.store.insert_job(job, conn, explicit_id=id is not None)
-        if not inserted.created:
-            if inserted.name != job.name or inserted.payload != job.payload:
-                if inserted.state != "gone":
-                    raise JobIdConflict(job.id)
-            return job.id
-        if inserted.state == "queued":
+            inserted = self.store.insert_job(job, id is not None, raw)
+        if _created(job, inserted) and own:
             failpoint("enqueue.after_commit_before_push")
-            if own_transaction or conn is None:
-                self.pusher.submit(job.name, job.priority, [job.id])
-            else:
-                self.store.notify_dispatch(conn, job.name, job.priority, job.id)
+            self.pusher.submit(job.name, job.priority, [job.id])
+        return job.id
+
+    async def aenqueue(
+        self,
+        name: str,
+        payload: object = None,
+        *,
+        id: str | None = None,  # noqa: A002
+        priority: int | None = None,
+        delay: float | None = None,
+        run_at: datetime | None = None,
+        expires_at: datetime | None = None,
+        conn: object | None = None,
+    ) -> str:
+        """`enqueue` for event loops; `conn` is a psycopg `AsyncConnection` or a SQLAlchemy
+        `AsyncConnection` / `AsyncSession`, with the same transaction rules."""
+        jt = await self._ajob_type(name)
+        job = _new_job(jt, payload, id, priority, delay, run_at, expires_at)
+        raw = await adriver_connection(conn) if conn is not None else None
+        own = raw is None or owns_transaction(raw)
+        backends = await self.async_backends()
+        with self._postgres_errors():
+            inserted = await backends.store.insert_job(job, id is not None, raw)
+        if _created(job, inserted) and own:
+            failpoint("enqueue.after_commit_before_push")
+            await self._apush(backends, [(job.id, job.name, job.priority)])
         return job.id
 
     def enqueue_many(
@@ -367,20 +393,51 @@ class App:
         priority: int | None = None,
         delay: float | None = None,
         expires_at: datetime | None = None,
+        conn: object | None = None,
     ) -> list[str]:
-        """Validate every payload first (one bad one stores nothing), then COPY them in."""
+        """Validate every payload first (one bad one stores nothing), then COPY them in, in
+        `conn`'s transaction if given (as `enqueue`)."""
         with self._postgres_errors():
             jt = self.job_type(name)
-        batch = list(payloads)
-        if not batch:
+        jobs = _new_jobs(jt, payloads, priority, delay, expires_at)
+        if not jobs:
             return []
-        prio = _checked_options(jt, None, priority, delay, None, expires_at)  # once for all
-        jobs = [_new_job(jt, p, None, prio, delay, None, expires_at) for p in batch]
+        raw = driver_connection(conn) if conn is not None else None
         with self._postgres_errors():
-            self.store.insert_many(jobs)
-        if not delay:
-            self._push(name, jobs[0].priority, [j.id for j in jobs])
+            pushes = self.store.insert_many(jobs, raw)
+        if pushes:
+            self._push(name, pushes[0][2], [job_id for job_id, _, _ in pushes])
         return [j.id for j in jobs]
+
+    async def aenqueue_many(
+        self,
+        name: str,
+        payloads: Iterable[object],
+        *,
+        priority: int | None = None,
+        delay: float | None = None,
+        expires_at: datetime | None = None,
+        conn: object | None = None,
+    ) -> list[str]:
+        """`enqueue_many` for event loops."""
+        jt = await self._ajob_type(name)
+        jobs = _new_jobs(jt, payloads, priority, delay, expires_at)
+        if not jobs:
+            return []
+        raw = await adriver_connection(conn) if conn is not None else None
+        backends = await self.async_backends()
+        with self._postgres_errors():
+            pushes = await backends.store.insert_many(jobs, raw)
+        await self._apush(backends, pushes)
+        return [j.id for j in jobs]
+
+    async def _ajob_type(self, name: str) -> JobType:
+        """A registered type at once; a declared one is read in a thread (it may query)."""
+        jt = self.types.get(name)
+        if jt is not None:
+            return jt
+        with self._postgres_errors():
+            return await asyncio.to_thread(self.job_type, name)
 
     def _push(self, name: str, priority: int, ids: Sequence[str]) -> None:
         try:
@@ -394,15 +451,40 @@ class App:
                 error=repr(exc),
             )
 
+    async def _apush(self, backends: AsyncBackends, pushes: Sequence[Push]) -> None:
+        if not pushes:
+            return
+        _, name, priority = pushes[0]  # one call enqueues one type at one priority
+        try:
+            await backends.broker.push(name, priority, [job_id for job_id, _, _ in pushes])
+        except redis.RedisError as exc:
+            logger.warning(
+                "job stored but push to Redis failed; the coordinator will dispatch it",
+                job_type=name,
+                jobs=len(pushes),
+                error=f"{type(exc).__name__}: {exc}",
+            )
+
+    async def async_backends(self) -> AsyncBackends:
+        """This event loop's async Postgres pool and Redis client, opened on first use."""
+        if self.settings.backend_source == "default":
+            await asyncio.to_thread(self.resolve_backends)
+        with self._postgres_errors():
+            return await self._async.get(self.settings)
+
+    async def aclose(self) -> None:
+        """Close this event loop's async connections (from the web app's shutdown hook)."""
+        await self._async.close()
+
     # -- reads and user actions --------------------------------------------------------
 
     def get_job(self, job_id: str) -> JobInfo:
-        row = self.store.get_row(job_id)
-        if row is None:
-            raise JobNotFound(job_id)
-        row["payload"] = decode_json(bytes(row["payload"]))
-        row["result"] = decode_json(bytes(row["result"]) if row["result"] else None)
-        return JobInfo(**row)
+        return _job_info(job_id, self.store.get_row(job_id))
+
+    async def aget_job(self, job_id: str) -> JobInfo:
+        backends = await self.async_backends()
+        with self._postgres_errors():
+            return _job_info(job_id, await backends.store.get_row(job_id))
 
     def cancel(self, job_id: str) -> bool:
         """Cancel a waiting job now, or tell a running one to stop (it ends `cancelled`
@@ -431,11 +513,18 @@ class App:
 
     # -- chains (hivejobs.chains.api does the work) ----------------------------------------
 
-    def run_chain(self, chain: Chain) -> str:
-        """Validate and store a chain (ChainInvalid stores nothing); returns its request id."""
+    def run_chain(self, chain: Chain, conn: object | None = None) -> str:
+        """Validate and store a chain (ChainInvalid stores nothing); returns its request id.
+        `conn`: in the caller's transaction, with the rules of `enqueue`."""
         from hivejobs.chains.api import run_chain
 
-        return run_chain(self, chain)
+        return run_chain(self, chain, conn)
+
+    async def arun_chain(self, chain: Chain, conn: object | None = None) -> str:
+        """`run_chain` for event loops."""
+        from hivejobs.chains.api import arun_chain
+
+        return await arun_chain(self, chain, conn)
 
     def chain_status(self, request_id: str) -> ChainStatus:
         from hivejobs.chains.api import chain_status
@@ -491,15 +580,17 @@ def _new_job(
     jt: JobType,
     payload: object,
     job_id: str | None,
-    priority: int,
+    priority: int | None,
     delay: float | None,
     run_at: datetime | None,
     expires_at: datetime | None,
 ) -> NewJob:
+    """Check the options and encode the payload: bad input raises before any write."""
+    prio = _checked_options(jt, job_id, priority, delay, run_at, expires_at)
     return NewJob(
         id=job_id or str(uuid.uuid4()),
         name=jt.name,
-        priority=priority,
+        priority=prio,
         attempts=jt.attempts,
         delivery=jt.delivery,
         payload=jt.codec.encode(payload),
@@ -507,6 +598,42 @@ def _new_job(
         run_at=run_at,
         expires_at=expires_at,
     )
+
+
+def _new_jobs(
+    jt: JobType,
+    payloads: Iterable[object],
+    priority: int | None,
+    delay: float | None,
+    expires_at: datetime | None,
+) -> list[NewJob]:
+    """Every payload checked first: one bad one stores nothing."""
+    batch = list(payloads)
+    if not batch:
+        return []
+    prio = _checked_options(jt, None, priority, delay, None, expires_at)  # once for all
+    return [_new_job(jt, p, None, prio, delay, None, expires_at) for p in batch]
+
+
+def _created(job: NewJob, inserted: Inserted) -> bool:
+    """True when this call stored a queued job whose id is to be dispatched now.
+
+    An existing id with the same type and payload is an idempotent retry; with another, a
+    conflict (unless the job finished and was pruned meanwhile)."""
+    if not inserted.created:
+        if inserted.name != job.name or inserted.payload != job.payload:
+            if inserted.state != "gone":
+                raise JobIdConflict(job.id)
+        return False
+    return inserted.state == "queued"
+
+
+def _job_info(job_id: str, row: dict[str, Any] | None) -> JobInfo:
+    if row is None:
+        raise JobNotFound(job_id)
+    row["payload"] = decode_json(bytes(row["payload"]))
+    row["result"] = decode_json(bytes(row["result"]) if row["result"] else None)
+    return JobInfo(**row)
 
 
 def _check_delay(delay: float) -> None:

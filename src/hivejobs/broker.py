@@ -24,6 +24,7 @@ from collections.abc import Iterable, Sequence
 
 import msgspec
 import redis
+import redis.asyncio
 from loguru import logger
 
 from hivejobs.config import Settings, redact_url
@@ -70,7 +71,7 @@ class Broker:
     # -- keys --------------------------------------------------------------------------
 
     def queue_key(self, name: str, priority: int) -> str:
-        return f"{self.prefix}{{{name}}}:p{priority}"
+        return queue_key(self.prefix, name, priority)
 
     def queue_keys(self, name: str) -> list[str]:
         keys = self._keys.get(name)
@@ -156,6 +157,28 @@ class Broker:
             return None
 
 
+class AsyncBroker:
+    """The enqueuer's side of the broker for event loops: RPUSH of ids over redis.asyncio.
+
+    Owns one async client, which belongs to the event loop that made it.
+    """
+
+    def __init__(self, settings: Settings) -> None:
+        self.prefix = settings.prefix
+        self.redis = redis.asyncio.Redis.from_url(
+            settings.redis_url,
+            socket_timeout=settings.redis_socket_timeout_s,
+            socket_connect_timeout=settings.redis_socket_timeout_s,
+        )
+
+    async def push(self, name: str, priority: int, ids: Sequence[str]) -> None:
+        if ids:
+            await self.redis.rpush(queue_key(self.prefix, name, priority), *ids)
+
+    async def close(self) -> None:
+        await self.redis.aclose()
+
+
 class Pusher:
     """Pushes ids of acknowledged jobs off the caller's path.
 
@@ -215,6 +238,11 @@ class Pusher:
             with self._cond:
                 self._pending -= len(batch)
                 self._cond.notify_all()
+
+
+def queue_key(prefix: str, name: str, priority: int) -> str:
+    """The list of one (type, priority); the type in braces is the cluster hash tag."""
+    return f"{prefix}{{{name}}}:p{priority}"
 
 
 def _clean_id(raw: bytes) -> str | None:

@@ -12,7 +12,6 @@ from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-import msgspec
 import psycopg
 import pytest
 
@@ -36,25 +35,7 @@ from hivejobs.coordinator import Coordinator
 from hivejobs.store import new_worker_id
 from hivejobs.store.migrate import latest_version, migration_files
 from tests.harness import REDIS_URL, db_url, sql, wait_until
-
-
-class Resize(msgspec.Struct):
-    width: int
-    height: int
-
-
-@pytest.fixture
-def app(make_app: Callable[..., App]) -> App:
-    app = make_app()
-
-    @app.job("resize")
-    def resize(ctx: JobContext, payload: Resize) -> None: ...
-
-    @app.job("notify")
-    def notify(ctx: JobContext, payload: dict[str, Any]) -> None: ...
-
-    return app
-
+from tests.integration.conftest import Resize
 
 Snapshot = tuple[list[tuple[Any, ...]], list[tuple[Any, ...]], dict[str, list[bytes]]]
 
@@ -319,13 +300,6 @@ def test_enqueue_many_with_one_bad_element_stores_nothing(
 # -- transactional enqueue ---------------------------------------------------------------
 
 
-@pytest.fixture
-def listener(database_url: str) -> Iterator[psycopg.Connection[Any]]:
-    with psycopg.connect(database_url, autocommit=True) as conn:
-        conn.execute("LISTEN hivejobs_dispatch")
-        yield conn
-
-
 def notes_until_marker(listen: psycopg.Connection[Any], database_url: str) -> list[str]:
     """Every dispatch NOTIFY so far. Notifications arrive in commit order, so once a marker
     sent now has arrived, anything committed before it has arrived too."""
@@ -415,11 +389,10 @@ def test_enqueue_in_committed_transaction_is_pushed_by_a_running_coordinator(
     assert not thread.is_alive()
 
 
-@pytest.mark.parametrize("autocommit", [False, True])
-def test_enqueue_with_a_connection_not_in_a_transaction_commits_and_pushes_at_once(
-    app: App, database_url: str, autocommit: bool
+def test_enqueue_on_an_autocommit_connection_commits_and_pushes_at_once(
+    app: App, database_url: str
 ) -> None:
-    with psycopg.connect(database_url, autocommit=autocommit) as conn:
+    with psycopg.connect(database_url, autocommit=True) as conn:
         job_id = app.enqueue("resize", GOOD, conn=conn)
         assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
         assert count_outside(database_url, job_id) == 1

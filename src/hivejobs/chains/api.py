@@ -8,6 +8,7 @@ there only delays the stop (the tries end cancelled whenever they fail or finish
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from typing import TYPE_CHECKING, Any
 
@@ -24,6 +25,7 @@ from hivejobs.errors import (
     PayloadTooLarge,
     UnknownJobType,
 )
+from hivejobs.integrations import adriver_connection, driver_connection
 from hivejobs.records import PRIORITIES, ChainJobStatus, ChainStatus, ChainSummary, JobLogEntry
 from hivejobs.serialization import decode_json
 from hivejobs.store.chains import ChainStore
@@ -34,8 +36,37 @@ if TYPE_CHECKING:
 _encoder = msgspec.json.Encoder(order="deterministic")
 
 
-def run_chain(app: App, chain: Chain) -> str:
-    """Validate, store in one transaction, wake the traverser; returns the request id."""
+class PreparedChain(msgspec.Struct, frozen=True):
+    """A chain that passed every check, as the rows that store it."""
+
+    request_id: str
+    head: dict[str, Any]
+    jobs: list[dict[str, Any]]
+    sequences: list[dict[str, Any]]
+
+
+def run_chain(app: App, chain: Chain, conn: object | None = None) -> str:
+    """Validate, store in one transaction (the caller's with `conn`), wake the traverser on
+    commit; returns the request id."""
+    ready = prepare_chain(app, chain)
+    raw = driver_connection(conn) if conn is not None else None
+    ChainStore(app.store).create(ready.head, ready.jobs, ready.sequences, raw)
+    logger.info("chain stored", chain_id=ready.request_id, chain=chain.name, jobs=len(ready.jobs))
+    return ready.request_id
+
+
+async def arun_chain(app: App, chain: Chain, conn: object | None = None) -> str:
+    """`run_chain` for event loops: `conn` is an async connection, or None."""
+    ready = await asyncio.to_thread(prepare_chain, app, chain)  # may read declared types
+    raw = await adriver_connection(conn) if conn is not None else None
+    backends = await app.async_backends()
+    await backends.store.create_chain(ready.head, ready.jobs, ready.sequences, raw)
+    logger.info("chain stored", chain_id=ready.request_id, chain=chain.name, jobs=len(ready.jobs))
+    return ready.request_id
+
+
+def prepare_chain(app: App, chain: Chain) -> PreparedChain:
+    """Check everything (DAG, sequences, job types, payloads) before anything is stored."""
     if not isinstance(chain, Chain):
         raise ChainInvalid(f"run_chain takes a hivejobs.Chain, not {type(chain).__name__}")
     valid = chain.validate()
@@ -77,11 +108,8 @@ def run_chain(app: App, chain: Chain) -> str:
         for start, s in valid.starts.items()
     ]
     request_id = uuid.uuid4().hex
-    ChainStore(app.store).create(
-        {"id": request_id, "name": chain.name, "args": args, "jobs": len(jobs)}, jobs, sequences
-    )
-    logger.info("chain stored", chain_id=request_id, chain=chain.name, jobs=len(jobs))
-    return request_id
+    head = {"id": request_id, "name": chain.name, "args": args, "jobs": len(jobs)}
+    return PreparedChain(request_id, head, jobs, sequences)
 
 
 def chain_status(app: App, request_id: str) -> ChainStatus:

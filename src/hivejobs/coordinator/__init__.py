@@ -26,6 +26,7 @@ from hivejobs.coordinator.services import Compactor, Gauges, Promoter, Reconcile
 from hivejobs.errors import ConnectionFailed
 from hivejobs.failpoints import failpoint
 from hivejobs.store import Store, connect
+from hivejobs.store.enqueue import parse_dispatch
 
 
 class Coordinator:
@@ -171,8 +172,11 @@ class Coordinator:
                 if stop_at_wake:
                     break
                 continue
-            name, priority, job_id = note.payload.split("\t", 2)
-            entries.append((job_id, name, int(priority)))
+            try:
+                entries.extend(parse_dispatch(note.payload))
+            except ValueError as exc:
+                # A forged or garbled notification: skip it alone, keep the rest of the batch.
+                logger.warning("dispatch notification skipped", error=str(exc))
         return woken
 
 

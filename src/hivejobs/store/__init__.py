@@ -10,12 +10,12 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, nullcontext
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 import psycopg
 import psycopg.sql
-from psycopg.rows import class_row, dict_row
+from psycopg.rows import class_row
 from psycopg_pool import ConnectionPool
 
 from hivejobs.config import redact_url
@@ -30,6 +30,20 @@ from hivejobs.records import (
     WorkerInfo,
 )
 from hivejobs.store.chains import suspend_chain_tries
+from hivejobs.store.enqueue import (
+    COPY_JOBS,
+    COPY_TYPES,
+    Push,
+    caller_savepoint,
+    copy_rows,
+    enqueue_plan,
+    get_plan,
+    insert_plan,
+    notify_plan,
+    owns_transaction,
+    queued_pushes,
+    run_plan,
+)
 from hivejobs.store.migrate import apply_migrations, check_schema
 from hivejobs.store.sql import load_queries
 
@@ -37,21 +51,6 @@ Conn = psycopg.Connection[Any]
 
 
 QUERIES = load_queries("queries.sql")
-_COPY_COLUMNS = (
-    "id, name, state, priority, attempts, delivery, payload, run_at, queued_at, expires_at"
-)
-_COPY_TYPES = [
-    "text",
-    "text",
-    "text",
-    "int2",
-    "int4",
-    "text",
-    "bytea",
-    "timestamptz",
-    "timestamptz",
-    "timestamptz",
-]
 
 
 def connect(url: str, **kwargs: Any) -> Conn:
@@ -131,77 +130,41 @@ class Store:
 
     def now(self) -> datetime:
         with self.connection() as conn:
-            return conn.execute("SELECT now()").fetchone()[0]  # type: ignore[index,no-any-return]
+            return conn.execute(QUERIES["db_now"]).fetchone()[0]  # type: ignore[index,no-any-return]
 
     # -- enqueue -----------------------------------------------------------------------
 
-    def insert_job(
-        self, job: NewJob, conn: Conn | None = None, explicit_id: bool = True
-    ) -> Inserted:
-        """Insert unless the id exists; `created` tells which. In `conn`'s transaction if given.
+    def insert_job(self, job: NewJob, explicit_id: bool, conn: Conn | None = None) -> Inserted:
+        """Insert unless the id exists (see enqueue.insert_plan); in `conn`'s transaction if
+        given, where a queued job is dispatched by NOTIFY when (and only if) the caller
+        commits. Otherwise the caller pushes the id to Redis."""
+        if conn is None:
+            with self.connection() as own:
+                return _insert_own(own, job, explicit_id)
+        if owns_transaction(conn):
+            return _insert_own(conn, job, explicit_id)
+        # A generated id is one INSERT; a caller's id may take three statements, undone
+        # together if one fails so that the caller's transaction stays usable.
+        with caller_savepoint(conn) if explicit_id else nullcontext():
+            return run_plan(conn, enqueue_plan(job, explicit_id, in_caller=True))
 
-        A generated id cannot exist yet, so it costs one statement. A caller's id may name a
-        finished job: that counts as existing (a finished job is never re-run by re-enqueueing
-        its id). The archive check runs after the insert, in a new snapshot, so a completion
-        that moved the id to the archive meanwhile is seen.
-        """
-        if conn is not None:
-            with conn.transaction():  # a savepoint when the caller's transaction is open
-                return self._insert_checked(conn, job)
-        with self.connection() as own:
-            if not explicit_id:
-                row = own.execute(QUERIES["insert_job"], _insert_params(job)).fetchone()
-                if row is not None:
-                    return Inserted(row[0], row[1], row[2], row[3], job.payload, True)
-            with own.transaction():
-                return self._insert_checked(own, job)
-
-    def _insert_checked(self, conn: Conn, job: NewJob) -> Inserted:
-        row = conn.execute(QUERIES["insert_job"], _insert_params(job)).fetchone()
-        if row is not None:
-            archived = conn.execute(QUERIES["archived_exists"], {"id": job.id}).fetchone()
-            if archived is None:
-                return Inserted(row[0], row[1], row[2], row[3], job.payload, True)
-            conn.execute(QUERIES["delete_live"], {"id": job.id})
-            return Inserted(
-                job.id, archived[0], "archived", job.priority, bytes(archived[1]), False
-            )
-        existing = conn.execute(QUERIES["find_existing"], {"id": job.id}).fetchone()
-        if existing is None:  # finished and pruned between the two statements
-            return Inserted(job.id, job.name, "gone", job.priority, b"", False)
-        return Inserted(job.id, existing[0], existing[2], job.priority, bytes(existing[1]), False)
-
-    def notify_dispatch(self, conn: Conn, name: str, priority: int, job_id: str) -> None:
-        """Inside the caller's transaction: delivered to the coordinator only on commit."""
-        conn.execute(QUERIES["notify_dispatch"], {"payload": f"{name}\t{priority}\t{job_id}"})
-
-    def insert_many(self, jobs: Sequence[NewJob]) -> datetime:
-        """COPY fresh jobs (generated ids, so no conflicts) in one transaction."""
-        with self.connection() as conn, conn.transaction():
-            now: datetime = conn.execute("SELECT now()").fetchone()[0]  # type: ignore[index]
-            with conn.cursor().copy(
-                f"COPY hivejobs_job ({_COPY_COLUMNS}) FROM STDIN (FORMAT BINARY)"
-            ) as copy:
-                copy.set_types(_COPY_TYPES)
-                for job in jobs:
-                    delay = job.delay_s or 0.0
-                    run_at = job.run_at or now + timedelta(seconds=delay)
-                    waiting = run_at > now
-                    copy.write_row(
-                        (
-                            job.id,
-                            job.name,
-                            "scheduled" if waiting else "queued",
-                            job.priority,
-                            job.attempts,
-                            job.delivery,
-                            job.payload,
-                            run_at,
-                            None if waiting else now,
-                            job.expires_at,
-                        )
-                    )
-            return now
+    def insert_many(self, jobs: Sequence[NewJob], conn: Conn | None = None) -> list[Push]:
+        """COPY fresh jobs (generated ids, so no conflicts) in one transaction: the store's
+        own, or `conn`'s. Returns the pushes for the caller to make; none in the caller's
+        transaction, whose commit dispatches them (NOTIFY)."""
+        with nullcontext(conn) if conn is not None else self.connection() as c:
+            in_caller = conn is not None and not owns_transaction(c)
+            with nullcontext() if in_caller else c.transaction():
+                now: datetime = c.execute(QUERIES["db_now"]).fetchone()[0]  # type: ignore[index]
+                with c.cursor().copy(COPY_JOBS) as copy:
+                    copy.set_types(COPY_TYPES)
+                    for row in copy_rows(jobs, now):
+                        copy.write_row(row)
+                pushes = queued_pushes(jobs, now)
+                if not in_caller:
+                    return pushes
+                run_plan(c, notify_plan(pushes))
+                return []
 
     # -- claim and finish --------------------------------------------------------------
 
@@ -293,11 +256,7 @@ class Store:
 
     def get_row(self, job_id: str) -> dict[str, Any] | None:
         with self.connection() as conn:
-            cur = conn.cursor(row_factory=dict_row)
-            row = cur.execute(QUERIES["get_live"], {"id": job_id}).fetchone()
-            if row is None:
-                row = cur.execute(QUERIES["get_archived"], {"id": job_id}).fetchone()
-            return row
+            return run_plan(conn, get_plan(job_id))
 
     def cancel(self, job_id: str) -> str | None:
         """'cancelled', 'requested' (it runs: its pool is told), or None (not live)."""
@@ -452,18 +411,12 @@ def _text(value: str | None) -> str | None:
     return None if value is None else value.replace("\x00", "\\x00")
 
 
-def _insert_params(job: NewJob) -> dict[str, Any]:
-    return {
-        "id": job.id,
-        "name": job.name,
-        "priority": job.priority,
-        "attempts": job.attempts,
-        "delivery": job.delivery,
-        "payload": job.payload,
-        "run_at": job.run_at,
-        "delay_s": job.delay_s,
-        "expires_at": job.expires_at,
-    }
+def _insert_own(conn: Conn, job: NewJob, explicit_id: bool) -> Inserted:
+    """The enqueue as its own transaction (the store's connection, or an autocommit one)."""
+    if not explicit_id:  # one statement: atomic on its own in autocommit
+        return run_plan(conn, insert_plan(job, False))
+    with conn.transaction():
+        return run_plan(conn, insert_plan(job, True))
 
 
 def new_worker_id() -> str:

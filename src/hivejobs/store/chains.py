@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from psycopg.rows import dict_row
 
 from hivejobs.records import Completion
+from hivejobs.store.enqueue import Steps, caller_savepoint, owns_transaction, run_plan
 from hivejobs.store.sql import load_queries
 
 if TYPE_CHECKING:
@@ -31,6 +32,39 @@ CHAIN_QUERIES = load_queries("chain_queries.sql")
 LEASE_HOLD = load_queries("queries.sql")["lease_hold"]  # pipelined with the reads
 Lease = tuple[str, int]
 Push = tuple[str, str, int]  # (job id, type, priority) for the broker
+
+
+def create_chain_plan(
+    chain: dict[str, Any], jobs: list[dict[str, Any]], sequences: list[dict[str, Any]]
+) -> Steps[None]:
+    """The statements that store a validated chain; the last one wakes the traverser."""
+    yield CHAIN_QUERIES["insert_chain"], chain
+    yield (
+        CHAIN_QUERIES["insert_chain_jobs"],
+        {
+            "chain_id": chain["id"],
+            "keys": [j["key"] for j in jobs],
+            "names": [j["name"] for j in jobs],
+            "payloads": [j["payload"] for j in jobs],
+            "priorities": [j["priority"] for j in jobs],
+            "deliveries": [j["delivery"] for j in jobs],
+            "afters": [" ".join(j["after"]) for j in jobs],
+            "seqs": [j["seq"] for j in jobs],
+            "tries": [j["tries"] for j in jobs],
+            "waits": [j["retry_wait_s"] for j in jobs],
+        },
+    )
+    if sequences:
+        yield (
+            CHAIN_QUERIES["insert_chain_sequences"],
+            {
+                "chain_id": chain["id"],
+                "starts": [s["start"] for s in sequences],
+                "retries": [s["retries"] for s in sequences],
+                "waits": [s["retry_wait_s"] for s in sequences],
+            },
+        )
+    yield CHAIN_QUERIES["wake_traverser"], {"id": chain["id"]}
 
 
 # -- what the traverser reads and writes ---------------------------------------------------
@@ -153,37 +187,24 @@ class ChainStore:
     # -- create and user actions ---------------------------------------------------------
 
     def create(
-        self, chain: dict[str, Any], jobs: list[dict[str, Any]], sequences: list[dict[str, Any]]
+        self,
+        chain: dict[str, Any],
+        jobs: list[dict[str, Any]],
+        sequences: list[dict[str, Any]],
+        conn: Conn | None = None,
     ) -> None:
-        """Store a validated chain in one transaction and wake the traverser on commit."""
-        with self.store.connection() as conn, conn.transaction():
-            conn.execute(CHAIN_QUERIES["insert_chain"], chain)
-            conn.execute(
-                CHAIN_QUERIES["insert_chain_jobs"],
-                {
-                    "chain_id": chain["id"],
-                    "keys": [j["key"] for j in jobs],
-                    "names": [j["name"] for j in jobs],
-                    "payloads": [j["payload"] for j in jobs],
-                    "priorities": [j["priority"] for j in jobs],
-                    "deliveries": [j["delivery"] for j in jobs],
-                    "afters": [" ".join(j["after"]) for j in jobs],
-                    "seqs": [j["seq"] for j in jobs],
-                    "tries": [j["tries"] for j in jobs],
-                    "waits": [j["retry_wait_s"] for j in jobs],
-                },
-            )
-            if sequences:
-                conn.execute(
-                    CHAIN_QUERIES["insert_chain_sequences"],
-                    {
-                        "chain_id": chain["id"],
-                        "starts": [s["start"] for s in sequences],
-                        "retries": [s["retries"] for s in sequences],
-                        "waits": [s["retry_wait_s"] for s in sequences],
-                    },
-                )
-            conn.execute(CHAIN_QUERIES["wake_traverser"], {"id": chain["id"]})
+        """Store a validated chain in one transaction and wake the traverser on commit: the
+        store's own transaction, or `conn`'s (under a savepoint; the caller commits)."""
+        plan = create_chain_plan(chain, jobs, sequences)
+        if conn is None:
+            with self.store.connection() as own, own.transaction():
+                run_plan(own, plan)
+        elif owns_transaction(conn):
+            with conn.transaction():
+                run_plan(conn, plan)
+        else:
+            with caller_savepoint(conn):
+                run_plan(conn, plan)
 
     def request_stop(self, chain_id: str) -> tuple[bool, list[str]]:
         """Flag the chain stopped, end its waiting tries, and mark its running tries

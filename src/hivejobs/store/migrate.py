@@ -6,10 +6,12 @@ Never edits a shipped migration: a schema change is a new numbered file.
 from __future__ import annotations
 
 import importlib.resources
+from typing import Any
 
 import psycopg
 
 from hivejobs.errors import SchemaMissing, SchemaOutdated
+from hivejobs.store.enqueue import Steps, run_plan
 
 _LOCK_KEY = 0x48495645  # "HIVE": serialises concurrent `hivejobs migrate` runs.
 
@@ -56,13 +58,18 @@ def apply_migrations(conn: psycopg.Connection[object]) -> list[str]:
         conn.execute("SELECT pg_advisory_unlock(%s)", (_LOCK_KEY,))
 
 
-def check_schema(conn: psycopg.Connection[object]) -> None:
+def check_schema(conn: psycopg.Connection[Any]) -> None:
     """Raise a clear error telling the user to migrate when the schema is missing or old."""
-    row = conn.execute("SELECT to_regclass('hivejobs_schema_version') IS NOT NULL").fetchone()
-    if not row or not row[0]:  # type: ignore[index]
+    run_plan(conn, schema_check_plan())
+
+
+def schema_check_plan() -> Steps[None]:
+    """The schema check as statements, so that the async client runs the same check."""
+    row = yield "SELECT to_regclass('hivejobs_schema_version') IS NOT NULL", {}
+    if not row or not row[0]:
         raise SchemaMissing()
-    found = conn.execute("SELECT coalesce(max(version), 0) FROM hivejobs_schema_version")
-    version: int = found.fetchone()[0]  # type: ignore[index]
+    found = yield "SELECT coalesce(max(version), 0) FROM hivejobs_schema_version", {}
+    version = int(found[0]) if found else 0
     needed = latest_version()
     if version < needed:
         raise SchemaOutdated(version, needed)

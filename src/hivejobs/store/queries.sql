@@ -17,9 +17,20 @@ ON CONFLICT (id) DO NOTHING
 RETURNING id, name, state, priority;
 
 -- name: notify_dispatch
--- A job enqueued in the caller's transaction: the coordinator pushes its id once (and only
--- if) that transaction commits, because NOTIFY is delivered on commit.
-SELECT pg_notify('hivejobs_dispatch', %(payload)s);
+-- Jobs enqueued in the caller's transaction: the coordinator pushes their ids once (and only
+-- if) that transaction commits, because NOTIFY is delivered on commit. Payloads are built by
+-- store/enqueue.py (dispatch_payloads), which also parses them.
+SELECT pg_notify('hivejobs_dispatch', p) FROM unnest(%(payloads)s::text[]) AS p;
+
+-- name: savepoint_enqueue
+-- An enqueue inside the caller's transaction: undone alone if it fails, never committed here.
+SAVEPOINT hivejobs_enqueue;
+
+-- name: release_enqueue
+RELEASE SAVEPOINT hivejobs_enqueue;
+
+-- name: rollback_to_enqueue
+ROLLBACK TO SAVEPOINT hivejobs_enqueue;
 
 -- name: find_existing
 -- After a conflicting insert: the job with that id, live or finished.
@@ -324,3 +335,7 @@ SELECT (SELECT count(*) FROM (SELECT 1 FROM hivejobs_job LIMIT %(cap)s) s)::int 
 -- Leftovers of an interrupted REINDEX CONCURRENTLY (*_ccnew, *_ccold): invalid, unused.
 SELECT i.indexrelid::regclass::text FROM pg_index i
  WHERE i.indrelid = 'hivejobs_job'::regclass AND NOT i.indisvalid;
+
+-- name: db_now
+-- The database clock, which every time in the schema is judged on.
+SELECT now();

@@ -1,0 +1,252 @@
+"""Enqueue statements as plans that a sync or an async connection runs alike.
+
+An enqueue may run on the store's own pool (sync or async) or on a caller's connection, in
+the caller's transaction. The statements and the decisions between them (insert, then look
+for a finished job with the same id) are written once, here, as generators: a plan yields
+(sql, params) and receives the first row of each statement. `run_plan` and `arun_plan` are
+the only I/O. This module never commits, rolls back or closes a caller's connection: a
+caller's transaction is entered with a savepoint of its own (`caller_savepoint`), so a
+failing statement leaves the caller's transaction usable, and only the caller's COMMIT makes
+the job visible and, through NOTIFY, dispatched.
+
+The dispatch NOTIFY payload is built and parsed here alone: "type<TAB>priority<TAB>id..."
+(job ids never hold a tab: control characters are refused at the edge).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Generator, Iterator, Sequence
+from datetime import datetime, timedelta
+from typing import Any, TypeVar
+
+import psycopg
+from psycopg.pq import TransactionStatus
+
+from hivejobs.errors import InvalidArgument
+from hivejobs.records import Inserted, NewJob
+from hivejobs.store.sql import load_queries
+
+QUERIES = load_queries("queries.sql")
+T = TypeVar("T")
+Row = tuple[Any, ...] | None
+Statement = tuple[str, dict[str, Any]]
+Steps = Generator[Statement, Row, T]
+Push = tuple[str, str, int]  # (job id, type, priority) for the broker
+
+COPY_JOBS = (
+    "COPY hivejobs_job (id, name, state, priority, attempts, delivery, payload, run_at,"
+    " queued_at, expires_at) FROM STDIN (FORMAT BINARY)"
+)
+COPY_TYPES = [
+    "text", "text", "text", "int2", "int4", "text", "bytea", "timestamptz", "timestamptz",
+    "timestamptz",
+]  # fmt: skip
+MAX_NOTIFY_BYTES = 7_900  # Postgres refuses a NOTIFY payload of 8,000 bytes or more
+
+
+# -- plans ---------------------------------------------------------------------------------
+
+
+def insert_plan(job: NewJob, explicit_id: bool) -> Steps[Inserted]:
+    """Insert unless the id exists; `created` tells which.
+
+    A generated id cannot exist yet, so it costs one statement. A caller's id may name a
+    finished job: that counts as existing (a finished job is never re-run by re-enqueueing
+    its id). The archive check runs after the insert, in a new snapshot, so a completion
+    that moved the id to the archive meanwhile is seen.
+    """
+    row = yield QUERIES["insert_job"], insert_params(job)
+    if row is not None and not explicit_id:
+        return Inserted(row[0], row[1], row[2], row[3], job.payload, True)
+    if row is not None:
+        archived = yield QUERIES["archived_exists"], {"id": job.id}
+        if archived is None:
+            return Inserted(row[0], row[1], row[2], row[3], job.payload, True)
+        yield QUERIES["delete_live"], {"id": job.id}
+        return Inserted(job.id, archived[0], "archived", job.priority, bytes(archived[1]), False)
+    existing = yield QUERIES["find_existing"], {"id": job.id}
+    if existing is None:  # finished and pruned between the two statements
+        return Inserted(job.id, job.name, "gone", job.priority, b"", False)
+    return Inserted(job.id, existing[0], existing[2], job.priority, bytes(existing[1]), False)
+
+
+def enqueue_plan(job: NewJob, explicit_id: bool, in_caller: bool) -> Steps[Inserted]:
+    """The insert, and in the caller's transaction the NOTIFY that dispatches it on commit
+    (on the store's own connection the caller pushes the id to Redis instead)."""
+    inserted = yield from insert_plan(job, explicit_id)
+    if in_caller and inserted.created and inserted.state == "queued":
+        yield from notify_plan([(job.id, job.name, job.priority)])
+    return inserted
+
+
+def notify_plan(pushes: Sequence[Push]) -> Steps[None]:
+    """Inside the caller's transaction: the coordinator hears of these ids only on commit."""
+    payloads = dispatch_payloads(pushes)
+    if payloads:
+        yield QUERIES["notify_dispatch"], {"payloads": payloads}
+
+
+def get_plan(job_id: str) -> Steps[dict[str, Any] | None]:
+    """A job's row, live or archived, as a dict of the get_live / get_archived columns."""
+    row = yield QUERIES["get_live"], {"id": job_id}
+    if row is None:
+        row = yield QUERIES["get_archived"], {"id": job_id}
+    if row is None:
+        return None
+    return dict(zip(JOB_COLUMNS, row, strict=True))
+
+
+JOB_COLUMNS = (
+    "id", "name", "state", "attempt", "attempts", "priority", "delivery", "payload",
+    "created_at", "run_at", "started_at", "finished_at", "expires_at", "error", "result",
+)  # fmt: skip
+
+
+def insert_params(job: NewJob) -> dict[str, Any]:
+    return {
+        "id": job.id,
+        "name": job.name,
+        "priority": job.priority,
+        "attempts": job.attempts,
+        "delivery": job.delivery,
+        "payload": job.payload,
+        "run_at": job.run_at,
+        "delay_s": job.delay_s,
+        "expires_at": job.expires_at,
+    }
+
+
+def copy_rows(jobs: Sequence[NewJob], now: datetime) -> Iterator[tuple[Any, ...]]:
+    """COPY rows for fresh jobs; `now` is the database clock read in the same transaction."""
+    for job in jobs:
+        run_at = _run_at(job, now)
+        waiting = run_at > now
+        yield (
+            job.id,
+            job.name,
+            "scheduled" if waiting else "queued",
+            job.priority,
+            job.attempts,
+            job.delivery,
+            job.payload,
+            run_at,
+            None if waiting else now,
+            job.expires_at,
+        )
+
+
+def queued_pushes(jobs: Sequence[NewJob], now: datetime) -> list[Push]:
+    """The jobs of a COPY that start queued (not scheduled for later): their ids go out."""
+    return [(j.id, j.name, j.priority) for j in jobs if _run_at(j, now) <= now]
+
+
+def _run_at(job: NewJob, now: datetime) -> datetime:
+    return job.run_at or now + timedelta(seconds=job.delay_s or 0.0)
+
+
+# -- the dispatch NOTIFY payload -----------------------------------------------------------
+
+
+def dispatch_payloads(pushes: Sequence[Push]) -> list[str]:
+    """Group ids by (type, priority) into payloads under Postgres' NOTIFY size limit."""
+    out: list[str] = []
+    groups: dict[tuple[str, int], list[str]] = {}
+    for job_id, name, priority in pushes:
+        groups.setdefault((name, priority), []).append(job_id)
+    for (name, priority), ids in groups.items():
+        head = f"{name}\t{priority}"
+        parts = [head]
+        size = len(head.encode())
+        for job_id in ids:
+            grow = len(job_id.encode()) + 1
+            if size + grow > MAX_NOTIFY_BYTES and len(parts) > 1:
+                out.append("\t".join(parts))
+                parts, size = [head], len(head.encode())
+            parts.append(job_id)
+            size += grow
+        out.append("\t".join(parts))
+    return out
+
+
+def parse_dispatch(payload: str) -> list[Push]:
+    """The pushes one dispatch payload carries; ValueError names what is malformed."""
+    name, priority, *ids = payload.split("\t")
+    if not name or not ids or not all(ids):
+        raise ValueError(f"dispatch payload without a type or ids: {payload[:80]!r}")
+    return [(job_id, name, int(priority)) for job_id in ids]
+
+
+# -- running plans -------------------------------------------------------------------------
+
+
+def run_plan(conn: psycopg.Connection[Any], plan: Steps[T]) -> T:
+    """Run a plan on a sync connection, one round trip per statement."""
+    try:
+        statement = next(plan)
+        while True:
+            cur = conn.execute(*statement)
+            statement = plan.send(cur.fetchone() if cur.description else None)
+    except StopIteration as done:
+        return done.value  # type: ignore[no-any-return]
+
+
+async def arun_plan(conn: psycopg.AsyncConnection[Any], plan: Steps[T]) -> T:
+    """Run a plan on an async connection, one round trip per statement."""
+    try:
+        statement = next(plan)
+        while True:
+            cur = await conn.execute(*statement)
+            statement = plan.send(await cur.fetchone() if cur.description else None)
+    except StopIteration as done:
+        return done.value  # type: ignore[no-any-return]
+
+
+# -- the caller's transaction --------------------------------------------------------------
+
+
+def owns_transaction(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> bool:
+    """True when an enqueue on `conn` is its own transaction: an autocommit connection with
+    no transaction block open. Anything else belongs to the caller, who commits or not."""
+    status = conn.info.transaction_status
+    if status == TransactionStatus.INERROR:
+        raise InvalidArgument(
+            "the connection's transaction has failed (an earlier statement raised): "
+            "roll it back before enqueueing"
+        )
+    if status not in (TransactionStatus.IDLE, TransactionStatus.INTRANS):
+        raise InvalidArgument(f"the connection cannot run a statement now ({status.name})")
+    return bool(conn.autocommit) and status == TransactionStatus.IDLE
+
+
+@contextlib.contextmanager
+def caller_savepoint(conn: psycopg.Connection[Any]) -> Iterator[None]:
+    """Statements in the caller's transaction, undone alone if one fails.
+
+    Not `conn.transaction()`: on a connection with no transaction under way psycopg would
+    BEGIN and then COMMIT on the caller's behalf. A SAVEPOINT instead makes psycopg open the
+    caller's implicit transaction (non-autocommit) and leaves its end to the caller.
+    """
+    conn.execute(QUERIES["savepoint_enqueue"])
+    try:
+        yield
+    except BaseException:
+        with contextlib.suppress(psycopg.Error):  # the connection itself may be gone
+            conn.execute(QUERIES["rollback_to_enqueue"])
+            conn.execute(QUERIES["release_enqueue"])
+        raise
+    conn.execute(QUERIES["release_enqueue"])
+
+
+@contextlib.asynccontextmanager
+async def acaller_savepoint(conn: psycopg.AsyncConnection[Any]) -> AsyncIterator[None]:
+    """`caller_savepoint` for an async connection."""
+    await conn.execute(QUERIES["savepoint_enqueue"])
+    try:
+        yield
+    except BaseException:
+        with contextlib.suppress(psycopg.Error):
+            await conn.execute(QUERIES["rollback_to_enqueue"])
+            await conn.execute(QUERIES["release_enqueue"])
+        raise
+    await conn.execute(QUERIES["release_enqueue"])
