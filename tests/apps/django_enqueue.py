@@ -1,7 +1,7 @@
 """Enqueue from Django, as a view would: `python -m tests.apps.django_enqueue`.
 
 Runs in a process of its own (Django's settings are set once per process), with
-DJANGO_SETTINGS_MODULE=tests.apps.django_settings and the fleet's HIVEJOBS_* environment.
+DJANGO_SETTINGS_MODULE=examples.transactions.django_settings and the fleet's HIVEJOBS_* environment.
 Prints one JSON object: the ids that were committed and those that were rolled back.
 """
 

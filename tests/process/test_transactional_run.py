@@ -94,7 +94,7 @@ async def from_async_sqlalchemy(app: App, url: str, out: Outcomes) -> None:
 def from_django(env: dict[str, str], out: Outcomes) -> None:
     done = subprocess.run(
         [sys.executable, "-m", "tests.apps.django_enqueue"],
-        env={**env, "DJANGO_SETTINGS_MODULE": "tests.apps.django_settings"},
+        env={**env, "DJANGO_SETTINGS_MODULE": "examples.transactions.django_settings"},
         cwd=ROOT,
         capture_output=True,
         text=True,

@@ -1,6 +1,5 @@
-"""A minimal Django settings module: its postgresql backend (psycopg 3) on the test database.
-
-The database comes from HIVEJOBS_DATABASE_URL, as for every other test process."""
+"""The smallest Django settings for examples.transactions.django_view: the same database as
+hivejobs (HIVEJOBS_DATABASE_URL, else the local default)."""
 
 from __future__ import annotations
 
@@ -8,9 +7,10 @@ import os
 
 from psycopg.conninfo import conninfo_to_dict
 
-_db = conninfo_to_dict(os.environ["HIVEJOBS_DATABASE_URL"])
+from hivejobs.config import DEFAULT_DATABASE_URL
 
-SECRET_KEY = "tests-only"
+_db = conninfo_to_dict(os.environ.get("HIVEJOBS_DATABASE_URL", DEFAULT_DATABASE_URL))
+SECRET_KEY = "example-only"
 USE_TZ = True
 INSTALLED_APPS: list[str] = []
 DATABASES = {
