@@ -83,8 +83,10 @@ def test_small_bench_writes_json_and_leaves_nothing_behind(admin_url: str, tmp_p
     }
     assert set(report["medians"]["enqueue"]) == {
         "enqueue_single_per_s",
+        "enqueue_async_single_per_s",
         "raw_commits_alongside_per_s",
         "enqueue_single_vs_raw",
+        "enqueue_async_vs_sync",
         "enqueue_bulk_per_s",
     }
     assert {"pickup_p50_ms", "pickup_p99_ms"} <= set(report["medians"]["latency"])

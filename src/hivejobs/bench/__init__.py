@@ -217,6 +217,8 @@ def format_report(report: dict[str, Any]) -> str:
 def _fraction(key: str, value: float, ceil: scenarios.Figures) -> str:
     if key == "enqueue_single_vs_raw":
         return f"{value:.0%} of raw 1-INSERT commits/s, slices alternated with them"
+    if key == "enqueue_async_vs_sync":
+        return f"{value:.0%} of sync single enqueues/s, slices alternated with them"
     if key == "throughput_jobs_per_s" and ceil.get("pg_batched_lifecycle_jobs_per_s"):
         return f"{value / ceil['pg_batched_lifecycle_jobs_per_s']:.0%} of batched PG life-cycle"
     return ""

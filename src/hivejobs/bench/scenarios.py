@@ -6,6 +6,7 @@ stated as a fraction of what this machine allows.
 
 from __future__ import annotations
 
+import asyncio
 import statistics
 import sys
 import threading
@@ -77,43 +78,60 @@ def ceilings(env: BenchEnvironment, seconds: float = 1.0) -> Figures:
 
 
 def enqueue(env: BenchEnvironment, jobs: int, payload_bytes: int) -> Figures:
-    """Single enqueue calls from one thread, then enqueue_many in batches of 10,000.
+    """Single enqueue calls from one thread (sync, then awaited one after another on one
+    event loop), then enqueue_many in batches of 10,000.
 
     Single enqueues alternate with slices of raw one-INSERT commits on a plain connection,
-    so that their ratio compares the same minutes of this noisy machine.
+    so that their ratios compare the same minutes of this noisy machine.
     """
     assert env.app is not None
-    body = payload(payload_bytes)
+    app, body = env.app, payload(payload_bytes)
     single, rounds = min(jobs, 2000), 5
     per_round = max(1, single // rounds)
-    ratios, enqueue_s, raw_s = [], 0.0, 0.0
+    spent = {"raw": 0.0, "sync": 0.0, "async": 0.0}
+    vs_raw, async_vs_sync = [], []
+
+    async def async_slice() -> None:
+        for _ in range(per_round):
+            await app.aenqueue(JOB, body)
+
+    loop = asyncio.new_event_loop()
+    loop.run_until_complete(app.aenqueue(JOB, body))  # open the async pool outside the timing
     with connect(env.database_url) as conn:
         conn.execute(RAW_TABLE)
         for _ in range(rounds):
-            start = time.perf_counter()
-            for _ in range(per_round):
-                _raw_commit(conn)
-            raw = time.perf_counter() - start
-            start = time.perf_counter()
-            for _ in range(per_round):
-                env.app.enqueue(JOB, body)
-            took = time.perf_counter() - start
-            ratios.append(raw / took)
-            raw_s, enqueue_s = raw_s + raw, enqueue_s + took
+            raw = _timed(lambda: _raw_commit(conn), per_round)
+            sync = _timed(lambda: app.enqueue(JOB, body), per_round)
+            aio = _timed(lambda: loop.run_until_complete(async_slice()), 1)
+            vs_raw.append(raw / sync)
+            async_vs_sync.append(sync / aio)
+            for key, took in (("raw", raw), ("sync", sync), ("async", aio)):
+                spent[key] += took
         conn.execute("DROP TABLE ceiling")
+    loop.run_until_complete(app.aclose())
+    loop.close()
     bulk = max(jobs, 10_000)
     start = time.perf_counter()
     for offset in range(0, bulk, 10_000):
-        env.app.enqueue_many(JOB, [body] * min(10_000, bulk - offset))
+        app.enqueue_many(JOB, [body] * min(10_000, bulk - offset))
     bulk_rate = bulk / (time.perf_counter() - start)
     env.reset_jobs()
     env.clear_redis(keep_boot_marker=True)
     return {
-        "enqueue_single_per_s": per_round * rounds / enqueue_s,
-        "raw_commits_alongside_per_s": per_round * rounds / raw_s,
-        "enqueue_single_vs_raw": statistics.median(ratios),
+        "enqueue_single_per_s": per_round * rounds / spent["sync"],
+        "enqueue_async_single_per_s": per_round * rounds / spent["async"],
+        "raw_commits_alongside_per_s": per_round * rounds / spent["raw"],
+        "enqueue_single_vs_raw": statistics.median(vs_raw),
+        "enqueue_async_vs_sync": statistics.median(async_vs_sync),
         "enqueue_bulk_per_s": bulk_rate,
     }
+
+
+def _timed(fn: Callable[[], object], times: int) -> float:
+    start = time.perf_counter()
+    for _ in range(times):
+        fn()
+    return time.perf_counter() - start
 
 
 def throughput(
