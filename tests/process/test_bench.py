@@ -35,7 +35,12 @@ def test_bad_options_exit_2_with_one_line(
 def test_small_bench_writes_json_and_leaves_nothing_behind(admin_url: str, tmp_path: Path) -> None:
     client = redis.Redis.from_url(REDIS_URL)
     client.set("user:data", "kept")  # a user's key next to the bench's prefix
-    databases_before = {r[0] for r in sql(admin_url, "SELECT datname FROM pg_database")}
+    databases_before = {
+        r[0]
+        for r in sql(
+            admin_url, "SELECT datname FROM pg_database WHERE datname LIKE 'hivejobs_bench%'"
+        )
+    }
     keys_before = set(client.scan_iter(match="hivejobs-bench:*"))  # e.g. an earlier --keep
     out = tmp_path / "bench.json"
     server = admin_url.rsplit("/", 1)[0] + "/postgres"
@@ -93,7 +98,12 @@ def test_small_bench_writes_json_and_leaves_nothing_behind(admin_url: str, tmp_p
     assert report["medians"]["throughput"]["throughput_jobs_per_s"] > 0
     assert (tmp_path / "bench.png").read_bytes().startswith(b"\x89PNG")
 
-    databases_after = {r[0] for r in sql(admin_url, "SELECT datname FROM pg_database")}
+    databases_after = {
+        r[0]
+        for r in sql(
+            admin_url, "SELECT datname FROM pg_database WHERE datname LIKE 'hivejobs_bench%'"
+        )
+    }
     assert databases_after == databases_before  # its own database was dropped
     assert set(client.scan_iter(match="hivejobs-bench:*")) == keys_before
     assert client.get("user:data") == b"kept"
