@@ -46,6 +46,7 @@ from hivejobs.errors import (
 from hivejobs.failpoints import failpoint
 from hivejobs.integrations import adriver_connection, driver_connection
 from hivejobs.records import PRIORITIES, Delivery, Inserted, JobInfo, JobTypeInfo, NewJob
+from hivejobs.schedules import Schedule, check_cron
 from hivejobs.serialization import PayloadCodec, decode_json, payload_type_of
 from hivejobs.store import Store
 from hivejobs.store.enqueue import Push, owns_transaction
@@ -119,6 +120,7 @@ class App:
     ) -> None:
         self.settings: Settings = settings_from_env(database_url, redis_url, prefix, **settings)
         self.types: dict[str, JobType] = {}
+        self.schedules: dict[str, Schedule] = {}
         self._store: Store | None = None
         self._broker: Broker | None = None
         self._pusher: Pusher | None = None
@@ -140,20 +142,66 @@ class App:
         timeout: float | None = None,
         backoff: Backoff | None = None,
         priority: int = 0,
+        cron: str | None = None,
+        tz: str = "UTC",
+        catch_up: bool = False,
     ) -> Callable[[F], F]:
-        """Register a handler `fn(ctx, payload)` as job type `name`."""
+        """Register a handler `fn(ctx, payload)` as job type `name`.
+
+        `cron` also runs it periodically with a `None` payload (see `periodic`)."""
         jt = self._validated_type(
             name, concurrency, processes, attempts, delivery, timeout, priority
         )
+        if cron is not None:
+            check_cron(cron, tz)
 
         def register(fn: F) -> F:
             jt.handler = fn
             jt.backoff = backoff or Backoff()
             jt.codec = PayloadCodec(name, payload_type_of(fn), self.settings.max_payload_bytes)
             self.types[name] = jt
+            if cron is not None:
+                self.periodic(name, cron, tz=tz, catch_up=catch_up)
             return fn
 
         return register
+
+    def periodic(
+        self,
+        job_type: str,
+        cron: str,
+        payload: object = None,
+        *,
+        name: str | None = None,
+        tz: str = "UTC",
+        catch_up: bool = False,
+        priority: int | None = None,
+    ) -> None:
+        """Enqueue a job of `job_type` at every tick of `cron` (5 fields, or 6 with seconds
+        last), read in time zone `tz`. The active coordinator enqueues exactly one job per
+        tick across the fleet. Ticks missed while no coordinator ran are skipped, or all
+        enqueued with `catch_up=True`. `name` (default: the job type) identifies the
+        schedule; declare several per type under different names."""
+        jt = self.types.get(job_type)
+        if jt is None:
+            raise UnknownJobType(job_type, sorted(self.types))
+        key = job_type if name is None else name
+        if not NAME_RE.match(key):
+            raise InvalidJobType(f"schedule name {key!r} must be 1-64 letters, digits, _.-")
+        if key in self.schedules:
+            raise InvalidJobType(f"schedule {key!r} is declared twice")
+        check_cron(cron, tz)
+        prio = jt.priority if priority is None else priority
+        _check_priority(prio)
+        self.schedules[key] = Schedule(
+            name=key,
+            job_type=job_type,
+            cron=cron,
+            tz=tz,
+            payload=jt.codec.encode(payload),
+            priority=prio,
+            catch_up=catch_up,
+        )
 
     def _validated_type(
         self,
