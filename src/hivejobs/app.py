@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import math
 import random
-import re
 import threading
 import time
 import unicodedata
@@ -29,11 +28,10 @@ from hivejobs.config import (
     DEFAULT_DATABASE_URL,
     DEFAULT_REDIS_URL,
     Settings,
-    redact_url,
+    remember_secrets,
     settings_from_env,
 )
 from hivejobs.errors import (
-    ConnectionFailed,
     InvalidArgument,
     InvalidJobType,
     JobIdConflict,
@@ -42,16 +40,20 @@ from hivejobs.errors import (
     UnknownJobType,
 )
 from hivejobs.failpoints import failpoint
-from hivejobs.records import PRIORITIES, Delivery, JobInfo, JobTypeInfo, NewJob
+from hivejobs.logs import error_text
+from hivejobs.records import JOB_TYPE_NAME_RE, PRIORITIES, Delivery, JobInfo, JobTypeInfo, NewJob
 from hivejobs.serialization import PayloadCodec, decode_json, payload_type_of
-from hivejobs.store import Store
+from hivejobs.store import Store, connection_failed
 
 if TYPE_CHECKING:
     from hivejobs.chains.builder import Chain
     from hivejobs.embedded import EmbeddedServers
     from hivejobs.records import ChainStatus, ChainSummary, JobLogEntry
 
-NAME_RE = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
+NAME_RE = JOB_TYPE_NAME_RE
+# Unicode categories refused in ids: controls, format characters (RTL override, zero-width),
+# line and paragraph separators, and lone surrogates (undecodable bytes; not storable).
+_BAD_ID_CATEGORIES = frozenset({"Cc", "Cf", "Zl", "Zp", "Cs"})
 MAX_DELAY_S = 366 * 24 * 3600.0
 Handler = Callable[..., object]
 F = TypeVar("F", bound=Handler)
@@ -160,7 +162,7 @@ class App:
         timeout: float | None,
         priority: int,
     ) -> JobType:
-        if not NAME_RE.match(name):
+        if not isinstance(name, str) or not NAME_RE.fullmatch(name):
             raise InvalidJobType(f"job type name {name!r} must be 1-64 letters, digits, _.-")
         if name in self.types:
             raise InvalidJobType(f"job type {name!r} is registered twice")
@@ -235,8 +237,7 @@ class App:
         try:
             yield
         except psycopg.OperationalError as exc:
-            url = redact_url(self.settings.database_url)
-            raise ConnectionFailed("Postgres", url, str(exc).strip() or repr(exc)) from None
+            raise connection_failed(self.settings.database_url, exc) from None
 
     # -- connections -------------------------------------------------------------------
 
@@ -260,6 +261,7 @@ class App:
             self.settings.database_url = chosen.database_url
             self.settings.redis_url = chosen.redis_url
             self.settings.backend_source = chosen.source
+            remember_secrets(chosen.database_url, chosen.redis_url)
             self.embedded = chosen.embedded
 
     @property
@@ -391,12 +393,13 @@ class App:
                 "job stored but push to Redis failed; the coordinator will dispatch it",
                 job_type=name,
                 jobs=len(ids),
-                error=repr(exc),
+                error=error_text(exc),
             )
 
     # -- reads and user actions --------------------------------------------------------
 
     def get_job(self, job_id: str) -> JobInfo:
+        _check_id(job_id)
         row = self.store.get_row(job_id)
         if row is None:
             raise JobNotFound(job_id)
@@ -407,6 +410,7 @@ class App:
     def cancel(self, job_id: str) -> bool:
         """Cancel a waiting job now, or tell a running one to stop (it ends `cancelled`
         unless it succeeds first). False when the job has already finished."""
+        _check_id(job_id)
         outcome = self.store.cancel(job_id)
         if outcome is None:
             self.get_job(job_id)  # raises JobNotFound for unknown ids
@@ -418,7 +422,7 @@ class App:
                 logger.warning(
                     "cancel stored but not broadcast; the job ends cancelled if it fails",
                     job_id=job_id,
-                    error=repr(exc),
+                    error=error_text(exc),
                 )
         return True
 
@@ -521,8 +525,14 @@ def _check_priority(priority: int) -> None:
         raise InvalidArgument(f"priority must be an integer 0-9 (0 runs first), not {priority!r}")
 
 
-def _check_id(job_id: str) -> None:
+def _check_id(job_id: object) -> None:
+    """For enqueue and every lookup: a job id Postgres can store and a terminal can show."""
     if not isinstance(job_id, str) or not 1 <= len(job_id) <= MAX_ID_LENGTH:
-        raise InvalidArgument(f"job id must be a string of 1-{MAX_ID_LENGTH} characters")
-    if any(unicodedata.category(ch) == "Cc" for ch in job_id):
-        raise InvalidArgument(f"job id {job_id!r} contains control characters")
+        raise InvalidArgument(
+            f"job id must be a string of 1-{MAX_ID_LENGTH} characters, not {job_id!r:.80}"
+        )
+    if any(unicodedata.category(ch) in _BAD_ID_CATEGORIES for ch in job_id):
+        raise InvalidArgument(
+            f"job id {job_id!r} contains control characters (or invisible format or "
+            "separator characters, or bytes that are not UTF-8)"
+        )

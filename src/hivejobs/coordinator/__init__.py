@@ -171,8 +171,11 @@ class Coordinator:
                 if stop_at_wake:
                     break
                 continue
-            name, priority, job_id = note.payload.split("\t", 2)
-            entries.append((job_id, name, int(priority)))
+            entry = Store.parse_dispatch(note.payload)
+            if entry is None:
+                logger.warning("malformed dispatch notification dropped", size=len(note.payload))
+                continue
+            entries.append(entry)
         return woken
 
 

@@ -7,6 +7,7 @@ the guards that keep them safe (state and claim-token fences).
 
 from __future__ import annotations
 
+import re
 import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, nullcontext
@@ -18,9 +19,11 @@ import psycopg.sql
 from psycopg.rows import class_row, dict_row
 from psycopg_pool import ConnectionPool
 
-from hivejobs.config import redact_url
-from hivejobs.errors import ConnectionFailed
+from hivejobs.config import redact_url, scrub, url_secrets
+from hivejobs.errors import ConfigError, ConnectionFailed
 from hivejobs.records import (
+    JOB_TYPE_NAME_RE,
+    PRIORITIES,
     ClaimedJob,
     Completion,
     Inserted,
@@ -54,19 +57,34 @@ _COPY_TYPES = [
 ]
 
 
+_DATABASE_MISSING = re.compile(r'database "[^"]*" does not exist')
+_ROLE_MISSING = re.compile(r'role "[^"]*" does not exist')
+
+
+def connection_failed(url: str, exc: psycopg.Error) -> ConnectionFailed:
+    """libpq's whole reason (every line: it tries each address), the URL redacted."""
+    reason = " ".join(line.strip() for line in str(exc).splitlines() if line.strip())
+    reason = scrub(reason or type(exc).__name__, url_secrets(url))
+    if _ROLE_MISSING.search(reason):
+        reason += " (the user name in the URL is wrong, or that role was never created)"
+    elif _DATABASE_MISSING.search(reason):
+        reason += " (run `hivejobs migrate`, which creates it)"
+    return ConnectionFailed("Postgres", redact_url(url), reason)
+
+
 def connect(url: str, **kwargs: Any) -> Conn:
     """A plain autocommit connection, with a clear error when the server does not answer."""
     try:
         return psycopg.connect(url, autocommit=True, connect_timeout=5, **kwargs)
     except psycopg.OperationalError as exc:
-        reason = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
-        if "does not exist" in reason and "database" in reason:
-            reason += " (run `hivejobs migrate`, which creates it)"
-        raise ConnectionFailed("Postgres", redact_url(url), reason) from None
+        raise connection_failed(url, exc) from None
 
 
 def create_database_if_missing(url: str) -> bool:
-    """`hivejobs migrate` on a fresh server: create the database named in the URL."""
+    """`hivejobs migrate` on a fresh server: create the database named in the URL.
+
+    Only a "database does not exist" answer leads to CREATE DATABASE; a wrong role, password
+    or host is reported as such."""
     info = psycopg.conninfo.conninfo_to_dict(url)
     dbname = str(info.get("dbname") or "")
     if not dbname:
@@ -75,8 +93,8 @@ def create_database_if_missing(url: str) -> bool:
         psycopg.connect(url, connect_timeout=5).close()
         return False
     except psycopg.OperationalError as exc:
-        if "does not exist" not in str(exc):
-            raise ConnectionFailed("Postgres", redact_url(url), str(exc).strip()) from None
+        if not _DATABASE_MISSING.search(str(exc)):
+            raise connection_failed(url, exc) from None
     maintenance = psycopg.conninfo.make_conninfo(url, dbname="postgres")
     with connect(maintenance) as conn:
         try:
@@ -85,6 +103,13 @@ def create_database_if_missing(url: str) -> bool:
             )
         except psycopg.errors.DuplicateDatabase:
             return False  # a concurrent creator won the race
+        except psycopg.errors.InsufficientPrivilege:
+            user = str(info.get("user") or "the URL's user")
+            raise ConfigError(
+                f"database {dbname!r} does not exist and role {user!r} may not create it: "
+                "create it as a superuser (CREATE DATABASE ... OWNER ...) or grant CREATEDB, "
+                "then run `hivejobs migrate` again"
+            ) from None
     return True
 
 
@@ -174,6 +199,20 @@ class Store:
     def notify_dispatch(self, conn: Conn, name: str, priority: int, job_id: str) -> None:
         """Inside the caller's transaction: delivered to the coordinator only on commit."""
         conn.execute(QUERIES["notify_dispatch"], {"payload": f"{name}\t{priority}\t{job_id}"})
+
+    @staticmethod
+    def parse_dispatch(payload: str) -> tuple[str, str, int] | None:
+        """(id, type, priority) of a notify_dispatch payload, or None if it is not one of ours:
+        any role may NOTIFY, so a malformed one is dropped alone, never its whole batch."""
+        parts = payload.split("\t", 2)
+        if len(parts) != 3:
+            return None
+        name, priority, job_id = parts
+        if not (JOB_TYPE_NAME_RE.fullmatch(name) and priority.isdecimal() and job_id):
+            return None
+        if int(priority) not in PRIORITIES:
+            return None  # a list nothing pops
+        return job_id, name, int(priority)
 
     def insert_many(self, jobs: Sequence[NewJob]) -> datetime:
         """COPY fresh jobs (generated ids, so no conflicts) in one transaction."""
