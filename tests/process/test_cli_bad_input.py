@@ -12,7 +12,7 @@ import psycopg
 import pytest
 
 from hivejobs import App
-from tests.harness import ROOT, Instance, sql, wait_until
+from tests.harness import ROOT, Instance, pool_pids, sql, wait_until
 from tests.process.cli import cli_env, hivejobs
 
 APP = "tests.apps.inputapp:app"
@@ -202,4 +202,37 @@ def test_a_stored_payload_nested_100k_deep_fails_at_once(
     (state, attempt, error) = wait_until(archived, timeout=60, what="the job archived")[0]
     assert (state, attempt) == ("failed", 1), (state, attempt, error)
     assert "stored payload does not decode" in str(error)
+    inst.stop()
+
+
+def test_a_malformed_dispatch_notification_is_dropped_alone(
+    start_instance: object, database_url: str, redis_prefix: str
+) -> None:
+    """Any role may NOTIFY: a malformed payload made the listener drop its whole batch, and
+    priority 99 created a list that nothing pops."""
+    import redis
+
+    inst: Instance = start_instance(app_spec=APP)  # type: ignore[operator]
+    wait_until(lambda: pool_pids(database_url, "untyped"), what="the pool")
+    app = App(database_url=database_url, redis_url="redis://127.0.0.1:6379/0", prefix=redis_prefix)
+    app.types.clear()
+    wait_until(
+        lambda: "untyped" in {t.name for t in app.store.job_types()}, what="the declared type"
+    )
+    listening = (
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+        " AND query = 'LISTEN hivejobs_chain'"
+    )
+    wait_until(lambda: sql(database_url, listening)[0][0], what="the coordinator listening")
+    with psycopg.connect(database_url) as conn:
+        for forged in ("garbage", "untyped\t99\tforged", "untyped\tx\ty"):
+            conn.execute("SELECT pg_notify('hivejobs_dispatch', %s)", (forged,))
+        job_id = app.enqueue("untyped", {}, conn=conn)  # its NOTIFY comes in the same batch
+    wait_until(lambda: app.get_job(job_id).state == "succeeded", what="the good job ran")
+    client = redis.Redis.from_url("redis://127.0.0.1:6379/0")
+    assert not client.exists(f"{redis_prefix}{{untyped}}:p99")
+    client.close()
+    app.close()
+    wait_until(lambda: "malformed dispatch notification dropped" in inst.log_text(), timeout=10)
+    assert "dispatch listener failed" not in inst.log_text()
     inst.stop()
