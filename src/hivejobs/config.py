@@ -65,8 +65,8 @@ class Settings(msgspec.Struct, kw_only=True):
     lease_margin_s: Seconds = 1.0
     poison_pill_after: Count = 3
     archive_retention_s: Seconds = 7 * 24 * 3600.0
-    # A drained hot table (a few live rows) bigger than this is vacuumed and reindexed.
-    compact_above_bytes: Annotated[float, msgspec.Meta(gt=0)] = 16 * 1024 * 1024
+    # A drained hot table (a few live rows) bigger than this is vacuumed and reindexed; 0 off.
+    compact_above_bytes: Annotated[float, msgspec.Meta(ge=0, le=2.0**62)] = 16 * 1024 * 1024
 
     def __post_init__(self) -> None:
         if not isinstance(self.prefix, str) or not PREFIX_RE.fullmatch(self.prefix):
