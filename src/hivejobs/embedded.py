@@ -69,7 +69,7 @@ import redis
 from loguru import logger
 from psycopg.conninfo import conninfo_to_dict
 
-from hivejobs.config import DEFAULT_DATABASE_URL, DEFAULT_REDIS_URL, redact_url
+from hivejobs.config import DEFAULT_DATABASE_URL, DEFAULT_REDIS_URL, configured_urls, redact_url
 from hivejobs.embedded_guard import (
     PG_AUTH_MARKER,
     PG_HBA,
@@ -1124,8 +1124,7 @@ def choose_backends(
     3. embedded: ``start_embedded(data_dir)``, unless ``HIVEJOBS_EMBEDDED=0``.
        ``HIVEJOBS_EMBEDDED=1`` skips step 2.
     """
-    db = database_url or os.environ.get("HIVEJOBS_DATABASE_URL") or os.environ.get("DATABASE_URL")
-    rd = redis_url or os.environ.get("HIVEJOBS_REDIS_URL") or os.environ.get("REDIS_URL")
+    db, rd = configured_urls(database_url, redis_url)
     flag = _env_flag("HIVEJOBS_EMBEDDED")
     if db and rd:
         if flag:

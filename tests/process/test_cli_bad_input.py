@@ -78,6 +78,13 @@ NUL_CHAIN = b'{"name":"a\\u0000b","jobs":[{"key":"a","type":"untyped"}]}'
         (["run", APP], {"HIVEJOBS_HEARTBEAT_S": "-1"}, 2, "finite number of seconds > 0"),
         (["run", APP], {"HIVEJOBS_SHUTDOWN_TIMEOUT_S": "nan"}, 2, "SHUTDOWN_TIMEOUT_S='nan'"),
         (["restart"], {"HIVEJOBS_REDIS_URL": "redis://127.0.0.1:1/0"}, 1, "cannot reach Redis"),
+        # libpq's whole reason, not only its last line ("Is the server running...")
+        (
+            ["jobs"],
+            {"HIVEJOBS_DATABASE_URL": "postgresql://postgres@127.0.0.1:1/x"},
+            1,
+            "Connection refused Is the server running",
+        ),
     ],
     ids=repr,
 )

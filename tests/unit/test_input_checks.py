@@ -202,3 +202,36 @@ def test_dispatch_payloads_are_parsed_one_by_one(
     payload: str, parsed: tuple[str, str, int] | None
 ) -> None:
     assert Store.parse_dispatch(payload) == parsed
+
+
+# -- logging: a library stays silent; the CLI's setup keeps the host's sinks ------------------
+
+LOGGING_CHILD = """
+from loguru import logger
+seen = []
+logger.add(lambda message: seen.append(str(message)), level="DEBUG", format="{message} {extra}")
+import hivejobs
+from hivejobs.app import App
+app = App(database_url="postgresql://127.0.0.1:1/x", redis_url="redis://:Zq9MarkerPw@127.0.0.1:1/0")
+app._push("resize", 0, ["a"])  # Redis is down: logs a warning
+assert seen == [], seen  # imported as a library: silent
+from hivejobs.logs import setup_logging
+setup_logging("cli")
+app._push("resize", 0, ["a"])
+assert len(seen) == 1 and "ConnectionError" in seen[0] and "Connection refused" in seen[0], seen
+print("ok")
+"""
+
+
+def test_library_is_silent_until_enabled_and_setup_keeps_the_hosts_sinks() -> None:
+    """loguru's advice for libraries: disabled at import; the CLI enables it and removes only
+    the handlers it added. Errors are logged with their text, not redis-py's bare repr."""
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", LOGGING_CHILD], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
+    assert "Connection refused" in done.stderr  # our own sink, on stderr
+    assert MARK not in done.stderr
