@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import psycopg
@@ -146,9 +147,7 @@ def test_output_into_a_closed_pipe_is_not_a_traceback(env: dict[str, str]) -> No
     assert "Traceback" not in err and "BrokenPipe" not in err, err
 
 
-def test_chain_views_show_control_characters_escaped(
-    env: dict[str, str], make_app: object, tmp_path: Path
-) -> None:
+def test_chain_views_show_control_characters_escaped(env: dict[str, str], tmp_path: Path) -> None:
     """An ESC sequence or a newline in a chain name, status text or error reaches the
     terminal escaped (no screen clearing, no forged rows), in `chain status`, `chain list`
     and `status`."""
@@ -188,7 +187,7 @@ def test_status_json_escapes_format_characters(
 
 
 def test_a_stored_payload_nested_100k_deep_fails_at_once(
-    start_instance: object, database_url: str, redis_prefix: str
+    start_instance: Callable[..., Instance], database_url: str, redis_prefix: str
 ) -> None:
     """It was retried as an ordinary failure (RecursionError); it can never decode."""
     app = App(database_url=database_url, redis_url="redis://127.0.0.1:6379/0", prefix=redis_prefix)
@@ -197,7 +196,7 @@ def test_a_stored_payload_nested_100k_deep_fails_at_once(
     app.close()
     deep = b"[" * 100_000 + b"]" * 100_000
     sql(database_url, "UPDATE hivejobs_job SET payload = %s WHERE id = %s", (deep, job_id))
-    inst: Instance = start_instance(app_spec=APP)  # type: ignore[operator]
+    inst = start_instance(app_spec=APP)
 
     def archived() -> list[tuple[object, ...]]:
         return sql(
@@ -213,13 +212,13 @@ def test_a_stored_payload_nested_100k_deep_fails_at_once(
 
 
 def test_a_malformed_dispatch_notification_is_dropped_alone(
-    start_instance: object, database_url: str, redis_prefix: str
+    start_instance: Callable[..., Instance], database_url: str, redis_prefix: str
 ) -> None:
     """Any role may NOTIFY: a malformed payload made the listener drop its whole batch, and
     priority 99 created a list that nothing pops."""
     import redis
 
-    inst: Instance = start_instance(app_spec=APP)  # type: ignore[operator]
+    inst = start_instance(app_spec=APP)
     wait_until(lambda: pool_pids(database_url, "untyped"), what="the pool")
     app = App(database_url=database_url, redis_url="redis://127.0.0.1:6379/0", prefix=redis_prefix)
     app.types.clear()
