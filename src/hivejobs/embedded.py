@@ -824,6 +824,11 @@ def _reuse(data_dir: Path, state: dict[str, Any], creds: Credentials) -> Embedde
     db_url, rd_url = _pg_url(pg_port, creds.postgres), _redis_url(vk_port, creds.valkey)
     if not (_pg_handshake(db_url) and _redis_handshake(rd_url)):
         return None
+    anonymous_pg = f"host={_HOST} port={pg_port} user={PG_SUPERUSER} dbname=postgres"
+    if _pg_handshake(anonymous_pg) or _redis_handshake(f"redis://{_HOST}:{vk_port}/0"):
+        # Started by an older hivejobs, open to every local user: restart them with passwords.
+        logger.warning("embedded servers without passwords found: restarting them")
+        return None
     return EmbeddedServers(
         data_dir=data_dir,
         database_url=db_url,

@@ -117,3 +117,22 @@ def test_stop_signals_only_our_own_server_binaries(data_dir: Path) -> None:
     finally:
         victim.kill()
         victim.wait(10)
+
+
+def test_a_cluster_made_with_trust_auth_gets_a_password(data_dir: Path) -> None:
+    """A data dir from an older hivejobs (initdb --auth=trust, no credentials file): the next
+    start sets the superuser's password (single-user mode) and rewrites pg_hba.conf."""
+    with start_embedded(data_dir) as servers:
+        pgdata = servers.pg_data_dir
+    (pgdata / "pg_hba.conf").write_text("host all all 127.0.0.1/32 trust\n")
+    (pgdata / "hivejobs.auth").unlink()
+    (data_dir / "credentials.json").unlink()
+    with start_embedded(data_dir) as servers:
+        port = port_of(servers.database_url)
+        with pytest.raises(psycopg.OperationalError, match="password"):
+            psycopg.connect(
+                f"host=127.0.0.1 port={port} user=postgres dbname=postgres", connect_timeout=5
+            )
+        with psycopg.connect(servers.database_url) as conn:
+            assert conn.execute("SELECT 1").fetchone() == (1,)
+        assert "trust" not in (pgdata / "pg_hba.conf").read_text().split("\n", 1)[1]
