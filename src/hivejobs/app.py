@@ -403,8 +403,8 @@ class App:
         row = self.store.get_row(job_id)
         if row is None:
             raise JobNotFound(job_id)
-        row["payload"] = decode_json(bytes(row["payload"]))
-        row["result"] = decode_json(bytes(row["result"]) if row["result"] else None)
+        row["payload"] = decode_json(bytes(row["payload"]), row["name"])
+        row["result"] = decode_json(bytes(row["result"]) if row["result"] else None, row["name"])
         return JobInfo(**row)
 
     def cancel(self, job_id: str) -> bool:

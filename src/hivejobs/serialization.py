@@ -124,7 +124,12 @@ def encode_result(value: object) -> bytes | None:
     return _encoder.encode(value)
 
 
-def decode_json(raw: bytes | None) -> object:
+def decode_json(raw: bytes | None, name: str = "?") -> object:
+    """Stored JSON (payload, result, args) back to a value; PayloadInvalid if it cannot be,
+    e.g. a row written in SQL with nesting deeper than the decoder can walk."""
     if raw is None:
         return None
-    return _any_decoder.decode(raw)
+    try:
+        return _any_decoder.decode(raw)
+    except RecursionError:
+        raise PayloadInvalid(name, f"stored value does not decode: {TOO_DEEP}") from None

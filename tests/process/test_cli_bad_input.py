@@ -186,6 +186,14 @@ def test_status_json_escapes_format_characters(
     assert data["payload"] == {"note": "rtl\u202eoverride"}
 
 
+def inst_env(database_url: str, redis_prefix: str) -> dict[str, str]:
+    return {
+        "HIVEJOBS_DATABASE_URL": database_url,
+        "HIVEJOBS_REDIS_URL": "redis://127.0.0.1:6379/0",
+        "HIVEJOBS_PREFIX": redis_prefix,
+    }
+
+
 def test_a_stored_payload_nested_100k_deep_fails_at_once(
     start_instance: Callable[..., Instance], database_url: str, redis_prefix: str
 ) -> None:
@@ -208,6 +216,8 @@ def test_a_stored_payload_nested_100k_deep_fails_at_once(
     (state, attempt, error) = wait_until(archived, timeout=60, what="the job archived")[0]
     assert (state, attempt) == ("failed", 1), (state, attempt, error)
     assert "stored payload does not decode" in str(error)
+    done = hivejobs(["status", job_id], cli_env(**inst_env(database_url, redis_prefix)))
+    one_line_error(done, 2, "stored value does not decode: nested too deeply")
     inst.stop()
 
 

@@ -12,7 +12,6 @@ import re
 import uuid
 from typing import TYPE_CHECKING, Any
 
-import msgspec
 import redis
 from loguru import logger
 
@@ -34,7 +33,6 @@ from hivejobs.store.chains import ChainStore
 if TYPE_CHECKING:
     from hivejobs.app import App
 
-_encoder = msgspec.json.Encoder(order="deterministic")
 _REQUEST_ID_RE = re.compile(r"[0-9a-f]{32}")
 MAX_LIST = 10_000
 
