@@ -42,6 +42,7 @@ from hivejobs.errors import (
     UnknownJobType,
 )
 from hivejobs.failpoints import failpoint
+from hivejobs.logs import error_fields
 from hivejobs.records import PRIORITIES, Delivery, JobInfo, JobTypeInfo, NewJob
 from hivejobs.serialization import PayloadCodec, decode_json, payload_type_of
 from hivejobs.store import Store
@@ -391,7 +392,7 @@ class App:
                 "job stored but push to Redis failed; the coordinator will dispatch it",
                 job_type=name,
                 jobs=len(ids),
-                error=repr(exc),
+                **error_fields(exc),
             )
 
     # -- reads and user actions --------------------------------------------------------
@@ -418,7 +419,7 @@ class App:
                 logger.warning(
                     "cancel stored but not broadcast; the job ends cancelled if it fails",
                     job_id=job_id,
-                    error=repr(exc),
+                    **error_fields(exc),
                 )
         return True
 

@@ -15,6 +15,8 @@ from hivejobs.errors import ConfigError
 
 DEFAULT_DATABASE_URL = "postgresql://127.0.0.1:5432/hivejobs"
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+# Room for an error's head, the truncation note and its tail.
+MIN_RESULT_BYTES = 1024
 PREFIX_RE = re.compile(r"^[A-Za-z0-9_.\-:]{1,64}$")
 
 
@@ -28,6 +30,9 @@ class Settings(msgspec.Struct, kw_only=True):
     backend_source: str = "explicit"
     prefix: str = "hivejobs:"
     max_payload_bytes: int = 1024 * 1024
+    # What a handler returns or raises is stored, and read back by status and chains: an
+    # encoded result above this fails its attempt, an error text is truncated to it.
+    max_result_bytes: int = 1024 * 1024
     pop_block_s: float = 1.0
     # R11: a paused Redis must not hang a thread for ever; longer than pop_block_s.
     redis_socket_timeout_s: float = 5.0
@@ -56,6 +61,8 @@ class Settings(msgspec.Struct, kw_only=True):
             raise ConfigError("redis_socket_timeout_s must exceed pop_block_s (a paused Redis)")
         if self.max_payload_bytes <= 0:
             raise ConfigError("max_payload_bytes must be positive")
+        if self.max_result_bytes < MIN_RESULT_BYTES:
+            raise ConfigError(f"max_result_bytes must be at least {MIN_RESULT_BYTES}")
         for url, schemes in (
             (self.database_url, ("postgresql", "postgres")),
             (self.redis_url, ("redis", "rediss", "unix")),
@@ -105,7 +112,7 @@ def settings_from_env(
         raise ConfigError(str(exc)) from None
 
 
-_INT_FIELDS = {"max_payload_bytes", "poison_pill_after"}
+_INT_FIELDS = {"max_payload_bytes", "max_result_bytes", "poison_pill_after"}
 
 
 def with_database(url: str, dbname: str) -> str:

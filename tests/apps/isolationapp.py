@@ -4,7 +4,8 @@ Two job types, `a` (at-least-once, concurrency 8, one attempt) and `b` (at-most-
 one handler whose behaviour the payload chooses: sleep and succeed, raise an error whose text
 Postgres cannot store (a surrogate, as os.listdir returns for non-UTF-8 names), return or
 raise something huge, or start a child process that outlives the job. Ledger lines as in
-faultapp, plus `child <job_id> <pid>` for a started child.
+faultapp, plus `child <job_id> <pid>` for a started child. HJ_TYPES selects the types to
+register (default: both).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from hivejobs import App, JobContext
 from tests.apps.ledger import note
 
 app = App()
+SELECTED = set(filter(None, os.environ.get("HJ_TYPES", "").split(","))) or {"a", "b"}
 
 JobPayload = dict[str, object]
 
@@ -42,5 +44,7 @@ def _act(ctx: JobContext, payload: JobPayload) -> object:
     return action
 
 
-app.job("a", concurrency=8, attempts=1)(_act)
-app.job("b", concurrency=2, delivery="at_most_once")(_act)
+if "a" in SELECTED:
+    app.job("a", concurrency=8, attempts=1)(_act)
+if "b" in SELECTED:
+    app.job("b", concurrency=2, delivery="at_most_once")(_act)

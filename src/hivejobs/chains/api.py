@@ -24,6 +24,7 @@ from hivejobs.errors import (
     PayloadTooLarge,
     UnknownJobType,
 )
+from hivejobs.logs import error_fields
 from hivejobs.records import PRIORITIES, ChainJobStatus, ChainStatus, ChainSummary, JobLogEntry
 from hivejobs.serialization import decode_json
 from hivejobs.store.chains import ChainStore
@@ -113,7 +114,7 @@ def stop_chain(app: App, request_id: str) -> bool:
                 "chain stop stored but not broadcast; its running jobs end "
                 "cancelled when they fail",
                 chain_id=request_id,
-                error=repr(exc),
+                **error_fields(exc),
             )
             break
     logger.info("chain stop requested", chain_id=request_id, running=len(running))

@@ -25,7 +25,10 @@ from hivejobs.coordinator.elector import Elector
 from hivejobs.coordinator.services import Compactor, Gauges, Promoter, Reconciler, Rescuer
 from hivejobs.errors import ConnectionFailed
 from hivejobs.failpoints import failpoint
-from hivejobs.store import Store, connect
+from hivejobs.logs import error_fields
+from hivejobs.store import Store, connect, parse_dispatch
+
+MSG_BAD_DISPATCH = "malformed dispatch notification ignored"
 
 
 class Coordinator:
@@ -119,7 +122,7 @@ class Coordinator:
         try:
             fn()  # type: ignore[operator]
         except (psycopg.Error, redis.RedisError) as exc:
-            logger.warning("coordinator step failed", step=what, error=repr(exc))
+            logger.warning("coordinator step failed", step=what, **error_fields(exc))
 
     def _wait_for_dispatch(self, leader: bool) -> None:
         """Sleep until the next tick, pushing ids of transactional enqueues as they commit."""
@@ -144,13 +147,25 @@ class Coordinator:
                 # Followers keep no wake-ups: a new leader starts with a full search anyway.
                 self._chain_hints.clear()
             if entries and leader:
-                self.broker.push_many(entries)
+                self._push(entries)
         except (psycopg.Error, redis.RedisError, ValueError, ConnectionFailed) as exc:
-            logger.warning("dispatch listener failed", error=repr(exc))
+            logger.warning("dispatch listener failed", **error_fields(exc))
             if self._listen is not None:
                 self._listen.close()
             self._listen = None
             self.stop.wait(timeout)
+
+    def _push(self, entries: list[tuple[str, str, int]]) -> None:
+        """A push that fails (Redis down, a refused key) loses only latency: the reconciler
+        pushes these ids after its grace. The listener stays: its next notes are not lost."""
+        try:
+            self.broker.push_many(entries)
+        except redis.RedisError as exc:
+            logger.warning(
+                "dispatched ids not pushed; the reconciler will",
+                jobs=len(entries),
+                **error_fields(exc),
+            )
 
     def _collect(
         self,
@@ -171,8 +186,12 @@ class Coordinator:
                 if stop_at_wake:
                     break
                 continue
-            name, priority, job_id = note.payload.split("\t", 2)
-            entries.append((job_id, name, int(priority)))
+            entry = parse_dispatch(note.payload)
+            if entry is None:
+                # Only this notification is lost: the rest of the batch is dispatched.
+                logger.warning(MSG_BAD_DISPATCH, payload=note.payload[:200], pid=note.pid)
+                continue
+            entries.append(entry)
         return woken
 
 
