@@ -2,8 +2,8 @@
 
 The fetcher pops as many ids as there are free slots (one BLMPOP), claims them in one UPDATE
 by primary key, and hands the claimed jobs to runner threads; finished attempts go to the
-Completer. One heartbeat per process. Never runs a job it has not claimed in Postgres, and
-never writes the end of a claim without its claim token.
+Completer. One heartbeat per process. Never runs a job it has not claimed in Postgres or a
+job of another type, and never writes the end of a claim without its claim token.
 """
 
 from __future__ import annotations

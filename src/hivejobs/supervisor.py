@@ -3,7 +3,9 @@ children with backoff, and shut down on SIGTERM without losing work.
 
 Holds no Postgres or Redis connection while it forks (children open their own). When a child
 dies abnormally its claims are released at once (R8): at-least-once jobs requeued with the
-attempt counted, at-most-once jobs failed "worker lost".
+attempt counted, at-most-once jobs failed "worker lost". Each pool leads its own process
+group, which is ended when the pool exits: nothing a handler started (holding the pool's
+inherited Postgres and Redis sockets) outlives its pool.
 """
 
 from __future__ import annotations
