@@ -95,6 +95,10 @@ class Broker:
             keys = self._keys[name] = [self.queue_key(name, p) for p in PRIORITIES]
         return keys
 
+    def queue_keys_glob(self, name: str) -> str:
+        """All lists of one type, as a pattern: for logs about a pop, which names no key."""
+        return f"{self.prefix}{{{name}}}:p*"
+
     @property
     def boot_key(self) -> str:
         return f"{self.prefix}boot"

@@ -36,11 +36,11 @@ from hivejobs.store import Store
 EXIT_RECYCLE = 0  # a clean exit the supervisor answers with an immediate restart
 EXIT_RELOAD = 75  # `hivejobs restart`: the supervisor re-execs itself to load new code
 PREFETCH = 64
+PREFETCH_BELOW_S = 0.005
 MSG_FOREIGN_ID = (
     "foreign job id dropped: a job of another type was in this pool's list (logged once per"
     " list; counted in foreign_ids)"
 )
-PREFETCH_BELOW_S = 0.005
 
 
 @dataclass
@@ -220,7 +220,7 @@ class Pool:
             except (redis.RedisError, psycopg.Error) as exc:
                 self.log.warning(
                     "fetch failed, retrying",
-                    keys=self.broker.queue_key(self.jt.name, 0)[:-1] + "0-9",
+                    keys=self.broker.queue_keys_glob(self.jt.name),
                     retry_in_s=backoff,
                     **error_fields(exc),
                 )

@@ -6,6 +6,7 @@ from collections.abc import Callable
 
 from hivejobs import App
 from hivejobs.completer import Completer
+from hivejobs.coordinator.services import rescue_isolated
 from hivejobs.records import ClaimedJob, Completion
 from hivejobs.store import new_worker_id
 from tests.harness import sql
@@ -74,3 +75,67 @@ def test_completer_isolates_the_completion_it_cannot_write(
     assert sql(database_url, "SELECT count(*) FROM hivejobs_job")[0][0] == 0
     assert sorted(written) == sorted(ids)  # the pool forgets every claim, the clash too
     assert completer.unwritable == 1
+
+
+def refuse_archiving(database_url: str, job_id: str) -> None:
+    """A trigger that makes the archive refuse one id, as a data error (not a lost link)."""
+    sql(database_url, "CREATE TABLE refused (id text PRIMARY KEY)")
+    sql(database_url, "INSERT INTO refused VALUES (%s)", (job_id,))
+    sql(
+        database_url,
+        "CREATE FUNCTION refuse() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN"
+        " IF EXISTS (SELECT 1 FROM refused WHERE id = NEW.id) THEN"
+        " RAISE EXCEPTION 'refused' USING ERRCODE = 'check_violation'; END IF;"
+        " RETURN NEW; END $$",
+    )
+    sql(
+        database_url,
+        "CREATE TRIGGER refuse BEFORE INSERT ON hivejobs_archive"
+        " FOR EACH ROW EXECUTE FUNCTION refuse()",
+    )
+
+
+def test_completion_that_nothing_can_write_is_let_go(
+    make_app: Callable[..., App], database_url: str
+) -> None:
+    """A job the archive refuses whatever we write: the others of its batch are written, and
+    the completer lets go of it (left running for the rescue) instead of retrying for ever."""
+    app = make(make_app())
+    ids = app.enqueue_many("thing", [{}] * 5)
+    jobs = claim(app, ids, "thing")
+    refuse_archiving(database_url, ids[1])
+    written: list[str] = []
+    completer = Completer(app.store, app.broker, lambda done: written.extend(c.id for c in done))
+    for job in jobs:
+        completer.submit(Completion(id=job.id, claim_token=job.claim_token, outcome="succeeded"))
+    completer.start()
+    assert completer.flush(30.0)
+    archived = {r[0] for r in sql(database_url, "SELECT id FROM hivejobs_archive")}
+    assert archived == set(ids) - {ids[1]}
+    assert sql(database_url, "SELECT id, state FROM hivejobs_job") == [(ids[1], "running")]
+    assert sorted(written) == sorted(ids)
+    assert completer.unwritable == 1
+
+
+def test_rescue_of_one_process_does_not_wait_on_another(
+    make_app: Callable[..., App], database_url: str
+) -> None:
+    """Two dead processes; the archive refuses one's job. The other's job is rescued."""
+    app = make(make_app())
+    refused, innocent = app.enqueue_many("thing", [{}] * 2)
+    dead = [new_worker_id(), new_worker_id()]
+    for job_id, worker in ((refused, dead[0]), (innocent, dead[1])):
+        sql(
+            database_url,
+            "UPDATE hivejobs_job SET state = 'running', worker_id = %s, claim_token = 1,"
+            " attempt = 1, delivery = 'at_most_once' WHERE id = %s",
+            (worker, job_id),
+        )
+    refuse_archiving(database_url, refused)
+    rescued = rescue_isolated(app.store, dead, poison_after=3)
+    assert rescued is not None and rescued.failed == 1
+    states = dict(sql(database_url, "SELECT id, state FROM hivejobs_job"))
+    assert states == {refused: "running"}  # its process's rescue is retried next pass
+    assert sql(database_url, "SELECT state, error FROM hivejobs_archive") == [
+        ("failed", "worker lost")
+    ]
