@@ -258,6 +258,7 @@ def test_bad_key_or_notification_hurts_only_itself(
     client.close()
     log = inst.log_text()
     assert "WRONGTYPE" in log and bad_key in log
+    assert "malformed dispatch notifications ignored" in log and "not a dispatch" in log
     assert "ResponseError" in log and "server:ResponseError" not in log
 
 

@@ -28,7 +28,7 @@ from hivejobs.failpoints import failpoint
 from hivejobs.logs import error_fields
 from hivejobs.store import Store, connect, parse_dispatch
 
-MSG_BAD_DISPATCH = "malformed dispatch notification ignored"
+MSG_BAD_DISPATCH = "malformed dispatch notifications ignored (the first is shown)"
 
 
 class Coordinator:
@@ -176,6 +176,7 @@ class Coordinator:
         """Sort notifications into dispatch entries and chain wake-ups; True if a chain
         wake-up came (with `stop_at_wake`, stop there: the caller traverses before waiting)."""
         woken = False
+        malformed: list[psycopg.Notify] = []
         for note in notes:
             if note.channel == "hivejobs_chain":
                 if note.payload:
@@ -188,10 +189,15 @@ class Coordinator:
                 continue
             entry = parse_dispatch(note.payload)
             if entry is None:
-                # Only this notification is lost: the rest of the batch is dispatched.
-                logger.warning(MSG_BAD_DISPATCH, payload=note.payload[:200], pid=note.pid)
+                malformed.append(note)  # only this one is lost: the rest are dispatched
                 continue
             entries.append(entry)
+        if malformed:
+            # Anyone who can connect may NOTIFY: one line per batch, however many came.
+            first = malformed[0]
+            logger.warning(
+                MSG_BAD_DISPATCH, notes=len(malformed), payload=first.payload[:200], pid=first.pid
+            )
         return woken
 
 
