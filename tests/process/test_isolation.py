@@ -25,6 +25,7 @@ from tests.harness import (
     Instance,
     alive,
     fleet_app,
+    ledger_oks,
     ledger_starts,
     live_jobs,
     pool_pids,
@@ -140,9 +141,11 @@ def test_unwritable_completion_blocks_no_other(
     inst = start_instance({"HJ_TYPES": "a"}, app_spec=APP)
     app = fleet_app(make_app, database_url, ["a"])
     pid = pool_pids(database_url, "a")[0]
-    stuck = app.enqueue("a", {"ms": 1500})
+    stuck = app.enqueue("a", {"ms": 1000})
     wait_until(lambda: ledger_starts(ledger_dir)[stuck], what="the job to start")
     archive_copy(database_url, stuck, "archived before")
+    # Its handler has returned: its completion is being written when the others finish.
+    wait_until(lambda: ledger_oks(ledger_dir)[stuck], what="the job's handler to return")
     others = app.enqueue_many("a", [{"ms": 50}] * 10)
     wait_until(lambda: live_jobs(database_url) == 0, timeout=30, what="all jobs finished")
     rows = archived(database_url, [*others, stuck])
