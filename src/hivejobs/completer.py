@@ -151,7 +151,7 @@ class Completer:
             return
         try:
             dropped = _retrying(
-                lambda: self.store.drop_archived_duplicate(item.id, item.claim_token), 1
+                lambda: self.store.drop_archived_duplicate_if_running(item.id, item.claim_token), 1
             )
         except Exception as again:  # noqa: BLE001 - a data error: nothing more to try
             dropped, exc = False, again

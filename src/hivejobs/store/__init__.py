@@ -222,7 +222,7 @@ class Store:
             rows = conn.execute(QUERIES["foreign_ids"], {"ids": ids, "name": name}).fetchall()
         return [(r[0], r[1]) for r in rows]
 
-    def drop_archived_duplicate(self, job_id: str, claim_token: int) -> bool:
+    def drop_archived_duplicate_if_running(self, job_id: str, claim_token: int) -> bool:
         """Remove our claim's live row if its id is already archived; True if it was."""
         with self.connection() as conn:
             params = {"id": job_id, "token": claim_token}
