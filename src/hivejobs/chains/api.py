@@ -28,7 +28,7 @@ from hivejobs.errors import (
     UnknownJobType,
 )
 from hivejobs.integrations import adriver_connection, driver_connection
-from hivejobs.logs import error_text
+from hivejobs.logs import error_fields
 from hivejobs.records import PRIORITIES, ChainJobStatus, ChainStatus, ChainSummary, JobLogEntry
 from hivejobs.serialization import decode_json, encode_json
 from hivejobs.store.chains import ChainStore
@@ -153,7 +153,7 @@ def stop_chain(app: App, request_id: str) -> bool:
                 "chain stop stored but not broadcast; its running jobs end "
                 "cancelled when they fail",
                 chain_id=request_id,
-                error=error_text(exc),
+                **error_fields(exc),
             )
             break
     logger.info("chain stop requested", chain_id=request_id, running=len(running))
