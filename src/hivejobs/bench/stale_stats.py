@@ -1,0 +1,96 @@
+"""`hivejobs bench --scenarios stale-stats`: one backlog drained under three planner statistics.
+
+Postgres plans each statement from the statistics of the last ANALYZE, which rarely describe
+the queue being drained: none (a new table; autovacuum off, as on our development and CI
+machines), an empty table (a fresh deploy, or a quiet spell before a burst), or a full queue
+(an ANALYZE during a bulk enqueue, nothing running). Each state gets a database of its own,
+so no drain inherits another's dead rows; the rates should agree within 10 %.
+"""
+
+from __future__ import annotations
+
+import time
+
+from hivejobs.bench.environment import BenchEnvironment
+from hivejobs.bench.scenarios import JOB, Figures, Progress
+
+# name in the figures -> when ANALYZE runs: never, on the empty table, on the full queue
+STATES = {"none": None, "empty": "before enqueue", "full": "after enqueue"}
+ENQUEUE_SLICE = 10_000
+SAMPLE_S = 0.5  # running rows are sampled this often while draining
+
+
+def stale_stats(
+    env: BenchEnvironment, jobs: int, processes: int, concurrency: int, progress: Progress
+) -> Figures:
+    figures: Figures = {
+        "stale_stats_autovacuum_on": 1.0 if _autovacuum_on(env) else 0.0,
+    }
+    for name, analyze in STATES.items():
+        with BenchEnvironment(env.server_url, env.redis_url) as own:
+            figures.update(_drain(own, name, analyze, jobs, processes, concurrency, progress))
+    rates = [figures[f"stale_stats_{name}_per_s"] for name in STATES]
+    figures["stale_stats_slowest_vs_fastest"] = min(rates) / max(rates)
+    return figures
+
+
+def _drain(
+    env: BenchEnvironment,
+    name: str,
+    analyze: str | None,
+    jobs: int,
+    processes: int,
+    concurrency: int,
+    progress: Progress,
+) -> Figures:
+    assert env.app is not None
+    if analyze == "before enqueue":
+        env.sql("ANALYZE hivejobs_job")
+    for offset in range(0, jobs, ENQUEUE_SLICE):
+        env.app.enqueue_many(JOB, [{}] * min(ENQUEUE_SLICE, jobs - offset))
+        progress(f"stale-stats {name}: enqueue", offset, jobs, 0.0)
+    if analyze == "after enqueue":
+        env.sql("ANALYZE hivejobs_job")
+    blocks_before = _blocks(env)
+    began = time.perf_counter()
+    env.start_worker(processes, concurrency, 0.0)
+    done, most_running, deadline = 0, 0, began + 3600
+    while done < jobs:
+        time.sleep(SAMPLE_S)  # sampling interval of a long drain, not synchronisation
+        done = env.archived()
+        most_running = max(most_running, _running(env))
+        progress(f"stale-stats {name}", done, jobs, time.perf_counter() - began)
+        if time.perf_counter() > deadline or (env.worker and env.worker.poll() is not None):
+            raise RuntimeError(f"stale-stats {name}: {done}/{jobs} done; see {env.workdir}")
+    first, last = env.sql(
+        "SELECT extract(epoch FROM min(finished_at)), "
+        "extract(epoch FROM max(finished_at)) FROM hivejobs_archive"
+    )[0]
+    env.stop_worker()
+    blocks = _blocks(env) - blocks_before
+    return {
+        f"stale_stats_{name}_per_s": (jobs - 1) / max(float(last) - float(first), 1e-6),
+        f"stale_stats_{name}_buffers_per_job": blocks / jobs,
+        f"stale_stats_{name}_most_running": float(most_running),
+    }
+
+
+def _autovacuum_on(env: BenchEnvironment) -> bool:
+    return str(env.sql("SHOW autovacuum")[0][0]) == "on"
+
+
+def _running(env: BenchEnvironment) -> int:
+    # The running index's own predicate, so that sampling reads the running rows only.
+    rows = env.sql(
+        "SELECT count(*) FROM hivejobs_job WHERE state = 'running' AND worker_id IS NOT NULL"
+    )
+    return int(rows[0][0])
+
+
+def _blocks(env: BenchEnvironment) -> int:
+    """Buffers this database's sessions touched so far (hits and reads), all statements."""
+    env.sql("SELECT pg_stat_clear_snapshot()")
+    rows = env.sql(
+        "SELECT blks_hit + blks_read FROM pg_stat_database WHERE datname = current_database()"
+    )
+    return int(rows[0][0])
