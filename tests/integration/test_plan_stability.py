@@ -102,6 +102,16 @@ def load(conn: psycopg.Connection[Any], stats: str) -> Loaded:
                                   i > %(b)s AND i <= 2 * %(b)s AS cancel) s""",
         {"n": SCHEDULED + 3 * BATCH, "b": BATCH},
     )
+    # A small queue whose jobs came after the big one's: the reconciler must find them
+    # without stepping over the other queue's backlog.
+    conn.execute(
+        """INSERT INTO hivejobs_job (id, name, state, attempts, delivery, payload, run_at,
+                                     queued_at)
+           SELECT gen_random_uuid()::text, 'late', 'queued', 3, 'at_least_once', '\\x7b7d',
+                  now(), now()
+             FROM generate_series(1, %s)""",
+        (BATCH,),
+    )
     if stats == "full_queue":
         conn.execute("ANALYZE hivejobs_job")
     busy, small, dead = (str(uuid.uuid4()) for _ in range(3))
@@ -218,11 +228,23 @@ def hot_statements(ld: Loaded) -> list[tuple[str, str, dict[str, Any], int]]:
         (
             "queued_page",
             QUERIES["queued_page"],
-            {"after_at": datetime(1970, 1, 1, tzinfo=UTC), "after_id": "", "limit": n},
+            {
+                "name": "noop",
+                "priority": 0,
+                "after_at": datetime(1970, 1, 1, tzinfo=UTC),
+                "after_id": "",
+                "limit": n,
+            },
+            n,
+        ),
+        (
+            "stale_queued, small queue",
+            QUERIES["stale_queued"],
+            {"name": "late", "priority": 0, "grace_s": 0.0, "limit": 1000},
             n,
         ),
         # Gauges count rows: what they are about is every row they count.
-        ("queued_counts", QUERIES["queued_counts"], {}, QUEUED - CLAIMED + BATCH),
+        ("queued_counts", QUERIES["queued_counts"], {}, QUEUED - CLAIMED + 2 * BATCH),
         ("running_counts", QUERIES["running_counts"], {}, CLAIMED),
     ]
 

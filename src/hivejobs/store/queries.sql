@@ -251,10 +251,11 @@ SELECT h.worker_id::text FROM holders h
 DELETE FROM hivejobs_worker WHERE id = ANY(%(worker_ids)s::uuid[]);
 
 -- name: queued_page
--- Keyset page over the queued index, oldest first: a full restore never scans the table.
--- (`queued_at IS NOT NULL` is the index's predicate, migration 0004.)
+-- Keyset page over one queue's part of the queued index, oldest first: a full restore never
+-- scans the table. (`queued_at IS NOT NULL` is the index's predicate, migration 0004.)
 SELECT id, name, priority, queued_at FROM hivejobs_job
  WHERE state = 'queued' AND queued_at IS NOT NULL
+   AND name = %(name)s AND priority = %(priority)s
    AND (queued_at, id) > (%(after_at)s, %(after_id)s)
  ORDER BY queued_at, id LIMIT %(limit)s;
 
@@ -333,27 +334,29 @@ RETURNING id;
 
 -- name: stale_queued
 -- Queued longer than the grace: re-pushed oldest first when Redis holds fewer ids than Postgres.
--- The oldest are found by walking the queued index one entry at a time (each step LIMIT 1 in
--- index order, which no other plan beats), stopping once `limit` of this queue are found. As
--- one ORDER BY ... LIMIT, the planner read and sorted every stale queued row whenever the
--- statistics made them look few (issue 21). The rows found are updated where the walk found
--- them (by ctid, within this statement's snapshot, which keeps them from being vacuumed away):
--- a row claimed meanwhile is rechecked on its new version and skipped (no longer queued).
+-- The oldest are found by walking this queue's part of the queued index one entry at a time
+-- (each step LIMIT 1 in index order, which no other plan beats), stopping once `limit` are
+-- found or the entries are younger than the grace. As one ORDER BY ... LIMIT, the planner read
+-- and sorted every stale row whenever the statistics made them look few (issue 21). The rows
+-- found are updated where the walk found them (by ctid, within this statement's snapshot,
+-- which keeps them from being vacuumed away): a row claimed meanwhile is rechecked on its new
+-- version and skipped, as it is no longer queued.
 WITH RECURSIVE walk AS (
-    (SELECT queued_at, id, name, priority, ctid FROM hivejobs_job
-      WHERE state = 'queued' AND queued_at < now() - %(grace_s)s * interval '1 second'
+    (SELECT queued_at, id, ctid FROM hivejobs_job
+      WHERE state = 'queued' AND name = %(name)s AND priority = %(priority)s
+        AND queued_at < now() - %(grace_s)s * interval '1 second'
       ORDER BY queued_at, id LIMIT 1)
     UNION ALL
-    SELECT n.queued_at, n.id, n.name, n.priority, n.ctid
+    SELECT n.queued_at, n.id, n.ctid
       FROM walk w, LATERAL (
-          SELECT queued_at, id, name, priority, ctid FROM hivejobs_job
-           WHERE state = 'queued' AND (queued_at, id) > (w.queued_at, w.id)
+          SELECT queued_at, id, ctid FROM hivejobs_job
+           WHERE state = 'queued' AND name = %(name)s AND priority = %(priority)s
+             AND (queued_at, id) > (w.queued_at, w.id)
              AND queued_at < now() - %(grace_s)s * interval '1 second'
            ORDER BY queued_at, id LIMIT 1) n
 )
 UPDATE hivejobs_job SET queued_at = now()
- WHERE ctid = ANY(ARRAY(SELECT ctid FROM walk WHERE name = %(name)s AND priority = %(priority)s
-                         LIMIT %(limit)s))
+ WHERE ctid = ANY(ARRAY(SELECT ctid FROM walk LIMIT %(limit)s))
    AND state = 'queued'
 RETURNING id, name, priority;
 

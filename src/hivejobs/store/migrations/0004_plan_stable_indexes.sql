@@ -17,10 +17,14 @@
 -- worker_id (claim, promote, requeue and release set them together with the state), so the
 -- indexes hold the same rows as before.
 --
+-- The queued index also leads with the queue (name, priority): the reconciler walks one
+-- queue's oldest entries, and in (queued_at, id) order it had to step over every other
+-- queue's backlog to find them.
+--
 -- The hot table is small when this runs (live jobs only); the rebuild locks it briefly.
 
 DROP INDEX hivejobs_job_queued;
-CREATE INDEX hivejobs_job_queued ON hivejobs_job (queued_at, id)
+CREATE INDEX hivejobs_job_queued ON hivejobs_job (name, priority, queued_at, id)
     WHERE state = 'queued' AND queued_at IS NOT NULL;
 
 DROP INDEX hivejobs_job_running;
