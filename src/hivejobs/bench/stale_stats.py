@@ -4,12 +4,17 @@ Postgres plans each statement from the statistics of the last ANALYZE, which rar
 the queue being drained: none (a new table; autovacuum off, as on our development and CI
 machines), an empty table (a fresh deploy, or a quiet spell before a burst), or a full queue
 (an ANALYZE during a bulk enqueue, nothing running). Each state gets a database of its own,
-so no drain inherits another's dead rows; the rates should agree within 10 %.
+so no drain inherits another's dead rows; the rates should agree within 10 %. Wall-clock
+rates on a shared machine move with its load, so two figures that do not are reported beside
+them: buffers touched per job (this database's, all statements) and the CPU time its
+Postgres backends used per job (read from /proc: only when Postgres runs on this machine).
 """
 
 from __future__ import annotations
 
+import os
 import time
+from pathlib import Path
 
 from hivejobs.bench.environment import BenchEnvironment
 from hivejobs.bench.scenarios import JOB, Figures, Progress
@@ -66,13 +71,18 @@ def _drain(
         "SELECT extract(epoch FROM min(finished_at)), "
         "extract(epoch FROM max(finished_at)) FROM hivejobs_archive"
     )[0]
+    # The worker's backends were all started for this drain: their CPU time is its cost.
+    cpu_s = _backends_cpu_s(env)
     env.stop_worker()
     blocks = _blocks(env) - blocks_before
-    return {
+    figures = {
         f"stale_stats_{name}_per_s": (jobs - 1) / max(float(last) - float(first), 1e-6),
         f"stale_stats_{name}_buffers_per_job": blocks / jobs,
         f"stale_stats_{name}_most_running": float(most_running),
     }
+    if cpu_s > 0:
+        figures[f"stale_stats_{name}_pg_cpu_ms_per_job"] = cpu_s * 1000 / jobs
+    return figures
 
 
 def _autovacuum_on(env: BenchEnvironment) -> bool:
@@ -85,6 +95,22 @@ def _running(env: BenchEnvironment) -> int:
         "SELECT count(*) FROM hivejobs_job WHERE state = 'running' AND worker_id IS NOT NULL"
     )
     return int(rows[0][0])
+
+
+def _backends_cpu_s(env: BenchEnvironment) -> float:
+    """User + system CPU seconds of this database's other backends; 0 if /proc lacks them."""
+    rows = env.sql(
+        "SELECT pid FROM pg_stat_activity "
+        "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+    )
+    ticks = 0
+    for (pid,) in rows:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # not on this machine, or gone
+        ticks += int(fields[11]) + int(fields[12])  # utime, stime
+    return ticks / os.sysconf("SC_CLK_TCK")
 
 
 def _blocks(env: BenchEnvironment) -> int:
