@@ -2,8 +2,9 @@
 
 The fetcher pops as many ids as there are free slots (one BLMPOP), claims them in one UPDATE
 by primary key, and hands the claimed jobs to runner threads; finished attempts go to the
-Completer. One heartbeat per process. Never runs a job it has not claimed in Postgres, and
-never writes the end of a claim without its claim token.
+Completer. While the Completer lags, the fetcher stops claiming (claim_room: backpressure).
+One heartbeat per process. Never runs a job it has not claimed in Postgres, and never writes
+the end of a claim without its claim token.
 """
 
 from __future__ import annotations
@@ -70,7 +71,7 @@ class Pool:
         self.broker = Broker(settings)
         self.completer = Completer(self.store, self.broker, self._forget)
         # Claims not yet finished in Postgres (waiting, running, or finished and not yet
-        # written): id -> token. The fetcher keeps it within claim_limit() (backpressure).
+        # written): id -> token. The fetcher keeps it within claim_room() (backpressure).
         self.held: dict[str, int] = {}
         self.claim_lock = threading.Lock()
         self.work: queue.SimpleQueue[ClaimedJob | None] = queue.SimpleQueue()

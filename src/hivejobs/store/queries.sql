@@ -109,7 +109,8 @@ SELECT id, claim_token FROM hivejobs_job WHERE worker_id = %(worker_id)s AND sta
 UPDATE hivejobs_job j
    SET state = 'queued', queued_at = now(), worker_id = NULL, claim_token = NULL
   FROM unnest(%(ids)s::text[], %(tokens)s::bigint[]) AS c(id, token)
- WHERE j.id = ANY(%(ids)s::text[]) AND j.id = c.id AND j.state = 'running' AND j.claim_token = c.token
+ WHERE j.id = ANY(%(ids)s::text[])
+   AND j.id = c.id AND j.state = 'running' AND j.claim_token = c.token
 RETURNING j.id, j.name, j.priority;
 
 -- name: rescue_requeue
@@ -340,7 +341,8 @@ RETURNING id;
 -- and sorted every stale row whenever the statistics made them look few (issue 21). The rows
 -- found are updated where the walk found them (by ctid, within this statement's snapshot,
 -- which keeps them from being vacuumed away): a row claimed meanwhile is rechecked on its new
--- version and skipped, as it is no longer queued.
+-- version, once that claim's one-statement transaction ends, and skipped: it is no longer
+-- queued.
 WITH RECURSIVE walk AS (
     (SELECT queued_at, id, ctid FROM hivejobs_job
       WHERE state = 'queued' AND name = %(name)s AND priority = %(priority)s
