@@ -18,11 +18,14 @@ from pathlib import Path
 
 from hivejobs.bench.environment import BenchEnvironment
 from hivejobs.bench.scenarios import JOB, Figures, Progress
+from hivejobs.store import connect
 
 # name in the figures -> when ANALYZE runs: never, on the empty table, on the full queue
 STATES = {"none": None, "empty": "before enqueue", "full": "after enqueue"}
 ENQUEUE_SLICE = 10_000
 SAMPLE_S = 0.5  # running rows are sampled this often while draining
+# The running index's own predicate, so that sampling reads the running rows only.
+RUNNING = "SELECT count(*) FROM hivejobs_job WHERE state = 'running' AND worker_id IS NOT NULL"
 
 
 def stale_stats(
@@ -56,25 +59,29 @@ def _drain(
         progress(f"stale-stats {name}: enqueue", offset, jobs, 0.0)
     if analyze == "after enqueue":
         env.sql("ANALYZE hivejobs_job")
+    env.app.close()  # its sessions' counts (the enqueue's) must land before the drain's start
+    _quiesce(env)
     blocks_before = _blocks(env)
     began = time.perf_counter()
     env.start_worker(processes, concurrency, 0.0)
     done, most_running, deadline = 0, 0, began + 3600
-    while done < jobs:
-        time.sleep(SAMPLE_S)  # sampling interval of a long drain, not synchronisation
-        done = env.archived()
-        most_running = max(most_running, _running(env))
-        progress(f"stale-stats {name}", done, jobs, time.perf_counter() - began)
-        if time.perf_counter() > deadline or (env.worker and env.worker.poll() is not None):
-            raise RuntimeError(f"stale-stats {name}: {done}/{jobs} done; see {env.workdir}")
+    with Sampler(env) as sampler:
+        while done < jobs:
+            time.sleep(SAMPLE_S)  # sampling interval of a long drain, not synchronisation
+            done = sampler.count("SELECT count(*) FROM hivejobs_archive")
+            most_running = max(most_running, sampler.count(RUNNING))
+            progress(f"stale-stats {name}", done, jobs, time.perf_counter() - began)
+            if time.perf_counter() > deadline or (env.worker and env.worker.poll() is not None):
+                raise RuntimeError(f"stale-stats {name}: {done}/{jobs} done; see {env.workdir}")
+    # The worker's backends were all started for this drain: their CPU time is its cost.
+    cpu_s = _backends_cpu_s(env)
+    env.stop_worker()
+    _quiesce(env)
+    blocks = _blocks(env) - blocks_before - sampler.buffers
     first, last = env.sql(
         "SELECT extract(epoch FROM min(finished_at)), "
         "extract(epoch FROM max(finished_at)) FROM hivejobs_archive"
     )[0]
-    # The worker's backends were all started for this drain: their CPU time is its cost.
-    cpu_s = _backends_cpu_s(env)
-    env.stop_worker()
-    blocks = _blocks(env) - blocks_before
     figures = {
         f"stale_stats_{name}_per_s": (jobs - 1) / max(float(last) - float(first), 1e-6),
         f"stale_stats_{name}_buffers_per_job": blocks / jobs,
@@ -85,16 +92,38 @@ def _drain(
     return figures
 
 
+class Sampler:
+    """Counts read while a drain runs, on one connection of its own, with the buffers they
+    touch added up so that the drain's buffers per job leave them out: a count of the
+    archive twice a second reads more than the drain's own statements do per job."""
+
+    def __init__(self, env: BenchEnvironment) -> None:
+        self.conn = connect(env.database_url)
+        # One plan whose scan row count is the count (no parallel partial counts).
+        self.conn.execute("SET max_parallel_workers_per_gather = 0")
+        self.buffers = 0
+
+    def __enter__(self) -> Sampler:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.conn.close()
+
+    def count(self, query: str) -> int:
+        """`query` is a `SELECT count(*) FROM ...`: run under EXPLAIN ANALYZE to count its
+        buffers; the count is the rows its scan produced."""
+        row = self.conn.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + query).fetchone()
+        assert row is not None
+        explained = row[0][0]
+        top, planning = explained["Plan"], explained.get("Planning", {})
+        for node in (top, planning):
+            self.buffers += node.get("Shared Hit Blocks", 0) + node.get("Shared Read Blocks", 0)
+        scan = top["Plans"][0]
+        return int(scan["Actual Rows"]) * int(scan["Actual Loops"])
+
+
 def _autovacuum_on(env: BenchEnvironment) -> bool:
     return str(env.sql("SHOW autovacuum")[0][0]) == "on"
-
-
-def _running(env: BenchEnvironment) -> int:
-    # The running index's own predicate, so that sampling reads the running rows only.
-    rows = env.sql(
-        "SELECT count(*) FROM hivejobs_job WHERE state = 'running' AND worker_id IS NOT NULL"
-    )
-    return int(rows[0][0])
 
 
 def _backends_cpu_s(env: BenchEnvironment) -> float:
@@ -113,9 +142,21 @@ def _backends_cpu_s(env: BenchEnvironment) -> float:
     return ticks / os.sysconf("SC_CLK_TCK")
 
 
+def _quiesce(env: BenchEnvironment) -> None:
+    """Wait until no other session of this database is left: a session's buffer counts are
+    sure to have reached pg_stat_database only once it ended (an idle one may hold them for
+    up to 10 s)."""
+    others = (
+        "SELECT count(*) FROM pg_stat_activity "
+        "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+    )
+    deadline = time.monotonic() + 30
+    while int(env.sql(others)[0][0]) > 0 and time.monotonic() < deadline:
+        time.sleep(0.1)  # polling for sessions to end, with a deadline
+
+
 def _blocks(env: BenchEnvironment) -> int:
     """Buffers this database's sessions touched so far (hits and reads), all statements."""
-    env.sql("SELECT pg_stat_clear_snapshot()")
     rows = env.sql(
         "SELECT blks_hit + blks_read FROM pg_stat_database WHERE datname = current_database()"
     )
