@@ -129,3 +129,13 @@ class ChainNotFound(HivejobsError):
     def __init__(self, request_id: str) -> None:
         super().__init__(f"no chain with request id {request_id!r} (see `hivejobs chain list`)")
         self.request_id = request_id
+
+
+class DrainIncomplete(HivejobsError):
+    """hivejobs.testing.drain ran its limit of attempts and jobs were still queued."""
+
+    def __init__(self, max_jobs: int) -> None:
+        super().__init__(
+            f"drain ran {max_jobs} attempts and jobs are still queued: a job that enqueues "
+            "itself forever? Raise max_jobs if this is expected"
+        )

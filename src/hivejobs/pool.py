@@ -15,23 +15,21 @@ import signal
 import socket
 import threading
 import time
-import traceback
 from dataclasses import dataclass, field
 
 import psycopg
 import redis
 from loguru import logger
 
-from hivejobs.app import App, JobType, Retry
+from hivejobs.app import App, JobType
 from hivejobs.broker import Broker, Popped
 from hivejobs.completer import Completer
 from hivejobs.config import Settings
 from hivejobs.context import JobContext
-from hivejobs.errors import Interrupted, PayloadInvalid, ResultTooLarge
+from hivejobs.executor import ended, execute, failed
 from hivejobs.failpoints import failpoint
 from hivejobs.logs import error_fields, fatal_on_error
 from hivejobs.records import ClaimedJob, Completion, Outcome
-from hivejobs.serialization import encode_result, storable_text
 from hivejobs.store import Store
 
 EXIT_RECYCLE = 0  # a clean exit the supervisor answers with an immediate restart
@@ -414,66 +412,23 @@ class Pool:
             self.lock.notify_all()
 
     def _execute(self, job: ClaimedJob, ctx: JobContext) -> Completion:
-        jt = self.jt
         started = time.monotonic()
-        try:
-            payload = jt.codec.decode(job.payload)
-            assert jt.handler is not None
-            result = jt.handler(ctx, payload)
-            encoded = encode_result(result)
-            if encoded is not None and len(encoded) > self.settings.max_result_bytes:
-                # A cut JSON document is not JSON: refuse the whole result, say why.
-                raise ResultTooLarge(len(encoded), self.settings.max_result_bytes)
-        except PayloadInvalid as exc:
-            # Schema drift will not fix itself on retry: fail for good, keep the pool alive.
-            ctx.logger.error("payload does not decode", error=str(exc))
-            return self._ended(job, "failed", str(exc))
-        except ResultTooLarge as exc:
-            return self._failed(job, ctx, str(exc), jt.backoff.delay_s(job.attempt))
-        except Retry as exc:
-            delay = exc.delay if exc.delay is not None else jt.backoff.delay_s(job.attempt)
-            return self._failed(job, ctx, f"Retry: {exc}", delay)
-        except BaseException as exc:  # noqa: BLE001 - any handler error ends this attempt
-            if isinstance(exc, Interrupted | SystemExit) or (
-                ctx.stop_requested and self.shutting_down.is_set()
-            ):
-                if self.shutting_down.is_set():
-                    # A stop is not an attempt, whatever exception the handler raised (R9).
-                    ctx.logger.info("attempt interrupted by shutdown")
-                    if job.delivery == "at_most_once":
-                        return self._ended(job, "failed", "interrupted by shutdown")
-                    return Completion(id=job.id, claim_token=job.claim_token, outcome="suspend")
-            text = "".join(traceback.format_exception(exc))
-            return self._failed(job, ctx, text, jt.backoff.delay_s(job.attempt))
-        elapsed = time.monotonic() - started
-        self.avg_run_s += (elapsed - self.avg_run_s) * 0.1
-        return Completion(
-            id=job.id, claim_token=job.claim_token, outcome="succeeded", result=encoded
+        completion = execute(
+            self.jt,
+            job,
+            ctx,
+            max_result_bytes=self.settings.max_result_bytes,
+            shutting_down=self.shutting_down.is_set,
         )
+        if completion.outcome == "succeeded":
+            self.avg_run_s += (time.monotonic() - started - self.avg_run_s) * 0.1
+        return completion
 
     def _failed(self, job: ClaimedJob, ctx: JobContext, error: str, delay: float) -> Completion:
-        error = storable_text(error, self.settings.max_result_bytes)
-        if ctx.cancelled:
-            return self._ended(job, "cancelled", error)
-        if job.attempt < job.attempts:
-            ctx.logger.warning(
-                "attempt failed, retry in {delay_s:.1f}s",
-                delay_s=delay,
-                error=error.strip().splitlines()[-1][:500],
-            )
-            return Completion(
-                id=job.id,
-                claim_token=job.claim_token,
-                outcome="retry",
-                error=error,
-                retry_delay_s=delay,
-            )
-        ctx.logger.error("job failed, no attempts left", error=error.strip().splitlines()[-1][:500])
-        return self._ended(job, "failed", error)
+        return failed(job, ctx, error, delay, self.settings.max_result_bytes)
 
     def _ended(self, job: ClaimedJob, outcome: Outcome, error: str) -> Completion:
-        error = storable_text(error, self.settings.max_result_bytes)
-        return Completion(id=job.id, claim_token=job.claim_token, outcome=outcome, error=error)
+        return ended(job, outcome, error, self.settings.max_result_bytes)
 
     # -- timeouts ----------------------------------------------------------------------
 
