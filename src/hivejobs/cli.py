@@ -32,6 +32,7 @@ from hivejobs.errors import (
     UnknownJobType,
 )
 from hivejobs.logs import error_text
+from hivejobs.reload import app_source_dirs, check_watch_available
 from hivejobs.serialization import decode_any
 
 USAGE_ERRORS = (
@@ -91,10 +92,19 @@ def cmd_run(args: argparse.Namespace) -> int:
     timeout = args.shutdown_timeout
     if timeout is not None:
         timeout = positive_seconds("--shutdown-timeout", timeout)
+    # Through the environment: every child sets its own sink up after fork from it.
+    if args.log_level:
+        os.environ["HIVEJOBS_LOG_LEVEL"] = args.log_level
+    if args.log_format:
+        os.environ["HIVEJOBS_LOG_FORMAT"] = args.log_format
+    if args.reload and (missing := check_watch_available()):
+        raise ConfigError(missing)
     app = load_app(args.app_spec)
     if timeout is not None:
         app.settings.shutdown_timeout_s = timeout
-    return Supervisor(app, args.app_spec, app.settings, coordinator=not args.no_coordinator).run()
+    watch = app_source_dirs(args.app_spec) if args.reload else None
+    coordinator = not args.no_coordinator
+    return Supervisor(app, args.app_spec, app.settings, coordinator, watch).run()
 
 
 def cmd_enqueue(args: argparse.Namespace) -> int:
@@ -286,6 +296,22 @@ def build_parser() -> Parser:
     p.add_argument("app_spec", metavar="MODULE:APP")
     p.add_argument("--shutdown-timeout", type=float, help="seconds to finish jobs on SIGTERM")
     p.add_argument("--no-coordinator", action="store_true", help="run pools only")
+    p.add_argument(
+        "--log-level",
+        type=str.upper,
+        choices=["TRACE", "DEBUG", "INFO", "WARNING", "ERROR"],
+        help="lines from this level up (or HIVEJOBS_LOG_LEVEL; default INFO)",
+    )
+    p.add_argument(
+        "--log-format",
+        choices=["text", "json"],
+        help="text for people, json lines for log shippers (or HIVEJOBS_LOG_FORMAT)",
+    )
+    p.add_argument(
+        "--reload",
+        action="store_true",
+        help="restart the pools gracefully when the app's Python files change (watchfiles)",
+    )
     p = add("enqueue", cmd_enqueue, "enqueue one job; prints its id")
     p.add_argument("name")
     p.add_argument("payload", metavar="JSON")

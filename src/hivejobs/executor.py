@@ -106,7 +106,10 @@ def failed(
             error=error,
             retry_delay_s=delay,
         )
-    ctx.logger.opt(exception=exc).error(MSG_FAILED, error=last_line, **names)
+    if exc is not None:  # the traceback follows the line, its last line says the error
+        ctx.logger.opt(exception=exc).error(MSG_FAILED, **names)
+    else:
+        ctx.logger.error(MSG_FAILED, error=last_line, **names)
     return ended(job, "failed", error, max_result_bytes)
 
 

@@ -84,6 +84,10 @@ class Pool:
         self.reserved = 0  # claimed jobs not yet finished (waiting or running)
         self.stop_acquiring = threading.Event()
         self.shutting_down = threading.Event()
+        # SIGUSR1 from the supervisor (a second Ctrl-C or SIGTERM there): suspend running
+        # jobs now instead of waiting for them. Never raised by a repeated SIGTERM here (R10).
+        self.stop_now = threading.Event()
+        self.suspended = 0  # claims handed back by shutdown (for the stop line)
         self.recycle_reason: str | None = None
         # A job whose process died before runs alone, so a poison pill cannot take innocent
         # neighbours down with it again (their deaths would count against them).
@@ -116,6 +120,7 @@ class Pool:
         if threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGTERM, signal.SIGINT):
                 signal.signal(sig, self._on_stop_signal)
+            signal.signal(signal.SIGUSR1, self._on_stop_now_signal)
         self.completer.start()
         threads = [
             threading.Thread(target=fatal_on_error(self._runner), name=f"runner-{i}", daemon=True)
@@ -139,6 +144,11 @@ class Pool:
     def _on_stop_signal(self, signum: int, _frame: object) -> None:
         # Heroku sends SIGTERM to every process, maybe several times: never escalate (R10).
         # No logging here: loguru's lock may be held by the interrupted frame.
+        self.stop_acquiring.set()
+
+    def _on_stop_now_signal(self, signum: int, _frame: object) -> None:
+        # No lock, no logging here (the interrupted frame may hold them): _wait_idle polls.
+        self.stop_now.set()
         self.stop_acquiring.set()
 
     def _shutdown(self) -> int:
@@ -171,17 +181,12 @@ class Pool:
             self.store.deregister_worker(self.worker_id)
         except psycopg.Error as exc:
             self.log.warning("could not remove worker row", **error_fields(exc))
-        self.log.info(
-            "pool stopped",
-            suspended=len(stragglers),
-            reason=self.recycle_reason,
-            completion_batches=self.completer.batches,
-            **self.counts,
-        )
+        self.log.info("pool stopped", suspended=self.suspended, reason=self.recycle_reason)
+        self.log.debug("pool counters", completion_batches=self.completer.batches, **self.counts)
         return EXIT_RELOAD if self.recycle_reason == "restart requested" else EXIT_RECYCLE
 
     def _wait_idle(self, until: float, watch: bool) -> None:
-        while time.monotonic() < until:
+        while time.monotonic() < until and not self.stop_now.is_set():
             self._drain_unstarted()
             with self.lock:
                 if not any(not r.abandoned for r in self.running.values()):
@@ -206,6 +211,7 @@ class Pool:
             # At-most-once and maybe started: fail it, never requeue.
             self.completer.submit(self._ended(job, "failed", "interrupted by shutdown"))
         else:
+            self.suspended += 1
             self.completer.submit(
                 Completion(id=job.id, claim_token=job.claim_token, outcome="suspend")
             )
@@ -403,6 +409,8 @@ class Pool:
             abandoned = entry.abandoned
         if not abandoned:
             failpoint("pool.before_completion_commit")
+            if completion.outcome == "suspend":
+                self.suspended += 1  # the handler stopped when told to
             self.completer.submit(completion)
         self._release_slot()
 

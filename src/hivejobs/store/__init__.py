@@ -415,6 +415,12 @@ class Store:
                 return None
             return conn.execute(QUERIES[query], params).fetchall()
 
+    def running_of_workers(self, worker_ids: list[str]) -> list[tuple[str, str]]:
+        """(id, type) of the jobs these workers run, longest-running first (at most 100)."""
+        with self.connection() as conn:
+            rows = conn.execute(QUERIES["running_of_workers"], {"worker_ids": worker_ids})
+            return [(r[0], r[1]) for r in rows.fetchall()]
+
     def promote_due_unleased(self, limit: int) -> list[tuple[Any, ...]]:
         """promote_due without the coordinator's lease: for hivejobs.testing, where no
         coordinator runs. (id, name, priority) of the jobs now queued."""

@@ -461,3 +461,9 @@ DELETE FROM hivejobs_unique WHERE until < now();
 UPDATE hivejobs_job SET run_at = now()
  WHERE state = 'scheduled' AND run_at > now() AND (%(every)s OR attempt > 0)
 RETURNING id;
+
+-- name: running_of_workers
+-- What a stopping supervisor waits for: its pools' running jobs, longest-running first.
+SELECT id, name FROM hivejobs_job
+ WHERE worker_id = ANY(%(worker_ids)s::uuid[]) AND state = 'running'
+ ORDER BY started_at, id LIMIT 100;
