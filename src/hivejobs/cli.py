@@ -18,7 +18,15 @@ import redis
 from loguru import logger
 
 from hivejobs.app import App
-from hivejobs.config import positive_seconds, redact_url, scrub_known
+from hivejobs.banner import hivejobs_version
+from hivejobs.config import (
+    DEFAULT_DATABASE_URL,
+    DEFAULT_PREFIX,
+    DEFAULT_REDIS_URL,
+    positive_seconds,
+    redact_url,
+    scrub_known,
+)
 from hivejobs.display import escape
 from hivejobs.errors import (
     ChainInvalid,
@@ -51,6 +59,27 @@ class UsageError(Exception):
     pass
 
 
+ENVIRONMENT = f"""environment:
+  HIVEJOBS_DATABASE_URL  Postgres (default {DEFAULT_DATABASE_URL})
+  HIVEJOBS_REDIS_URL     Redis (default {DEFAULT_REDIS_URL})
+  HIVEJOBS_PREFIX        Redis key prefix (default {DEFAULT_PREFIX})
+  HIVEJOBS_APP           MODULE:APP when --app is not given
+  HIVEJOBS_LOG_LEVEL     DEBUG, INFO (default), WARNING, ERROR
+  HIVEJOBS_LOG_FORMAT    text (default) or json
+  HIVEJOBS_<SETTING>     any setting, e.g. HIVEJOBS_SHUTDOWN_TIMEOUT_S=25"""
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Keeps the environment epilog's lines, and shows an option's default when it has one."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        default = action.default
+        if default not in (None, False, argparse.SUPPRESS) and "%(default)" not in text:
+            text += " (default: %(default)s)"
+        return text
+
+
 class Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # type: ignore[override]
         raise UsageError(message)
@@ -72,9 +101,22 @@ def load_app(spec: str) -> App:
     return app
 
 
+_OPENED: list[App] = []  # closed when the command ends: no pool left for __del__ to stop
+
+
 def _app(args: argparse.Namespace) -> App:
     spec = args.app or os.environ.get("HIVEJOBS_APP")
-    return load_app(spec) if spec else App()
+    app = load_app(spec) if spec else App()
+    _OPENED.append(app)
+    return app
+
+
+def _close_opened() -> None:
+    while _OPENED:
+        try:
+            _OPENED.pop().close()
+        except Exception as exc:  # noqa: BLE001 - the command's answer is already out
+            logger.opt(exception=exc).debug("closing the app failed")
 
 
 def cmd_migrate(args: argparse.Namespace) -> int:
@@ -120,14 +162,42 @@ def cmd_status(args: argparse.Namespace) -> int:
     data = msgspec.to_builtins(info)
     if not args.payload:
         data.pop("payload", None)
-    text = msgspec.json.format(msgspec.json.encode(data), indent=2).decode()
-    # msgspec escapes control characters in strings, not format ones (U+202E): escape lines.
-    print("\n".join(escape(line) for line in text.split("\n")))
+    if args.json:
+        _print_json(data)
+    else:
+        print(readable_job(data))
     return 0
 
 
+def readable_job(data: dict[str, object]) -> str:
+    """`hivejobs status`: one field a line, times in UTC, and the error (a traceback) as the
+    text it is, indented below, every line escaped."""
+    error = data.pop("error", None)
+    result = data.pop("result", None)
+    payload = data.pop("payload", None) if "payload" in data else None
+    lines = [f"{key:<12} {escape('-' if value is None else value)}" for key, value in data.items()]
+    for title, value in (("payload", payload), ("result", result)):
+        if value is not None:
+            lines.append(f"{title:<12} {escape(msgspec.json.encode(value).decode())}")
+    if error:
+        lines.append("error:")
+        lines += [f"  {escape(line)}" for line in str(error).rstrip().split("\n")]
+    return "\n".join(lines)
+
+
+def _print_json(data: object) -> None:
+    text = msgspec.json.format(msgspec.json.encode(data), indent=2).decode()
+    # msgspec escapes control characters in strings, not format ones (U+202E): escape lines.
+    print("\n".join(escape(line) for line in text.split("\n")))
+
+
 def cmd_jobs(args: argparse.Namespace) -> int:
-    rows = _app(args).store.type_counts()
+    app = _app(args)
+    rows = app.store.type_counts()
+    live = _live_pools(app)
+    if args.json:
+        _print_json([{**msgspec.to_builtins(r), "live_pools": live.get(r.name, 0)} for r in rows])
+        return 0
     header = (
         "type",
         "concurrency",
@@ -137,6 +207,7 @@ def cmd_jobs(args: argparse.Namespace) -> int:
         "running",
         "failed 1h",
         "succeeded 1h",
+        "live pools",
     )
     table: list[tuple[object, ...]] = [header]
     table += [
@@ -149,6 +220,7 @@ def cmd_jobs(args: argparse.Namespace) -> int:
             r.running,
             r.failed_last_hour,
             r.succeeded_last_hour,
+            live.get(r.name, 0) or "none: not processed",
         )
         for r in rows
     ]
@@ -156,8 +228,20 @@ def cmd_jobs(args: argparse.Namespace) -> int:
     return 0
 
 
+def _live_pools(app: App) -> dict[str, int]:
+    """Pool processes per type whose heartbeat is recent (a stale row is a dead process)."""
+    live: dict[str, int] = {}
+    for w in app.store.workers():
+        if w.role == "pool" and w.pool and w.heartbeat_age_s < app.settings.stuck_after_s:
+            live[w.pool] = live.get(w.pool, 0) + 1
+    return live
+
+
 def cmd_workers(args: argparse.Namespace) -> int:
     rows = _app(args).store.workers()
+    if args.json:
+        _print_json(msgspec.to_builtins(rows))
+        return 0
     table: list[tuple[object, ...]] = [
         ("id", "host", "pid", "role", "pool", "started", "heartbeat age s", "running")
     ]
@@ -279,13 +363,23 @@ def _print_table(rows: Sequence[Sequence[object]]) -> None:
 
 
 def build_parser() -> Parser:
-    parser = Parser(prog="hivejobs", description="Durable jobs: Redis broker, Postgres truth.")
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
+    parser = Parser(
+        prog="hivejobs",
+        description="Durable jobs: Redis broker, Postgres truth.",
+        epilog=ENVIRONMENT + "\n\nexample:\n  hivejobs run myapp.jobs:app",
+        formatter_class=HelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"hivejobs {hivejobs_version()}")
+    sub = parser.add_subparsers(
+        dest="command", required=True, parser_class=Parser, metavar="COMMAND"
+    )
 
     def add(
         name: str, fn: Callable[[argparse.Namespace], int], help_: str, app_opt: bool = True
     ) -> Parser:
-        p: Parser = sub.add_parser(name, help=help_, description=help_)
+        p: Parser = sub.add_parser(
+            name, help=help_, description=help_, epilog=ENVIRONMENT, formatter_class=HelpFormatter
+        )
         p.set_defaults(fn=fn)
         if app_opt:
             p.add_argument("--app", help="MODULE:APP to load job types from (or HIVEJOBS_APP)")
@@ -293,7 +387,9 @@ def build_parser() -> Parser:
 
     add("migrate", cmd_migrate, "create the database if missing and apply migrations")
     p = add("run", cmd_run, "run the worker supervisor (pools and coordinator)", False)
-    p.add_argument("app_spec", metavar="MODULE:APP")
+    p.add_argument(
+        "app_spec", metavar="MODULE:APP", help="the App to run: module path, colon, attribute"
+    )
     p.add_argument("--shutdown-timeout", type=float, help="seconds to finish jobs on SIGTERM")
     p.add_argument("--no-coordinator", action="store_true", help="run pools only")
     p.add_argument(
@@ -318,11 +414,14 @@ def build_parser() -> Parser:
     p.add_argument("--id")
     p.add_argument("--priority", type=int)
     p.add_argument("--delay", type=float, help="seconds before it may run")
-    p = add("status", cmd_status, "show one job")
-    p.add_argument("job_id")
+    p = add("status", cmd_status, "show one job (its error as text)")
+    p.add_argument("job_id", help="the id `enqueue` printed")
     p.add_argument("--payload", action="store_true", help="include the payload")
-    add("jobs", cmd_jobs, "counts per job type")
-    add("workers", cmd_workers, "live worker processes and their heartbeats")
+    p.add_argument("--json", action="store_true", help="the job as one JSON document")
+    p = add("jobs", cmd_jobs, "counts per job type; a type without a live pool is marked")
+    p.add_argument("--json", action="store_true", help="a JSON list instead of a table")
+    p = add("workers", cmd_workers, "live worker processes and their heartbeats")
+    p.add_argument("--json", action="store_true", help="a JSON list instead of a table")
     add("cron", cmd_cron, "periodic schedules with their last and next tick (UTC)")
     p = add("cancel", cmd_cancel, "cancel a job (a running one is told to stop)")
     p.add_argument("job_id")
@@ -412,6 +511,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     try:
         setup_logging("cli")
+        if not (sys.argv[1:] if argv is None else argv):
+            # No command: the usage and the command list, and exit 2 as for any bad usage.
+            print(build_parser().format_help(), file=sys.stderr, end="")
+            return 2
         args = build_parser().parse_args(argv)
         _check_text_arguments(args)
         code = int(args.fn(args))
@@ -429,3 +532,5 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     except Exception as exc:  # noqa: BLE001 - one line, never a traceback with values in it
         return _fail(1, _unexpected(exc))
+    finally:
+        _close_opened()
