@@ -345,7 +345,9 @@ def cmd_chain(args: argparse.Namespace) -> int:
 def cmd_dev(args: argparse.Namespace) -> int:
     from hivejobs.dev import dev_main
 
-    return dev_main(args.app_spec, args.data_dir, args.print_env, stop=args.stop)
+    return dev_main(
+        args.app_spec, args.data_dir, args.print_env, stop=args.stop, reload=args.reload
+    )
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -452,6 +454,9 @@ def build_parser() -> Parser:
         help="start the servers detached and print export lines for other shells",
     )
     p.add_argument("--stop", action="store_true", help="stop servers left by --print-env")
+    p.add_argument(
+        "--reload", action="store_true", help="restart the pools when the app's code changes"
+    )
     p = add("bench", cmd_bench, "load-test hivejobs on this machine", False)
     from hivejobs.bench import add_bench_arguments
 

@@ -79,18 +79,27 @@ def setup_logging(process: str) -> None:
 
 
 def _text_format(record: Record) -> str:
-    """One short line: the fields a reader does not already see in the message or the
-    process column, floats rounded; the traceback (if any) on the lines below."""
-    # A field already in the message or the process column ("pool resize#0") is not repeated.
-    message = f"{record['message']} {record['extra'].get('process', '')}"
-    rounded = {k: round(v, 3) if isinstance(v, float) else v for k, v in record["extra"].items()}
-    fields = {
-        k: v
-        for k, v in rounded.items()
-        if k not in _SHOWN_ELSEWHERE and not (isinstance(v, str | float) and f"{v}" in message)
-    }
+    """One short line: the fields a reader does not already see, floats rounded; the
+    traceback (if any) on the lines below. Not repeated: the process's own context, a job's
+    type and id once the message starts `type[id]`, the pool named in the process column,
+    and a float the message already shows."""
+    extra = record["extra"]
+    message = record["message"]
+    hidden = set(_SHOWN_ELSEWHERE)
+    if f"{extra.get('job_type')}[{extra.get('job_id')}]" in message:
+        hidden |= {"job_type", "job_id"}
+    if f"{extra.get('pool')}#" in str(extra.get("process", "")):
+        hidden.add("pool")
+    fields = {}
+    for key, value in extra.items():
+        if isinstance(value, float):
+            value = round(value, 3)
+            if f"{value}" in message:
+                continue
+        if key not in hidden:
+            fields[key] = value
     # The fields are text we did not write: handed over in extra, never in the template.
-    record["extra"]["hj_fields"] = f" {fields}" if fields else ""
+    extra["hj_fields"] = f" {fields}" if fields else ""
     tail = "\n{exception}" if record["exception"] is not None else ""
     return _TEXT_FORMAT + "<dim>{extra[hj_fields]}</dim>" + tail + "\n"
 
