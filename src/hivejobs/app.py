@@ -19,7 +19,7 @@ import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import psycopg
 import redis
@@ -35,6 +35,7 @@ from hivejobs.config import (
     settings_from_env,
 )
 from hivejobs.errors import (
+    CallbackRefused,
     ConnectionFailed,
     InvalidArgument,
     InvalidJobType,
@@ -45,6 +46,7 @@ from hivejobs.errors import (
 )
 from hivejobs.failpoints import failpoint
 from hivejobs.integrations import adriver_connection, driver_connection
+from hivejobs.metrics import record_callback
 from hivejobs.records import PRIORITIES, Delivery, Inserted, JobInfo, JobTypeInfo, NewJob
 from hivejobs.serialization import PayloadCodec, decode_json, payload_type_of
 from hivejobs.store import Store
@@ -54,6 +56,7 @@ if TYPE_CHECKING:
     from hivejobs.chains.builder import Chain
     from hivejobs.embedded import EmbeddedServers
     from hivejobs.records import ChainStatus, ChainSummary, JobLogEntry
+    from hivejobs.store.callbacks import CallbackResult
 
 NAME_RE = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
 MAX_DELAY_S = 366 * 24 * 3600.0
@@ -95,6 +98,10 @@ class JobType:
     backoff: Backoff
     priority: int
     codec: PayloadCodec = field(repr=False)
+    # rickover's status callbacks: the handler hands the work to another service and returns;
+    # the job stays running until that service posts the outcome (or the timeout passes).
+    callback: bool = False
+    callback_timeout_s: float | None = None
 
     def info(self) -> JobTypeInfo:
         return JobTypeInfo(
@@ -104,6 +111,8 @@ class JobType:
             attempts=self.attempts,
             delivery=self.delivery,
             timeout_s=self.timeout_s,
+            callback=self.callback,
+            callback_timeout_s=self.callback_timeout_s,
         )
 
 
@@ -140,11 +149,24 @@ class App:
         timeout: float | None = None,
         backoff: Backoff | None = None,
         priority: int = 0,
+        callback: bool = False,
+        callback_timeout: float = 3600.0,
     ) -> Callable[[F], F]:
-        """Register a handler `fn(ctx, payload)` as job type `name`."""
+        """Register a handler `fn(ctx, payload)` as job type `name`.
+
+        `callback=True`: the handler starts work elsewhere and returns; the job stays running
+        until the other service reports the attempt's outcome (`complete_callback`, or POST
+        /v1/jobs/{name}/{id}), or `callback_timeout` seconds pass (then it is retried like a
+        failed attempt while attempts are left, else failed)."""
         jt = self._validated_type(
             name, concurrency, processes, attempts, delivery, timeout, priority
         )
+        if callback:
+            if not (callback_timeout > 0 and math.isfinite(callback_timeout)):
+                raise InvalidJobType(
+                    f"callback_timeout must be a positive number of seconds, not {callback_timeout}"
+                )
+            jt.callback, jt.callback_timeout_s = True, float(callback_timeout)
 
         def register(fn: F) -> F:
             jt.handler = fn
@@ -220,6 +242,8 @@ class App:
             Backoff(),
             0,
             PayloadCodec(name, None, self.settings.max_payload_bytes),
+            info.callback,
+            info.callback_timeout_s,
         )
 
     def _declared_types(self) -> dict[str, JobTypeInfo]:
@@ -503,6 +527,43 @@ class App:
                     error=repr(exc),
                 )
         return True
+
+    def complete_callback(
+        self,
+        name: str,
+        job_id: str,
+        *,
+        status: Literal["succeeded", "failed"],
+        attempt: int,
+        retryable: bool = False,
+        error: str | None = None,
+    ) -> CallbackResult:
+        """The other service's outcome for attempt `attempt` of a callback job (rickover).
+
+        A failed, retryable callback with attempts left is retried after the type's backoff;
+        otherwise the job ends `status`. A wrong attempt or a job that is not running raises
+        CallbackRefused (HTTP 409); an unknown job JobNotFound."""
+        from hivejobs.store.callbacks import CallbackStore
+
+        jt = self.job_type(name)
+        if not jt.callback:
+            raise CallbackRefused(f"job type {name!r} does not take status callbacks")
+        if status not in ("succeeded", "failed"):
+            raise InvalidArgument(f"status must be 'succeeded' or 'failed', not {status!r}")
+        delay = jt.backoff.delay_s(attempt) if status == "failed" and retryable else None
+        text = (
+            error if error is not None else (None if status == "succeeded" else "callback: failed")
+        )
+        result = CallbackStore(self.store).complete(name, job_id, attempt, status, delay, text)
+        if result.outcome is None:
+            if result.state is None:
+                raise JobNotFound(job_id)
+            raise CallbackRefused(
+                f"job {job_id!r} is {result.state} at attempt {result.attempt}: a callback for "
+                f"attempt {attempt} is refused (only a running job's current attempt takes one)"
+            )
+        record_callback(self, name, result.outcome)
+        return result
 
     def replay(self, job_id: str) -> str:
         """Enqueue a finished job again, as a new job with a new id; returns that id."""

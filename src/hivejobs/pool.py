@@ -29,6 +29,7 @@ from hivejobs.context import JobContext
 from hivejobs.errors import Interrupted, PayloadInvalid
 from hivejobs.failpoints import failpoint
 from hivejobs.logs import fatal_on_error
+from hivejobs.metrics import Recorder
 from hivejobs.records import ClaimedJob, Completion, Outcome
 from hivejobs.serialization import encode_result
 from hivejobs.store import Store
@@ -62,7 +63,13 @@ class Pool:
             session={"synchronous_commit": "off"} if self.async_commit else None,
         )
         self.broker = Broker(settings)
-        self.completer = Completer(self.store, self.broker, self._forget)
+        self.metrics = Recorder(self.broker)
+        self.completer = Completer(
+            self.store,
+            self.broker,
+            self._forget,
+            on_submit=lambda c: self.metrics.completion(jt.name, c),
+        )
         self.held: dict[str, int] = {}  # claims not yet finished in Postgres: id -> token
         self.claim_lock = threading.Lock()
         self.work: queue.SimpleQueue[ClaimedJob | None] = queue.SimpleQueue()
@@ -95,6 +102,7 @@ class Pool:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 signal.signal(sig, self._on_stop_signal)
         self.completer.start()
+        self.metrics.start()
         threads = [
             threading.Thread(target=fatal_on_error(self._runner), name=f"runner-{i}", daemon=True)
             for i in range(self.jt.concurrency)
@@ -145,6 +153,7 @@ class Pool:
         self._drain_unstarted()
         failpoint("pool.after_suspend_write_before_exit")
         self.completer.flush(5.0)
+        self.metrics.stop()
         try:
             self.store.deregister_worker(self.worker_id)
         except psycopg.Error as exc:
@@ -235,6 +244,7 @@ class Pool:
             self._release_ambiguous(unheld)
             raise failure
         failpoint("pool.after_claim_commit")
+        self.metrics.picked_up(jobs)
         with self.lock:
             self.reserved += len(jobs)
         for job in jobs:
@@ -331,7 +341,9 @@ class Pool:
         entry = Running(job, ctx)
         with self.lock:
             self.running[job.id] = entry
+        began = time.monotonic()
         completion = self._execute(job, ctx)
+        self.metrics.observe("run", job.name, time.monotonic() - began)
         with self.lock:
             self.running.pop(job.id, None)
             abandoned = entry.abandoned
@@ -374,6 +386,14 @@ class Pool:
             return self._failed(job, ctx, text, jt.backoff.delay_s(job.attempt))
         elapsed = time.monotonic() - started
         self.avg_run_s += (elapsed - self.avg_run_s) * 0.1
+        if jt.callback:
+            # The other service has the work now: the job stays running until its callback.
+            return Completion(
+                id=job.id,
+                claim_token=job.claim_token,
+                outcome="await_callback",
+                callback_timeout_s=jt.callback_timeout_s or 3600.0,
+            )
         return Completion(
             id=job.id, claim_token=job.claim_token, outcome="succeeded", result=encoded
         )

@@ -22,6 +22,7 @@ from loguru import logger
 from hivejobs.broker import Broker
 from hivejobs.config import Settings
 from hivejobs.failpoints import failpoint
+from hivejobs.metrics import bump
 from hivejobs.store import Store
 
 Lease = tuple[str, int]
@@ -74,6 +75,7 @@ class Rescuer:
             return RescueResult()
         if requeued:
             self.broker.push_many([(r[0], r[1], r[2]) for r in requeued])
+            bump(self.broker, "rescued", [r[1] for r in requeued])
         logger.warning(
             "rescued jobs of dead workers", workers=len(dead), requeued=len(requeued), failed=failed
         )

@@ -52,7 +52,8 @@ UPDATE hivejobs_job
        claim_token = nextval('hivejobs_claim_seq'), started_at = now()
  WHERE id = ANY(%(ids)s) AND state = 'queued'
    AND (expires_at IS NULL OR expires_at > now())
-RETURNING id, name, attempt, attempts, delivery, payload, claim_token, priority, lost;
+RETURNING id, name, attempt, attempts, delivery, payload, claim_token, priority, lost,
+          extract(epoch FROM now() - run_at)::float8 AS pickup_s;
 
 -- name: archive_finished_if_running
 -- Fenced by claim token (R3): a late write from a rescued or timed-out claim changes nothing.
@@ -171,15 +172,18 @@ SELECT id, name, state, attempt, attempts, priority, delivery, payload, created_
   FROM hivejobs_archive WHERE id = %(id)s;
 
 -- name: upsert_job_type
-INSERT INTO hivejobs_job_type (name, concurrency, processes, attempts, delivery, timeout_s)
-VALUES (%(name)s, %(concurrency)s, %(processes)s, %(attempts)s, %(delivery)s, %(timeout_s)s)
+INSERT INTO hivejobs_job_type (name, concurrency, processes, attempts, delivery, timeout_s,
+                               callback, callback_timeout_s)
+VALUES (%(name)s, %(concurrency)s, %(processes)s, %(attempts)s, %(delivery)s, %(timeout_s)s,
+        %(callback)s, %(callback_timeout_s)s)
 ON CONFLICT (name) DO UPDATE
    SET concurrency = EXCLUDED.concurrency, processes = EXCLUDED.processes,
        attempts = EXCLUDED.attempts, delivery = EXCLUDED.delivery,
-       timeout_s = EXCLUDED.timeout_s, updated_at = now();
+       timeout_s = EXCLUDED.timeout_s, callback = EXCLUDED.callback,
+       callback_timeout_s = EXCLUDED.callback_timeout_s, updated_at = now();
 
 -- name: list_job_types
-SELECT name, concurrency, processes, attempts, delivery, timeout_s
+SELECT name, concurrency, processes, attempts, delivery, timeout_s, callback, callback_timeout_s
   FROM hivejobs_job_type ORDER BY name;
 
 -- name: type_counts
@@ -227,11 +231,12 @@ SELECT w.id::text AS id, w.host, w.pid, w.role, w.pool, w.started_at, w.heartbea
 
 -- name: find_dead_workers
 -- Heartbeats judged on the database clock (R5). A running job whose worker row is missing is
--- orphaned too (R4).
+-- orphaned too (R4). A job awaiting its status callback runs with no worker (worker_id NULL):
+-- nobody to rescue it from; its callback deadline ends it instead.
 SELECT id::text FROM hivejobs_worker WHERE heartbeat_at < now() - %(stuck_after_s)s * interval '1 second'
 UNION
 SELECT DISTINCT worker_id::text FROM hivejobs_job j
- WHERE state = 'running'
+ WHERE state = 'running' AND worker_id IS NOT NULL
    AND NOT EXISTS (SELECT 1 FROM hivejobs_worker w WHERE w.id = j.worker_id);
 
 -- name: delete_workers
