@@ -3,44 +3,19 @@
     from hivejobs.web import create_app
     asgi = create_app(app, admin_tokens=["..."])   # mount it in your own ASGI app
 
-Needs the `web` extra (`pip install hivejobs[web]`). Every route but /healthz and the login
-page requires a token when tokens are configured (auth.py); with none, everyone is admin, and
-`hivejobs serve` then listens on loopback only.
+Needs the `web` extra (`pip install hivejobs[web]`); importing this package does not (the CLI
+builds its parser from web/options.py without Litestar installed).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
-from litestar import Litestar
-from litestar.connection import ASGIConnection
-from litestar.exceptions import NotAuthorizedException, PermissionDeniedException
-from litestar.handlers.base import BaseRouteHandler
-from litestar.openapi import OpenAPIConfig
-from litestar.openapi.plugins import SwaggerRenderPlugin
-from loguru import logger
+if TYPE_CHECKING:
+    from litestar import Litestar
 
-from hivejobs.app import App
-from hivejobs.web import api, dashboard, errors
-from hivejobs.web.auth import COOKIE, Tokens, bearer
-
-DEFAULT_MAX_BODY = 2 * 1024 * 1024
-
-
-def guard(connection: ASGIConnection[Any, Any, Any, Any], handler: BaseRouteHandler) -> None:
-    tokens: Tokens = connection.app.state.tokens
-    if handler.opt.get("public") or tokens.open:
-        return
-    presented = bearer(connection.headers.get("authorization")) or connection.cookies.get(COOKIE)
-    role = tokens.role_of(presented)
-    if role is None:
-        raise NotAuthorizedException(
-            "a valid token is required: Authorization: Bearer <token>",
-            headers={"WWW-Authenticate": 'Bearer realm="hivejobs"'},
-        )
-    if handler.opt.get("admin") and role != "admin":
-        raise PermissionDeniedException("this token is read-only: an admin token is required")
+    from hivejobs.app import App
 
 
 def create_app(
@@ -48,45 +23,21 @@ def create_app(
     *,
     read_tokens: Sequence[str] = (),
     admin_tokens: Sequence[str] = (),
-    max_body_bytes: int = DEFAULT_MAX_BODY,
+    max_body_bytes: int = 2 * 1024 * 1024,
+    base_path: str = "",
     debug: bool = False,
 ) -> Litestar:
-    """The ASGI app over `app` (its job types, its Postgres and Redis)."""
-    tokens = Tokens(read=tuple(read_tokens), admin=tuple(admin_tokens))
-    if tokens.open:
-        logger.warning("hivejobs web: no token configured, every client is admin")
+    """The ASGI app over `app` (its job types, its Postgres and Redis); see web/asgi.py.
 
-    def on_shutdown() -> None:
-        app.close()
+    `base_path`: where the host app mounts it, for the dashboard's links when the host does
+    not say so in the ASGI `root_path` (Starlette's Mount does; Litestar's mounts do not)."""
+    from hivejobs.web.asgi import create_app as build
 
-    return Litestar(
-        route_handlers=[*api.HANDLERS, *dashboard.HANDLERS],
-        guards=[guard],
-        exception_handlers=errors.HANDLERS,
-        request_max_body_size=max_body_bytes,
-        state=_state(app, tokens),
-        on_shutdown=[on_shutdown],
-        openapi_config=OpenAPIConfig(
-            title="hivejobs",
-            version="1",
-            description="Durable jobs over HTTP: enqueue, read, cancel, replay, status "
-            "callbacks, chains. Errors are JSON: {error, status, details?}.",
-            path="/schema",
-            operation_id_creator=_operation_id,
-            render_plugins=[SwaggerRenderPlugin()],
-        ),
+    return build(
+        app,
+        read_tokens=read_tokens,
+        admin_tokens=admin_tokens,
+        max_body_bytes=max_body_bytes,
+        base_path=base_path,
         debug=debug,
     )
-
-
-def _operation_id(handler: Any, method: Any, parts: list[Any]) -> str:
-    """The handler's own name (sync handlers are wrapped, hiding it from Litestar)."""
-    fn = getattr(handler.fn, "ref", None) or getattr(handler.fn, "func", None) or handler.fn
-    name = getattr(getattr(fn, "value", fn), "__name__", None)
-    return str(name) if name else f"{method}_{'_'.join(map(str, parts))}"
-
-
-def _state(app: App, tokens: Tokens) -> Any:
-    from litestar.datastructures import State
-
-    return State({"hivejobs": app, "tokens": tokens})

@@ -6,8 +6,6 @@ Handlers are synchronous (the App's store is psycopg's sync pool) and run in Lit
 thread pool; nothing here touches SQL.
 """
 
-from __future__ import annotations
-
 import asyncio
 import time
 from typing import Annotated, Any
@@ -16,7 +14,7 @@ import msgspec
 import redis
 from litestar import Response, delete, get, post, put
 from litestar.datastructures import State
-from litestar.params import Parameter
+from litestar.params import Parameter, QueryParameter
 from litestar.response import Response as LitestarResponse
 
 from hivejobs.app import App
@@ -53,6 +51,7 @@ from hivejobs.web.schemas import (
     WorkerOut,
     WorkersOut,
 )
+from hivejobs.web.threads import threaded
 
 ADMIN = {"admin": True}
 PUBLIC = {"public": True}
@@ -122,10 +121,10 @@ def _put_job(app: App, name: str, job_id: str, data: EnqueueBody) -> tuple[JobIn
     operation_id="post_job",
     opt=ADMIN,
     status_code=201,
-    sync_to_thread=True,
     summary="Enqueue with a new id",
     responses=ERROR_RESPONSES(404, 413, 422),
 )
+@threaded
 def post_job(state: State, name: Name, data: EnqueueBody) -> JobOut:
     app = hj(state)
     job_id = app.enqueue(
@@ -144,10 +143,10 @@ def post_job(state: State, name: Name, data: EnqueueBody) -> JobOut:
     operation_id="post_batch",
     opt=ADMIN,
     status_code=201,
-    sync_to_thread=True,
     summary="Enqueue many jobs of one type (all or nothing)",
     responses=ERROR_RESPONSES(404, 413, 422),
 )
+@threaded
 def post_batch(state: State, name: Name, data: BatchBody) -> BatchOut:
     ids = hj(state).enqueue_many(
         name, data.data, priority=data.priority, delay=data.delay, expires_at=data.expires_at
@@ -158,10 +157,10 @@ def post_batch(state: State, name: Name, data: BatchBody) -> BatchOut:
 @get(
     "/v1/jobs/{name:str}/{job_id:str}",
     operation_id="get_job",
-    sync_to_thread=True,
     summary="One job, live or finished",
     responses=ERROR_RESPONSES(404),
 )
+@threaded
 def get_job(state: State, name: Name, job_id: JobId) -> JobOut:
     return job_out(_job_of_type(hj(state), name, job_id))
 
@@ -171,12 +170,12 @@ def get_job(state: State, name: Name, job_id: JobId) -> JobOut:
     operation_id="cancel_job",
     opt=ADMIN,
     status_code=200,
-    sync_to_thread=True,
     summary="Cancel a job",
     description="A waiting job (or one awaiting its callback) ends cancelled at once; a "
     "running one is told to stop. 409 when it already finished otherwise.",
     responses=ERROR_RESPONSES(404, 409),
 )
+@threaded
 def cancel_job(state: State, name: Name, job_id: JobId) -> CancelOut:
     app = hj(state)
     before = _job_of_type(app, name, job_id)
@@ -195,10 +194,10 @@ def cancel_job(state: State, name: Name, job_id: JobId) -> CancelOut:
     operation_id="replay_job",
     opt=ADMIN,
     status_code=201,
-    sync_to_thread=True,
     summary="Enqueue a finished job again (a new job with a new id)",
     responses=ERROR_RESPONSES(404, 409),
 )
+@threaded
 def replay_job(state: State, name: Name, job_id: JobId) -> JobOut:
     app = hj(state)
     _job_of_type(app, name, job_id)
@@ -210,13 +209,13 @@ def replay_job(state: State, name: Name, job_id: JobId) -> JobOut:
     operation_id="post_callback",
     opt=ADMIN,
     status_code=200,
-    sync_to_thread=True,
     summary="Status callback (rickover)",
     description="The other service reports the outcome of attempt `attempt` of a job whose "
     "type was declared `callback=True`. A failed, retryable callback with attempts left is "
     "retried after the backoff. 409: wrong attempt, or the job is not running.",
     responses=ERROR_RESPONSES(404, 409, 422),
 )
+@threaded
 def post_callback(state: State, name: Name, job_id: JobId, data: CallbackBody) -> JobOut:
     app = hj(state)
     app.complete_callback(
@@ -233,14 +232,14 @@ def post_callback(state: State, name: Name, job_id: JobId, data: CallbackBody) -
 @get(
     "/v1/jobs",
     operation_id="list_jobs",
-    sync_to_thread=True,
     summary="A page of jobs in one state (keyset: pass `next` as `after`)",
     responses=ERROR_RESPONSES(422),
 )
+@threaded
 def list_jobs(
     state: State,
-    list_state: Annotated[ListName, Parameter(query="state")] = "failed",
-    job_type: Annotated[str | None, Parameter(query="type", max_length=64)] = None,
+    list_state: Annotated[ListName, QueryParameter(name="state")] = "failed",
+    job_type: Annotated[str | None, QueryParameter(name="type", max_length=64)] = None,
     after: Annotated[str | None, Parameter(max_length=600)] = None,
     limit: Limit = 50,
 ) -> JobPage:
@@ -254,10 +253,10 @@ def list_jobs(
     operation_id="bulk",
     opt=ADMIN,
     status_code=200,
-    sync_to_thread=True,
     summary="Replay or cancel many jobs; one result per id",
     responses=ERROR_RESPONSES(422),
 )
+@threaded
 def bulk(state: State, data: BulkBody) -> BulkOut:
     app = hj(state)
     results: list[BulkItem] = []
@@ -280,10 +279,10 @@ def bulk(state: State, data: BulkBody) -> BulkOut:
     operation_id="post_chain",
     opt=ADMIN,
     status_code=201,
-    sync_to_thread=True,
     summary="Validate and start a chain (the JSON of `hivejobs chain run`)",
     responses=ERROR_RESPONSES(413, 422),
 )
+@threaded
 def post_chain(state: State, data: ChainFile) -> ChainCreated:
     chain = Chain.from_json(msgspec.json.encode(data))
     return ChainCreated(id=hj(state).run_chain(chain))
@@ -291,11 +290,11 @@ def post_chain(state: State, data: ChainFile) -> ChainCreated:
 
 @get(
     "/v1/chains",
-    sync_to_thread=True,
     summary="Chains, newest first (keyset pages)",
     operation_id="list_chains",
     responses=ERROR_RESPONSES(),
 )
+@threaded
 def list_chains(
     state: State,
     after: Annotated[str | None, Parameter(max_length=600)] = None,
@@ -319,10 +318,10 @@ def chain_out(app: App, request_id: str) -> ChainOut:
 @get(
     "/v1/chains/{request_id:str}",
     operation_id="get_chain",
-    sync_to_thread=True,
     summary="A chain, its jobs and its job log",
     responses=ERROR_RESPONSES(404),
 )
+@threaded
 def get_chain(state: State, request_id: Annotated[str, Parameter(max_length=255)]) -> ChainOut:
     return chain_out(hj(state), request_id)
 
@@ -332,10 +331,10 @@ def get_chain(state: State, request_id: Annotated[str, Parameter(max_length=255)
     operation_id="stop_chain",
     opt=ADMIN,
     status_code=200,
-    sync_to_thread=True,
     summary="Stop a live chain",
     responses=ERROR_RESPONSES(404, 409),
 )
+@threaded
 def stop_chain(state: State, request_id: Annotated[str, Parameter(max_length=255)]) -> ChainStopOut:
     app = hj(state)
     if not app.stop_chain(request_id):
@@ -348,11 +347,11 @@ def stop_chain(state: State, request_id: Annotated[str, Parameter(max_length=255
 
 @get(
     "/v1/jobtypes",
-    sync_to_thread=True,
     summary="Job types and their live counts",
     operation_id="job_types",
     responses=ERROR_RESPONSES(),
 )
+@threaded
 def job_types(state: State) -> list[JobTypeOut]:
     return job_type_rows(hj(state))
 
@@ -387,11 +386,11 @@ def job_type_rows(app: App) -> list[JobTypeOut]:
 
 @get(
     "/v1/workers",
-    sync_to_thread=True,
     summary="Worker processes, heartbeats, the leader",
     operation_id="workers",
     responses=ERROR_RESPONSES(),
 )
+@threaded
 def workers(state: State) -> WorkersOut:
     app = hj(state)
     rows = [WorkerOut(**msgspec.structs.asdict(w)) for w in app.store.workers()]
@@ -408,11 +407,11 @@ def workers(state: State) -> WorkersOut:
 
 @get(
     "/v1/throughput",
-    sync_to_thread=True,
     summary="Jobs finished per minute, per type",
     operation_id="throughput",
     responses=ERROR_RESPONSES(),
 )
+@threaded
 def throughput(
     state: State, minutes: Annotated[int, Parameter(ge=1, le=120)] = 30
 ) -> ThroughputOut:
@@ -438,11 +437,11 @@ def read_throughput(app: App, minutes: int) -> ThroughputOut:
 @get(
     "/healthz",
     opt=PUBLIC,
-    sync_to_thread=True,
     summary="Liveness: Postgres and Redis answer",
     operation_id="healthz",
     responses=ERROR_RESPONSES(503, health=True),
 )
+@threaded
 def healthz(state: State) -> Response[Health]:
     app = hj(state)
     pg = rd = True
@@ -463,10 +462,10 @@ def healthz(state: State) -> Response[Health]:
     "/metrics",
     responses=ERROR_RESPONSES(),
     operation_id="metrics",
-    sync_to_thread=True,
     summary="Prometheus metrics of the whole fleet",
     media_type=CONTENT_TYPE,
 )
+@threaded
 def metrics(state: State) -> LitestarResponse[str]:
     app = hj(state)
     return LitestarResponse(render(app.store, app.broker), media_type=CONTENT_TYPE)

@@ -6,14 +6,12 @@ replay/cancel, chains and one chain's DAG, workers and the coordinator. Lists ar
 call the JSON API, whose admin guard applies.
 """
 
-from __future__ import annotations
-
 from typing import Annotated, Any
 
 from litestar import MediaType, Request, Response, get, post
 from litestar.datastructures import State
 from litestar.enums import RequestEncodingType
-from litestar.params import Body, Parameter
+from litestar.params import Body, Parameter, QueryParameter
 from litestar.response import Redirect
 
 from hivejobs.app import App
@@ -34,10 +32,11 @@ from hivejobs.web.render import (
     table,
     when,
 )
+from hivejobs.web.threads import threaded
 
 PAGE = 50
 
-Fragment = Annotated[bool, Parameter(query="fragment")]
+Fragment = Annotated[bool, QueryParameter(name="fragment")]
 After = Annotated[str | None, Parameter(max_length=600)]
 SERVICES = (
     ("traverser", "runs chains: starts jobs whose predecessors succeeded"),
@@ -56,7 +55,8 @@ def _app(state: State) -> App:
 
 
 def _base(request: Request[Any, Any, Any]) -> str:
-    return str(request.scope.get("root_path", "")).rstrip("/")
+    root = str(request.scope.get("root_path", "")) or str(request.app.state.base_path)
+    return root.rstrip("/")
 
 
 def _html(request: Request[Any, Any, Any], title: str, fragment: str, only: bool) -> Response[str]:
@@ -92,7 +92,8 @@ def _job_list(base: str, path: str, rows: list[JobRow], nxt: str | None, **q: st
     return bulk + table(headers, _job_rows(base, rows, True), "no jobs") + more
 
 
-@get("/dashboard", include_in_schema=False, sync_to_thread=True)
+@get("/dashboard", include_in_schema=False)
+@threaded
 def overview(request: Request[Any, Any, Any], state: State, fragment: Fragment = False) -> Any:
     app = _app(state)
     base = _base(request)
@@ -115,12 +116,13 @@ def overview(request: Request[Any, Any, Any], state: State, fragment: Fragment =
     return _html(request, "Job types", table(headers, rows, "no job types yet"), fragment)
 
 
-@get("/dashboard/types/{name:str}", include_in_schema=False, sync_to_thread=True)
+@get("/dashboard/types/{name:str}", include_in_schema=False)
+@threaded
 def type_jobs(
     request: Request[Any, Any, Any],
     state: State,
     name: str,
-    list_state: Annotated[ListName, Parameter(query="state")] = "queued",
+    list_state: Annotated[ListName, QueryParameter(name="state")] = "queued",
     after: After = None,
     fragment: Fragment = False,
 ) -> Any:
@@ -135,11 +137,12 @@ def type_jobs(
     return _html(request, f"{name}: {list_state}", body, fragment)
 
 
-@get("/dashboard/failed", include_in_schema=False, sync_to_thread=True)
+@get("/dashboard/failed", include_in_schema=False)
+@threaded
 def failed(
     request: Request[Any, Any, Any],
     state: State,
-    job_type: Annotated[str | None, Parameter(query="type")] = None,
+    job_type: Annotated[str | None, QueryParameter(name="type")] = None,
     after: After = None,
     fragment: Fragment = False,
 ) -> Any:
@@ -149,7 +152,8 @@ def failed(
     return _html(request, "Failed jobs", body, fragment)
 
 
-@get("/dashboard/jobs/{name:str}/{job_id:str}", include_in_schema=False, sync_to_thread=True)
+@get("/dashboard/jobs/{name:str}/{job_id:str}", include_in_schema=False)
+@threaded
 def job_page(
     request: Request[Any, Any, Any],
     state: State,
@@ -190,7 +194,8 @@ def job_page(
     return _html(request, f"Job {job_id}", body, fragment)
 
 
-@get("/dashboard/chains", include_in_schema=False, sync_to_thread=True)
+@get("/dashboard/chains", include_in_schema=False)
+@threaded
 def chains(
     request: Request[Any, Any, Any], state: State, after: After = None, fragment: Fragment = False
 ) -> Any:
@@ -212,7 +217,8 @@ def chains(
     return _html(request, "Chains", body, fragment)
 
 
-@get("/dashboard/chains/{request_id:str}", include_in_schema=False, sync_to_thread=True)
+@get("/dashboard/chains/{request_id:str}", include_in_schema=False)
+@threaded
 def chain_page(
     request: Request[Any, Any, Any], state: State, request_id: str, fragment: Fragment = False
 ) -> Any:
@@ -250,7 +256,8 @@ def chain_page(
     return _html(request, f"Chain {request_id}", body, fragment)
 
 
-@get("/dashboard/workers", include_in_schema=False, sync_to_thread=True)
+@get("/dashboard/workers", include_in_schema=False)
+@threaded
 def workers_page(request: Request[Any, Any, Any], state: State, fragment: Fragment = False) -> Any:
     app = _app(state)
     dash = DashboardStore(app.store)
@@ -281,7 +288,8 @@ def workers_page(request: Request[Any, Any, Any], state: State, fragment: Fragme
     return _html(request, "Workers", body, fragment)
 
 
-@get("/dashboard/login", opt={"public": True}, include_in_schema=False, sync_to_thread=True)
+@get("/dashboard/login", opt={"public": True}, include_in_schema=False)
+@threaded
 def login_form(request: Request[Any, Any, Any]) -> Response[str]:
     form = (
         f'<form method="post" action="{esc(_base(request))}/dashboard/login">'
@@ -296,8 +304,8 @@ def login_form(request: Request[Any, Any, Any]) -> Response[str]:
     opt={"public": True},
     status_code=303,
     include_in_schema=False,
-    sync_to_thread=True,
 )
+@threaded
 def login(
     request: Request[Any, Any, Any],
     state: State,
@@ -315,7 +323,8 @@ def login(
     return response
 
 
-@get("/", include_in_schema=False, sync_to_thread=True)
+@get("/", include_in_schema=False)
+@threaded
 def root(request: Request[Any, Any, Any]) -> Redirect:
     return Redirect(_base(request) + "/dashboard")
 

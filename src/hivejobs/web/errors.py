@@ -9,7 +9,7 @@ from typing import Any
 
 import msgspec
 from litestar import Request, Response
-from litestar.exceptions import HTTPException, ValidationException
+from litestar.exceptions import ClientException, HTTPException, ValidationException
 from litestar.openapi.datastructures import ResponseSpec
 from loguru import logger
 
@@ -97,13 +97,19 @@ def on_validation(_: Request[Any, Any, Any], exc: Exception) -> Response[Any]:
     if extra:
         parts = [f"{e.get('key')}: {e.get('message')}" for e in extra if isinstance(e, dict)]
         return _json(422, "invalid request: " + "; ".join(parts), extra)
-    return _json(400, str(exc.detail))
+    detail = str(exc.detail)
+    if "malformed" not in detail.lower():
+        detail = f"request body is not valid JSON (JSON is malformed: {detail})"
+    return _json(400, detail)
 
 
 def on_http(_: Request[Any, Any, Any], exc: Exception) -> Response[Any]:
     assert isinstance(exc, HTTPException)
     if exc.status_code == 413:
         return _json(413, "request body over the size limit (see --max-body-bytes)")
+    if type(exc) is ClientException and exc.status_code == 400:
+        # Litestar raises a bare ClientException when the body does not decode.
+        return _json(400, f"request body is not valid JSON (malformed: {exc.detail})")
     response = _json(exc.status_code, str(exc.detail))
     if exc.headers:
         response.headers.update(exc.headers)

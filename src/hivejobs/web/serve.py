@@ -36,7 +36,7 @@ def serve_main(args: argparse.Namespace) -> int:
     try:
         import uvicorn
 
-        from hivejobs.web import create_app
+        from hivejobs.web.asgi import create_app
     except ImportError as exc:
         raise UsageError(f"{exc.name} is missing: pip install 'hivejobs[web]'") from None
     spec = args.app_spec or os.environ.get("HIVEJOBS_APP")
