@@ -69,8 +69,8 @@ RETURNING id;
 
 -- name: callback_timeouts_retry
 -- Callbacks that never came (deadline passed): retried like a failed attempt, after the
--- default backoff (1 s doubling per attempt, capped at 10 minutes, +-20 % jitter), while
--- attempts are left. At-most-once types are failed below, never re-run.
+-- default backoff (1 s doubling per attempt, capped at 10 minutes, 20 percent jitter either
+-- way), while attempts are left. At-most-once types are failed below, never re-run.
 UPDATE hivejobs_job
    SET state = 'scheduled',
        run_at = now() + least(600.0, power(2.0, least(attempt - 1, 30)))
