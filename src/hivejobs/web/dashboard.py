@@ -294,9 +294,9 @@ def login_form(request: Request[Any, Any, Any]) -> Response[str]:
     form = (
         f'<form method="post" action="{esc(_base(request))}/dashboard/login">'
         '<input type="password" name="token" placeholder="token" autofocus> '
-        "<button>Sign in</button></form>"
+        '<button id="signin">Sign in</button></form>'
     )
-    return Response(page(_base(request), "Sign in", form), media_type=MediaType.HTML)
+    return Response(page(_base(request), "Sign in", form, live=False), media_type=MediaType.HTML)
 
 
 @post(

@@ -105,7 +105,8 @@ def seg(value: str) -> str:
     return quote(value, safe="")
 
 
-def page(base: str, title: str, fragment: str) -> str:
+def page(base: str, title: str, fragment: str, live: bool = True) -> str:
+    """A whole page; `live` pages re-fetch their fragment every two seconds."""
     nav = "".join(
         link(base, p, t)
         for p, t in (
@@ -119,7 +120,8 @@ def page(base: str, title: str, fragment: str) -> str:
         f"<!doctype html><html><head><meta charset=utf-8><title>{esc(title)} - hivejobs</title>"
         f"<style>{CSS}</style></head><body><nav>{nav}</nav><main><h2>{esc(title)}</h2>"
         f'<div id="flash"></div><div id="live">{fragment}</div></main>'
-        f"<script>{SCRIPT}</script></body></html>"
+        + (f"<script>{SCRIPT}</script>" if live else "")
+        + "</body></html>"
     )
 
 
