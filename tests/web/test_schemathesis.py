@@ -40,9 +40,11 @@ def test_served_openapi_spec_holds_under_schemathesis(server: Server, tmp_path: 
             "not_a_server_error,status_code_conformance,content_type_conformance,"
             "response_schema_conformance",
             "--max-examples",
-            "10",
+            "6",
+            # One worker: hypothesis' source introspection is not thread-safe on CPython 3.11
+            # (a SystemError "AST constructor recursion depth mismatch", not an API failure).
             "--workers",
-            "2",
+            "1",
             "--phases",
             "coverage,fuzzing",
             "--generation-database",
