@@ -10,7 +10,7 @@ from datetime import UTC, datetime, timedelta
 
 import httpx
 
-from tests.harness import ROOT, Instance, free_port, sql, wait_until
+from tests.harness import ROOT, Instance, RedisServer, free_port, sql, wait_until
 from tests.web.conftest import ADMIN, READER, WEBAPP, Server
 
 
@@ -297,3 +297,20 @@ def test_mounted_in_a_host_asgi_app(web_env: dict[str, str], tmp_path: object) -
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+def test_backend_down_is_503_not_500(
+    start_server: Callable[..., Server], own_redis: RedisServer
+) -> None:
+    server = start_server(env={"HIVEJOBS_REDIS_URL": own_redis.url})
+    c = server.client
+    assert c.get("/healthz").json()["redis"] is True
+    own_redis.stop()
+    health = c.get("/healthz")
+    assert health.status_code == 503
+    assert health.json() == {"status": "degraded", "postgres": True, "redis": False}
+    down = c.get("/v1/throughput")
+    assert down.status_code == 503 and down.json()["error"] == "Redis does not answer; retry later"
+    # Postgres is the truth: an enqueue is acknowledged; the reconciler pushes it later.
+    assert c.post("/v1/jobs/echo", json={"data": {"text": "x"}}).status_code == 201
+    assert "request failed unexpectedly" not in server.log_path.read_text()

@@ -8,6 +8,8 @@ from __future__ import annotations
 from typing import Any
 
 import msgspec
+import psycopg
+import redis
 from litestar import Request, Response
 from litestar.exceptions import ClientException, HTTPException, ValidationException
 from litestar.openapi.datastructures import ResponseSpec
@@ -67,7 +69,7 @@ def ERROR_RESPONSES(  # noqa: N802 - reads as a table
     from hivejobs.web.schemas import JobOut
 
     out: dict[int, ResponseSpec] = {}
-    for code in sorted({*codes, 400, 401, 403, 422}):
+    for code in sorted({*codes, 400, 401, 403, 422, 503}):
         model: Any = JobOut if code in (200, 201) else ErrorOut
         if code == 503 and health:
             from hivejobs.web.schemas import Health
@@ -116,6 +118,14 @@ def on_http(_: Request[Any, Any, Any], exc: Exception) -> Response[Any]:
     return response
 
 
+def on_backend_down(_: Request[Any, Any, Any], exc: Exception) -> Response[Any]:
+    """Postgres or Redis did not answer: the request may be retried; nothing is half-done
+    that a retry could not fix (enqueue with your id is idempotent)."""
+    service = "Redis" if isinstance(exc, redis.RedisError) else "Postgres"
+    logger.warning("request failed: backend down", service=service, error=repr(exc))
+    return _json(503, f"{service} does not answer; retry later")
+
+
 def on_unexpected(_: Request[Any, Any, Any], exc: Exception) -> Response[Any]:
     logger.opt(exception=exc).error("request failed unexpectedly")
     return _json(500, "internal error: see the server's log")
@@ -125,5 +135,7 @@ HANDLERS: dict[int | type[Exception], Any] = {
     HivejobsError: on_hivejobs_error,
     ValidationException: on_validation,
     HTTPException: on_http,
+    psycopg.OperationalError: on_backend_down,
+    redis.RedisError: on_backend_down,
     Exception: on_unexpected,
 }
