@@ -26,6 +26,7 @@ from hivejobs.app import App
 from hivejobs.broker import Broker
 from hivejobs.config import Settings
 from hivejobs.logs import setup_logging
+from hivejobs.metrics import bump
 from hivejobs.store import Store, new_worker_id
 
 PR_SET_PDEATHSIG = 1
@@ -235,6 +236,7 @@ class Supervisor:
             broker = Broker(self.settings)
             try:
                 broker.push_many([(r[0], r[1], r[2]) for r in requeued])
+                bump(broker, "rescued", [r[1] for r in requeued])
             except redis.RedisError as exc:
                 logger.warning("released jobs not pushed; the reconciler will", error=repr(exc))
             finally:
