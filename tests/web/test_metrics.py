@@ -3,13 +3,14 @@ process) and gauges match what Postgres holds; the text parses as Prometheus exp
 
 from __future__ import annotations
 
+import os
 import signal
 from collections.abc import Callable
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.harness import Instance, free_port, sql, wait_until
+from tests.harness import Instance, free_port, pool_pids, sql, wait_until
 from tests.web.conftest import Server
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
@@ -81,6 +82,17 @@ def test_metrics_match_postgres_while_a_fleet_runs(
     # The served app's /metrics shows the same fleet-wide numbers.
     served = wait_until(lambda: agrees(server.url + "/metrics", dict(c.headers)))
     assert value(served, "hivejobs_jobs_succeeded_total", job_type="echo") == 40
+
+    # A pool killed mid-job: the supervisor puts its job back at once, counted as rescued.
+    slow = c.post("/v1/jobs/echo", json={"data": {"text": "slow", "n": 60000}}).json()["id"]
+    wait_until(lambda: c.get(f"/v1/jobs/echo/{slow}").json()["state"] == "running")
+    (pid,) = pool_pids(database_url, "echo")
+    os.kill(pid, signal.SIGKILL)
+    wait_until(
+        lambda: value(scrape(run_metrics), "hivejobs_jobs_rescued_total", job_type="echo") == 1,
+        what="the rescue counted",
+    )
+    assert sql(database_url, "SELECT lost FROM hivejobs_job WHERE id = %s", (slow,)) == [(1,)]
 
     # Queue depth and in-flight come from Postgres at scrape time; a graceful stop suspends.
     held = c.post("/v1/jobs/hold", json={"data": {}}).json()["id"]
