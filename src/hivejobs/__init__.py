@@ -1,7 +1,10 @@
 """hivejobs: a durable job runtime for Python services (Redis broker, Postgres truth).
 
-Public API only.
+Public API only. Imported by a web app, hivejobs is a library and stays silent: its log
+lines are disabled here, and `hivejobs` commands (or the host app) enable them.
 """
+
+from loguru import logger
 
 from hivejobs.app import App, Backoff, Retry
 from hivejobs.chains import Chain, ChainInfo, JobRef
@@ -15,6 +18,7 @@ from hivejobs.errors import (
     Interrupted,
     InvalidArgument,
     InvalidJobType,
+    JobDuplicate,
     JobIdConflict,
     JobNotFinished,
     JobNotFound,
@@ -25,6 +29,8 @@ from hivejobs.errors import (
     UnknownJobType,
 )
 from hivejobs.records import JobInfo, JobState
+
+logger.disable("hivejobs")
 
 __all__ = [
     "App",
@@ -41,6 +47,7 @@ __all__ = [
     "InvalidArgument",
     "InvalidJobType",
     "JobContext",
+    "JobDuplicate",
     "JobIdConflict",
     "JobInfo",
     "JobNotFinished",

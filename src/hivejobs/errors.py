@@ -67,8 +67,30 @@ class PayloadTooLarge(HivejobsError):
         )
 
 
+class ResultTooLarge(HivejobsError):
+    """A handler returned more than max_result_bytes: the attempt fails instead (a truncated
+    JSON document would not be JSON)."""
+
+    def __init__(self, size: int, limit: int) -> None:
+        super().__init__(
+            f"result of {size} bytes exceeds max_result_bytes ({limit}); store large data "
+            "elsewhere and return a reference"
+        )
+
+
 class InvalidArgument(HivejobsError):
     """An enqueue option (id, priority, delay, run_at, expires_at) is out of range."""
+
+
+class JobDuplicate(HivejobsError):
+    """A unique job type refused a duplicate in its window (`on_duplicate="raise"`)."""
+
+    def __init__(self, name: str, existing_id: str) -> None:
+        super().__init__(
+            f"a {name!r} job with the same unique key exists ({existing_id!r}) within the "
+            "type's unique window"
+        )
+        self.existing_id = existing_id
 
 
 class JobIdConflict(HivejobsError):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from datetime import datetime
 from typing import Literal
 
@@ -16,6 +17,8 @@ Delivery = Literal["at_least_once", "at_most_once"]
 Outcome = Literal["succeeded", "failed", "retry", "cancelled", "suspend", "await_callback"]
 
 PRIORITIES = range(10)  # 0 runs first; the default.
+# A job type's name; fullmatch, never `$` (which also matches before a trailing newline).
+JOB_TYPE_NAME_RE = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
 
 
 class JobTypeInfo(msgspec.Struct, frozen=True, kw_only=True):
@@ -43,6 +46,16 @@ class NewJob(msgspec.Struct, frozen=True, kw_only=True):
     delay_s: float | None
     run_at: datetime | None
     expires_at: datetime | None
+    unique: UniqueClaim | None = None
+
+
+class UniqueClaim(msgspec.Struct, frozen=True, kw_only=True):
+    """A unique window to take before inserting: one job per key while it lasts and the
+    key's job is in one of `states`."""
+
+    key: str
+    window_s: float
+    states: tuple[str, ...]
 
 
 class Inserted(msgspec.Struct, frozen=True):
@@ -79,6 +92,15 @@ class Completion(msgspec.Struct, frozen=True, kw_only=True):
     result: bytes | None = None
     retry_delay_s: float = 0.0
     callback_timeout_s: float = 0.0  # await_callback: how long the other service has
+
+
+class Rescued(msgspec.Struct, frozen=True, kw_only=True):
+    """What one rescue of dead processes' claims did."""
+
+    requeued: list[tuple[str, str, int]]  # (id, type, priority) to push to Redis
+    failed: int
+    # Claims whose id was already archived: the archived record won, the live row is gone.
+    archived_duplicates: list[str]
 
 
 class JobInfo(msgspec.Struct, frozen=True, kw_only=True):

@@ -23,11 +23,15 @@ from hivejobs.chains.traverser import Traverser
 from hivejobs.config import Settings
 from hivejobs.coordinator.callbacks import CallbackTimeouts
 from hivejobs.coordinator.elector import Elector
+from hivejobs.coordinator.scheduler import Scheduler
 from hivejobs.coordinator.services import Compactor, Gauges, Promoter, Reconciler, Rescuer
 from hivejobs.errors import ConnectionFailed
 from hivejobs.failpoints import failpoint
+from hivejobs.logs import error_fields
 from hivejobs.store import Store, connect
 from hivejobs.store.enqueue import parse_dispatch
+
+MSG_BAD_DISPATCH = "malformed dispatch notifications ignored (the first is shown)"
 
 
 class Coordinator:
@@ -52,6 +56,7 @@ class Coordinator:
         self.compactor = Compactor(self.store, settings)
         self.callback_timeouts = CallbackTimeouts(self.store, self.broker)
         self.traverser = Traverser(self.store, self.broker)
+        self.scheduler = Scheduler(self.store, self.broker)
         self._chains_due = True  # look for chain work at once (chains_to_traverse)
         self._chain_hints: set[str] = set()  # chains a wake-up named: traverse just these
         self.stop = threading.Event()
@@ -101,6 +106,8 @@ class Coordinator:
             only = None if full else self._chain_hints
             self._chains_due, self._chain_hints = False, set()
             self._guard("traverse", lambda: self._traverse(lease, only))
+        if self._every("schedule", min(1.0, s.coordinator_interval_s)):
+            self._guard("schedule", lambda: self.scheduler.run_once(lease))
         if self._every("promote", s.promote_interval_s):
             self._guard("promote", lambda: self.promoter.run_once(lease))
         if self._every("rescue", s.coordinator_interval_s):
@@ -124,7 +131,7 @@ class Coordinator:
         try:
             fn()  # type: ignore[operator]
         except (psycopg.Error, redis.RedisError) as exc:
-            logger.warning("coordinator step failed", step=what, error=repr(exc))
+            logger.warning("coordinator step failed", step=what, **error_fields(exc))
 
     def _wait_for_dispatch(self, leader: bool) -> None:
         """Sleep until the next tick, pushing ids of transactional enqueues as they commit."""
@@ -149,13 +156,25 @@ class Coordinator:
                 # Followers keep no wake-ups: a new leader starts with a full search anyway.
                 self._chain_hints.clear()
             if entries and leader:
-                self.broker.push_many(entries)
+                self._push(entries)
         except (psycopg.Error, redis.RedisError, ValueError, ConnectionFailed) as exc:
-            logger.warning("dispatch listener failed", error=repr(exc))
+            logger.warning("dispatch listener failed", **error_fields(exc))
             if self._listen is not None:
                 self._listen.close()
             self._listen = None
             self.stop.wait(timeout)
+
+    def _push(self, entries: list[tuple[str, str, int]]) -> None:
+        """A push that fails (Redis down, a refused key) loses only latency: the reconciler
+        pushes these ids after its grace. The listener stays: its next notes are not lost."""
+        try:
+            self.broker.push_many(entries)
+        except redis.RedisError as exc:
+            logger.warning(
+                "dispatched ids not pushed; the reconciler will",
+                jobs=len(entries),
+                **error_fields(exc),
+            )
 
     def _collect(
         self,
@@ -166,6 +185,7 @@ class Coordinator:
         """Sort notifications into dispatch entries and chain wake-ups; True if a chain
         wake-up came (with `stop_at_wake`, stop there: the caller traverses before waiting)."""
         woken = False
+        malformed: list[psycopg.Notify] = []
         for note in notes:
             if note.channel == "hivejobs_chain":
                 if note.payload:
@@ -178,9 +198,14 @@ class Coordinator:
                 continue
             try:
                 entries.extend(parse_dispatch(note.payload))
-            except ValueError as exc:
-                # A forged or garbled notification: skip it alone, keep the rest of the batch.
-                logger.warning("dispatch notification skipped", error=str(exc))
+            except ValueError:
+                malformed.append(note)  # only this one is lost: the rest are dispatched
+        if malformed:
+            # Anyone who can connect may NOTIFY: one line per batch, however many came.
+            first = malformed[0]
+            logger.warning(
+                MSG_BAD_DISPATCH, notes=len(malformed), payload=first.payload[:200], pid=first.pid
+            )
         return woken
 
 

@@ -47,13 +47,26 @@ DELETE FROM hivejobs_job WHERE id = %(id)s;
 -- name: claim_queued
 -- Claim by primary key: Postgres never scans a queue under contention. Ids no longer queued
 -- (claimed, cancelled, archived) are skipped. The attempt is counted here, in the claim (R2).
+-- Only the pool's own type: an id pushed into a foreign list never runs under this handler.
 UPDATE hivejobs_job
    SET state = 'running', attempt = attempt + 1, worker_id = %(worker_id)s,
        claim_token = nextval('hivejobs_claim_seq'), started_at = now()
- WHERE id = ANY(%(ids)s) AND state = 'queued'
+ WHERE id = ANY(%(ids)s) AND state = 'queued' AND name = %(name)s
    AND (expires_at IS NULL OR expires_at > now())
 RETURNING id, name, attempt, attempts, delivery, payload, claim_token, priority, lost,
           extract(epoch FROM now() - run_at)::float8 AS pickup_s;
+
+-- name: foreign_ids
+-- Ids a pool popped but did not claim that are live jobs of another type.
+SELECT id, name FROM hivejobs_job WHERE id = ANY(%(ids)s) AND name <> %(name)s;
+
+-- name: drop_archived_duplicate_if_running
+-- A live row whose id is already archived can never be archived itself (the id is finished):
+-- the archived record wins, as it does at enqueue (insert_job). Fenced by claim token (R3).
+DELETE FROM hivejobs_job j
+ WHERE j.id = %(id)s AND j.state = 'running' AND j.claim_token = %(token)s
+   AND EXISTS (SELECT 1 FROM hivejobs_archive a WHERE a.id = j.id)
+RETURNING j.id;
 
 -- name: archive_finished_if_running
 -- Fenced by claim token (R3): a late write from a rescued or timed-out claim changes nothing.
@@ -112,6 +125,14 @@ UPDATE hivejobs_job j
   FROM unnest(%(ids)s::text[], %(tokens)s::bigint[]) AS c(id, token)
  WHERE j.id = c.id AND j.state = 'running' AND j.claim_token = c.token
 RETURNING j.id, j.name, j.priority;
+
+-- name: rescue_drop_archived_duplicates
+-- Claims of dead processes whose id is already archived: the archived record wins (see
+-- drop_archived_duplicate_if_running); the archive insert below would fail on them.
+DELETE FROM hivejobs_job j
+ WHERE j.worker_id = ANY(%(worker_ids)s::uuid[]) AND j.state = 'running'
+   AND EXISTS (SELECT 1 FROM hivejobs_archive a WHERE a.id = j.id)
+RETURNING j.id;
 
 -- name: rescue_requeue
 -- Claims of dead processes: at-least-once jobs with attempts left and under the poison-pill
@@ -344,3 +365,32 @@ SELECT i.indexrelid::regclass::text FROM pg_index i
 -- name: db_now
 -- The database clock, which every time in the schema is judged on.
 SELECT now();
+
+-- name: take_unique_key
+-- One job per key while the window lasts. The primary key makes racing enqueuers wait for
+-- each other; the loser sees the winner's row (a conflict re-reads the latest version) and
+-- takes nothing. Only the row's own columns decide here: a subquery would read the
+-- statement's older snapshot, in which the winner's job does not exist yet.
+INSERT INTO hivejobs_unique (key, job_id, until)
+VALUES (%(key)s, %(id)s, now() + %(window_s)s * interval '1 second')
+ON CONFLICT (key) DO UPDATE SET job_id = EXCLUDED.job_id, until = EXCLUDED.until
+ WHERE hivejobs_unique.until <= now()
+RETURNING job_id;
+
+-- name: unique_owner
+-- Read in a new snapshot, after take_unique_key waited for any racing winner to commit.
+SELECT u.job_id, coalesce(j.state, a.state) AS state
+  FROM hivejobs_unique u
+  LEFT JOIN hivejobs_job j ON j.id = u.job_id
+  LEFT JOIN hivejobs_archive a ON a.id = u.job_id
+ WHERE u.key = %(key)s;
+
+-- name: take_over_unique_key
+-- The key's job ended in a state the window does not cover (failed, say): take the key,
+-- unless another enqueuer took it first (its job_id is no longer the one we saw).
+UPDATE hivejobs_unique SET job_id = %(id)s, until = now() + %(window_s)s * interval '1 second'
+ WHERE key = %(key)s AND job_id = %(owner)s
+RETURNING job_id;
+
+-- name: prune_unique
+DELETE FROM hivejobs_unique WHERE until < now();
