@@ -22,7 +22,7 @@ from litestar.openapi.plugins import SwaggerRenderPlugin
 from loguru import logger
 
 from hivejobs.app import App
-from hivejobs.web import api, dashboard, errors
+from hivejobs.web import api, dashboard, errors, fleet
 from hivejobs.web.auth import COOKIE, Tokens, bearer
 
 DEFAULT_MAX_BODY = 2 * 1024 * 1024
@@ -61,7 +61,7 @@ def create_app(
         app.close()
 
     return Litestar(
-        route_handlers=[*api.HANDLERS, *dashboard.HANDLERS],
+        route_handlers=[*api.HANDLERS, *fleet.HANDLERS, *dashboard.HANDLERS],
         guards=[guard],
         exception_handlers=errors.HANDLERS,
         request_max_body_size=max_body_bytes,

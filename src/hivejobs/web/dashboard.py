@@ -17,8 +17,8 @@ from litestar.response import Redirect
 from hivejobs.app import App
 from hivejobs.errors import JobNotFound
 from hivejobs.store.dashboard import DashboardStore, JobRow, ListName
-from hivejobs.web.api import job_type_rows, read_throughput
 from hivejobs.web.auth import COOKIE
+from hivejobs.web.fleet import job_type_rows, read_throughput
 from hivejobs.web.render import (
     badge,
     dag,
