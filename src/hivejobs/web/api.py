@@ -1,9 +1,10 @@
-"""The HTTP API, /v1: enqueue, read, cancel, replay, status callbacks, bulk actions, chains
-(fleet views and /healthz, /metrics are in fleet.py). Handlers are thin: every rule lives in App (the same
-calls the Python API makes), every error is a HivejobsError mapped in web/errors.py.
+"""The HTTP API, /v1: enqueue, read, cancel, replay, status callbacks, bulk actions and
+chains (the fleet views, /healthz and /metrics are in fleet.py). Handlers are thin: every rule
+lives in App (the same calls the Python API makes), every error is a HivejobsError mapped in
+web/errors.py.
 
-Handlers are synchronous (the App's store is psycopg's sync pool) and run in Litestar's
-thread pool; nothing here touches SQL.
+Handlers are synchronous (the App's store is psycopg's sync pool) and run in a worker thread
+(threads.py); nothing here touches SQL. No `from __future__ import annotations` (threads.py).
 """
 
 import asyncio
