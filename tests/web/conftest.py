@@ -3,7 +3,6 @@ worker fleet (`hivejobs run tests.apps.webapp:app`) where a test needs jobs to r
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -102,7 +101,3 @@ def fleet(
         return start_instance(extra_env={**env, **(extra_env or {})}, args=args, app_spec=WEBAPP)
 
     return start
-
-
-def pid_env() -> dict[str, str]:
-    return {"PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)])}
