@@ -19,7 +19,7 @@ import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, TypeVar, get_args
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, get_args
 
 import msgspec
 import psycopg
@@ -36,6 +36,7 @@ from hivejobs.config import (
     settings_from_env,
 )
 from hivejobs.errors import (
+    CallbackRefused,
     InvalidArgument,
     InvalidJobType,
     JobDuplicate,
@@ -48,6 +49,7 @@ from hivejobs.errors import (
 from hivejobs.failpoints import failpoint
 from hivejobs.integrations import adriver_connection, driver_connection
 from hivejobs.logs import error_fields
+from hivejobs.metrics import record_callback
 from hivejobs.records import (
     JOB_TYPE_NAME_RE,
     PRIORITIES,
@@ -68,6 +70,7 @@ if TYPE_CHECKING:
     from hivejobs.chains.builder import Chain
     from hivejobs.embedded import EmbeddedServers
     from hivejobs.records import ChainStatus, ChainSummary, JobLogEntry
+    from hivejobs.store.callbacks import CallbackResult
 
 NAME_RE = JOB_TYPE_NAME_RE
 # Unicode categories refused in ids: controls, format characters (RTL override, zero-width),
@@ -136,6 +139,10 @@ class JobType:
     backoff: Backoff
     priority: int
     codec: PayloadCodec = field(repr=False)
+    # rickover's status callbacks: the handler hands the work to another service and returns;
+    # the job stays running until that service posts the outcome (or the timeout passes).
+    callback: bool = False
+    callback_timeout_s: float | None = None
     unique: Unique | None = None
 
     def info(self) -> JobTypeInfo:
@@ -146,6 +153,8 @@ class JobType:
             attempts=self.attempts,
             delivery=self.delivery,
             timeout_s=self.timeout_s,
+            callback=self.callback,
+            callback_timeout_s=self.callback_timeout_s,
         )
 
 
@@ -190,6 +199,8 @@ class App:
         unique_by: Sequence[str] | None = None,
         unique_states: Sequence[str] = UNIQUE_STATES,
         on_duplicate: str = "return",
+        callback: bool = False,
+        callback_timeout: float = 3600.0,
     ) -> Callable[[F], F]:
         """Register a handler `fn(ctx, payload)` as job type `name`.
 
@@ -198,7 +209,12 @@ class App:
         of this type enqueued within that window and still in one of `unique_states` is not
         stored again; `enqueue` returns the existing id (or raises JobDuplicate with
         `on_duplicate="raise"`). Enforced by a Postgres primary key, so racing enqueuers on
-        many machines store one job."""
+        many machines store one job.
+
+        `callback=True`: the handler starts work elsewhere and returns; the job stays running
+        until the other service reports the attempt's outcome (`complete_callback`, or POST
+        /v1/jobs/{name}/{id}), or `callback_timeout` seconds pass (then it is retried like a
+        failed attempt while attempts are left, else failed)."""
         jt = self._validated_type(
             name, concurrency, processes, attempts, delivery, timeout, priority
         )
@@ -206,6 +222,12 @@ class App:
             check_cron(cron, tz)
         if unique_for is not None:
             jt.unique = _checked_unique(unique_for, unique_by, unique_states, on_duplicate)
+        if callback:
+            if not (callback_timeout > 0 and math.isfinite(callback_timeout)):
+                raise InvalidJobType(
+                    f"callback_timeout must be a positive number of seconds, not {callback_timeout}"
+                )
+            jt.callback, jt.callback_timeout_s = True, float(callback_timeout)
 
         def register(fn: F) -> F:
             jt.handler = fn
@@ -320,6 +342,8 @@ class App:
             Backoff(),
             0,
             PayloadCodec(name, None, self.settings.max_payload_bytes),
+            callback=info.callback,
+            callback_timeout_s=info.callback_timeout_s,
         )
 
     def _declared_types(self) -> dict[str, JobTypeInfo]:
@@ -608,6 +632,43 @@ class App:
                     **error_fields(exc),
                 )
         return True
+
+    def complete_callback(
+        self,
+        name: str,
+        job_id: str,
+        *,
+        status: Literal["succeeded", "failed"],
+        attempt: int,
+        retryable: bool = False,
+        error: str | None = None,
+    ) -> CallbackResult:
+        """The other service's outcome for attempt `attempt` of a callback job (rickover).
+
+        A failed, retryable callback with attempts left is retried after the type's backoff;
+        otherwise the job ends `status`. A wrong attempt or a job that is not running raises
+        CallbackRefused (HTTP 409); an unknown job JobNotFound."""
+        from hivejobs.store.callbacks import CallbackStore
+
+        jt = self.job_type(name)
+        if not jt.callback:
+            raise CallbackRefused(f"job type {name!r} does not take status callbacks")
+        if status not in ("succeeded", "failed"):
+            raise InvalidArgument(f"status must be 'succeeded' or 'failed', not {status!r}")
+        delay = jt.backoff.delay_s(attempt) if status == "failed" and retryable else None
+        text = (
+            error if error is not None else (None if status == "succeeded" else "callback: failed")
+        )
+        result = CallbackStore(self.store).complete(name, job_id, attempt, status, delay, text)
+        if result.outcome is None:
+            if result.state is None:
+                raise JobNotFound(job_id)
+            raise CallbackRefused(
+                f"job {job_id!r} is {result.state} at attempt {result.attempt}: a callback for "
+                f"attempt {attempt} is refused (only a running job's current attempt takes one)"
+            )
+        record_callback(self, name, result.outcome)
+        return result
 
     def replay(self, job_id: str) -> str:
         """Enqueue a finished job again, as a new job with a new id; returns that id."""

@@ -94,7 +94,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     app = load_app(args.app_spec)
     if timeout is not None:
         app.settings.shutdown_timeout_s = timeout
-    return Supervisor(app, args.app_spec, app.settings, coordinator=not args.no_coordinator).run()
+    metrics = (args.metrics_host, args.metrics_port) if args.metrics_port is not None else None
+    return Supervisor(
+        app, args.app_spec, app.settings, coordinator=not args.no_coordinator, metrics=metrics
+    ).run()
 
 
 def cmd_enqueue(args: argparse.Namespace) -> int:
@@ -248,6 +251,12 @@ def cmd_chain(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_serve(args: argparse.Namespace) -> int:
+    from hivejobs.web.serve import serve_main
+
+    return serve_main(args)
+
+
 def cmd_dev(args: argparse.Namespace) -> int:
     from hivejobs.dev import dev_main
 
@@ -286,6 +295,8 @@ def build_parser() -> Parser:
     p.add_argument("app_spec", metavar="MODULE:APP")
     p.add_argument("--shutdown-timeout", type=float, help="seconds to finish jobs on SIGTERM")
     p.add_argument("--no-coordinator", action="store_true", help="run pools only")
+    p.add_argument("--metrics-port", type=int, help="serve Prometheus /metrics on this port")
+    p.add_argument("--metrics-host", default="127.0.0.1", help="its address (default loopback)")
     p = add("enqueue", cmd_enqueue, "enqueue one job; prints its id")
     p.add_argument("name")
     p.add_argument("payload", metavar="JSON")
@@ -316,6 +327,10 @@ def build_parser() -> Parser:
     chain_sub.add_parser("list", help="the latest chains").add_argument(
         "--limit", type=int, default=50
     )
+    p = add("serve", cmd_serve, "HTTP API, dashboard and /metrics (needs hivejobs[web])", False)
+    from hivejobs.web.options import add_serve_arguments
+
+    add_serve_arguments(p)
     p = add(
         "dev", cmd_dev, "zero setup: embedded Postgres and Valkey, migrate, run the worker", False
     )

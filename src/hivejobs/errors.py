@@ -113,6 +113,22 @@ class JobNotFinished(HivejobsError):
         super().__init__(f"job {job_id!r} is {state}: only a finished job can be replayed")
 
 
+class JobAlreadyFinished(HivejobsError):
+    def __init__(self, job_id: str, state: str) -> None:
+        super().__init__(f"job {job_id!r} already ended {state}: there is nothing to cancel")
+        self.job_id = job_id
+
+
+class ChainAlreadyFinished(HivejobsError):
+    def __init__(self, request_id: str, state: str) -> None:
+        super().__init__(f"chain {request_id!r} already ended {state}: there is nothing to stop")
+
+
+class CallbackRefused(HivejobsError):
+    """A status callback that does not apply: the job type takes none, or the job is not
+    running at the attempt the callback names (HTTP 409)."""
+
+
 class Interrupted(Exception):
     """Raised by a handler that saw ``ctx.stopping``: the attempt is suspended, not failed.
 

@@ -30,6 +30,7 @@ from hivejobs.context import JobContext
 from hivejobs.errors import Interrupted, PayloadInvalid, ResultTooLarge
 from hivejobs.failpoints import failpoint
 from hivejobs.logs import error_fields, fatal_on_error
+from hivejobs.metrics import Recorder
 from hivejobs.records import ClaimedJob, Completion, Outcome
 from hivejobs.serialization import encode_result, storable_text
 from hivejobs.store import Store
@@ -73,8 +74,13 @@ class Pool:
             session={"synchronous_commit": "off"} if self.async_commit else None,
         )
         self.broker = Broker(settings)
+        self.metrics = Recorder(self.broker)
         self.completer = Completer(
-            self.store, self.broker, self._forget, max_error_bytes=settings.max_result_bytes
+            self.store,
+            self.broker,
+            self._forget,
+            max_error_bytes=settings.max_result_bytes,
+            on_submit=lambda c: self.metrics.completion(jt.name, c),
         )
         # Claims not yet finished in Postgres (waiting, running, or finished and not yet
         # written): id -> token. The fetcher keeps it within claim_room() (backpressure).
@@ -119,6 +125,7 @@ class Pool:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 signal.signal(sig, self._on_stop_signal)
         self.completer.start()
+        self.metrics.start()
         threads = [
             threading.Thread(target=fatal_on_error(self._runner), name=f"runner-{i}", daemon=True)
             for i in range(self.jt.concurrency)
@@ -169,6 +176,7 @@ class Pool:
         self._drain_unstarted()
         failpoint("pool.after_suspend_write_before_exit")
         self.completer.flush(5.0)
+        self.metrics.stop()
         try:
             self.store.deregister_worker(self.worker_id)
         except psycopg.Error as exc:
@@ -284,6 +292,7 @@ class Pool:
             self._release_ambiguous(unheld)
             raise failure
         failpoint("pool.after_claim_commit")
+        self.metrics.picked_up(jobs)
         with self.lock:
             self.reserved += len(jobs)
         for job in jobs:
@@ -399,7 +408,9 @@ class Pool:
         entry = Running(job, ctx)
         with self.lock:
             self.running[job.id] = entry
+        began = time.monotonic()
         completion = self._execute(job, ctx)
+        self.metrics.observe("run", job.name, time.monotonic() - began)
         with self.lock:
             self.running.pop(job.id, None)
             abandoned = entry.abandoned
@@ -447,6 +458,14 @@ class Pool:
             return self._failed(job, ctx, text, jt.backoff.delay_s(job.attempt))
         elapsed = time.monotonic() - started
         self.avg_run_s += (elapsed - self.avg_run_s) * 0.1
+        if jt.callback:
+            # The other service has the work now: the job stays running until its callback.
+            return Completion(
+                id=job.id,
+                claim_token=job.claim_token,
+                outcome="await_callback",
+                callback_timeout_s=jt.callback_timeout_s or 3600.0,
+            )
         return Completion(
             id=job.id, claim_token=job.claim_token, outcome="succeeded", result=encoded
         )

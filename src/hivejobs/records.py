@@ -12,7 +12,9 @@ JobState = Literal["scheduled", "queued", "running", "succeeded", "failed", "can
 TERMINAL_STATES: frozenset[str] = frozenset({"succeeded", "failed", "cancelled", "expired"})
 Delivery = Literal["at_least_once", "at_most_once"]
 # How a claim ended, as the pool reports it to the completer.
-Outcome = Literal["succeeded", "failed", "retry", "cancelled", "suspend"]
+# "await_callback": a callback type's handler returned; the job stays running, without a
+# worker, until the other service posts its outcome (or the callback timeout passes).
+Outcome = Literal["succeeded", "failed", "retry", "cancelled", "suspend", "await_callback"]
 
 PRIORITIES = range(10)  # 0 runs first; the default.
 # A job type's name; fullmatch, never `$` (which also matches before a trailing newline).
@@ -28,6 +30,8 @@ class JobTypeInfo(msgspec.Struct, frozen=True, kw_only=True):
     attempts: int
     delivery: Delivery
     timeout_s: float | None
+    callback: bool = False  # stays running after its handler until a status callback
+    callback_timeout_s: float | None = None
 
 
 class NewJob(msgspec.Struct, frozen=True, kw_only=True):
@@ -75,6 +79,7 @@ class ClaimedJob(msgspec.Struct, kw_only=True):
     claim_token: int
     priority: int
     lost: int = 0  # times a process died running it: > 0 runs it alone (quarantine)
+    pickup_s: float = 0.0  # from its due time (run_at) to this claim: the pickup latency
 
 
 class Completion(msgspec.Struct, frozen=True, kw_only=True):
@@ -86,6 +91,7 @@ class Completion(msgspec.Struct, frozen=True, kw_only=True):
     error: str | None = None
     result: bytes | None = None
     retry_delay_s: float = 0.0
+    callback_timeout_s: float = 0.0  # await_callback: how long the other service has
 
 
 class Rescued(msgspec.Struct, frozen=True, kw_only=True):

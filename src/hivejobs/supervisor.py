@@ -28,6 +28,7 @@ from hivejobs.broker import Broker
 from hivejobs.config import Settings
 from hivejobs.coordinator.services import rescue_isolated
 from hivejobs.logs import error_fields, setup_logging
+from hivejobs.metrics import bump
 from hivejobs.store import Store, new_worker_id
 from hivejobs.store.schedules import ScheduleStore
 
@@ -39,7 +40,7 @@ HEALTHY_AFTER_S = 3.0  # lived this long: it started fine, so a death is not a c
 
 @dataclass
 class Child:
-    role: str  # "pool" or "coordinator"
+    role: str  # "pool", "coordinator" or "metrics" (`--metrics-port`)
     pool: str | None
     slot: int
     pid: int = 0
@@ -50,12 +51,17 @@ class Child:
 
     @property
     def title(self) -> str:
-        return f"pool {self.pool}#{self.slot}" if self.role == "pool" else "coordinator"
+        return f"pool {self.pool}#{self.slot}" if self.role == "pool" else self.role
 
 
 class Supervisor:
     def __init__(
-        self, app: App, app_spec: str, settings: Settings, coordinator: bool = True
+        self,
+        app: App,
+        app_spec: str,
+        settings: Settings,
+        coordinator: bool = True,
+        metrics: tuple[str, int] | None = None,
     ) -> None:
         self.app = app
         self.app_spec = app_spec
@@ -65,6 +71,9 @@ class Supervisor:
             self.children += [Child("pool", jt.name, i) for i in range(jt.processes)]
         if coordinator:
             self.children.append(Child("coordinator", None, 0))
+        self.metrics = metrics  # (host, port) of the /metrics child, if asked for
+        if metrics is not None:
+            self.children.append(Child("metrics", None, 0))
         self.stopping = False
         self.reload = False
         self._wake_r, self._wake_w = os.pipe()
@@ -170,6 +179,9 @@ class Supervisor:
             from hivejobs.coordinator import run_coordinator
 
             return run_coordinator(self.settings, child.worker_id)
+        if child.role == "metrics":
+            assert self.metrics is not None
+            return run_metrics_child(self.settings, *self.metrics)
         from hivejobs.pool import run_pool
 
         assert child.pool is not None
@@ -246,6 +258,7 @@ class Supervisor:
             broker = Broker(self.settings)
             try:
                 broker.push_many(rescued.requeued)
+                bump(broker, "rescued", [r[1] for r in rescued.requeued])
             except redis.RedisError as exc:
                 logger.warning("released jobs not pushed; the reconciler will", **error_fields(exc))
             finally:
@@ -282,6 +295,20 @@ class Supervisor:
             self._release_claims([c.worker_id for c in stragglers])
         logger.info("supervisor stopped")
         return 0
+
+
+def run_metrics_child(settings: Settings, host: str, port: int) -> int:
+    """A child of its own: an HTTP thread in the supervisor would be copied half-way into
+    every fork. It holds no claims, so a crash only pauses scrapes until its restart."""
+    import threading
+
+    from hivejobs.exposition import MetricsServer
+
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    MetricsServer(settings, host, port).serve(stop)
+    return 0
 
 
 def _kill(pid: int, sig: int) -> None:

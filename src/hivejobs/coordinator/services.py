@@ -23,6 +23,7 @@ from hivejobs.broker import Broker, KeyRefused
 from hivejobs.config import Settings
 from hivejobs.failpoints import failpoint
 from hivejobs.logs import error_fields
+from hivejobs.metrics import bump
 from hivejobs.records import Rescued
 from hivejobs.store import Store, is_data_error
 
@@ -83,6 +84,7 @@ class Rescuer:
             return RescueResult()
         if rescued.requeued:
             self.broker.push_many(rescued.requeued)
+            bump(self.broker, "rescued", [r[1] for r in rescued.requeued])
         logger.warning(
             "rescued jobs of dead workers",
             workers=len(dead),
