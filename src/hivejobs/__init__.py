@@ -3,12 +3,13 @@
 Public API only.
 """
 
-from hivejobs.app import App, Backoff, Retry
+from hivejobs.app import App, Backoff, Fail, Retry
 from hivejobs.chains import Chain, ChainInfo, JobRef
 from hivejobs.context import JobContext
 from hivejobs.errors import (
     ChainInvalid,
     ChainNotFound,
+    ChainStopPending,
     ConfigError,
     ConnectionFailed,
     HivejobsError,
@@ -18,6 +19,7 @@ from hivejobs.errors import (
     JobIdConflict,
     JobNotFinished,
     JobNotFound,
+    NotAnAncestor,
     PayloadInvalid,
     PayloadTooLarge,
     SchemaMissing,
@@ -33,9 +35,11 @@ __all__ = [
     "ChainInfo",
     "ChainInvalid",
     "ChainNotFound",
+    "ChainStopPending",
     "JobRef",
     "ConfigError",
     "ConnectionFailed",
+    "Fail",
     "HivejobsError",
     "Interrupted",
     "InvalidArgument",
@@ -46,6 +50,7 @@ __all__ = [
     "JobNotFinished",
     "JobNotFound",
     "JobState",
+    "NotAnAncestor",
     "PayloadInvalid",
     "PayloadTooLarge",
     "Retry",

@@ -18,7 +18,7 @@ import unicodedata
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import psycopg
@@ -45,7 +45,16 @@ from hivejobs.errors import (
 )
 from hivejobs.failpoints import failpoint
 from hivejobs.integrations import adriver_connection, driver_connection
-from hivejobs.records import PRIORITIES, Delivery, Inserted, JobInfo, JobTypeInfo, NewJob
+from hivejobs.records import (
+    PRIORITIES,
+    Delivery,
+    Inserted,
+    JobInfo,
+    JobPage,
+    JobTypeInfo,
+    NewJob,
+    Replayed,
+)
 from hivejobs.serialization import PayloadCodec, decode_json, payload_type_of
 from hivejobs.store import Store
 from hivejobs.store.enqueue import Push, owns_transaction
@@ -53,7 +62,7 @@ from hivejobs.store.enqueue import Push, owns_transaction
 if TYPE_CHECKING:
     from hivejobs.chains.builder import Chain
     from hivejobs.embedded import EmbeddedServers
-    from hivejobs.records import ChainStatus, ChainSummary, JobLogEntry
+    from hivejobs.records import ChainStatus, ChainSummary, JobLogEntry, RunningTry
 
 NAME_RE = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
 MAX_DELAY_S = 366 * 24 * 3600.0
@@ -69,6 +78,15 @@ class Retry(Exception):  # noqa: N818 - control flow, named for what the handler
         if delay is not None:
             _check_delay(delay)
         self.delay = delay
+
+
+class Fail(Exception):  # noqa: N818 - control flow, named for what the handler asks
+    """Raise in a handler to end the job `failed` now, attempts left or not (rickover's
+    `retryable: false`): for errors that another attempt cannot fix. The message is kept
+    as the job's error."""
+
+    def __init__(self, reason: str = "failed by the handler") -> None:
+        super().__init__(reason)
 
 
 @dataclass(frozen=True)
@@ -95,6 +113,7 @@ class JobType:
     backoff: Backoff
     priority: int
     codec: PayloadCodec = field(repr=False)
+    retention_s: float | None = None  # archive retention of its finished jobs (None: global)
 
     def info(self) -> JobTypeInfo:
         return JobTypeInfo(
@@ -140,11 +159,20 @@ class App:
         timeout: float | None = None,
         backoff: Backoff | None = None,
         priority: int = 0,
+        retention: float | None = None,
     ) -> Callable[[F], F]:
-        """Register a handler `fn(ctx, payload)` as job type `name`."""
+        """Register a handler `fn(ctx, payload)` as job type `name`.
+
+        `retention`: seconds its finished jobs stay in the archive (default: the
+        `archive_retention_s` setting), e.g. a day for chatty jobs, a year for payments."""
         jt = self._validated_type(
             name, concurrency, processes, attempts, delivery, timeout, priority
         )
+        if retention is not None and not (
+            isinstance(retention, int | float) and 0 < retention < math.inf
+        ):
+            raise InvalidJobType(f"retention must be a positive number of seconds, not {retention}")
+        jt.retention_s = None if retention is None else float(retention)
 
         def register(fn: F) -> F:
             jt.handler = fn
@@ -505,11 +533,53 @@ class App:
         return True
 
     def replay(self, job_id: str) -> str:
-        """Enqueue a finished job again, as a new job with a new id; returns that id."""
+        """Enqueue a finished job again, as a new job with a new id; returns that id.
+        Its options are kept as `replay_job` says (and logs)."""
+        return self.replay_job(job_id).id
+
+    def replay_job(self, job_id: str) -> Replayed:
+        """Enqueue a finished job again with its original options, as rickover's replay:
+        priority as is, its delay (run_at - created_at) again from now, and its expires_at,
+        moved by as much as the replay comes later when it has passed. `changes` says what
+        differs from the original, for the caller to show."""
         info = self.get_job(job_id)
         if info.state not in ("succeeded", "failed", "cancelled", "expired"):
             raise JobNotFinished(job_id, info.state)
-        return self.enqueue(info.name, info.payload, priority=info.priority)
+        from hivejobs.listing import replay_options
+
+        plan = replay_options(info, datetime.now(UTC))
+        new_id = self.enqueue(
+            info.name,
+            info.payload,
+            priority=plan.priority,
+            delay=plan.delay_s,
+            expires_at=plan.expires_at,
+        )
+        logger.info("job replayed", job_id=job_id, new_id=new_id, changes=plan.changes)
+        return Replayed(
+            id=new_id,
+            priority=plan.priority,
+            delay_s=plan.delay_s,
+            expires_at=plan.expires_at,
+            changes=plan.changes,
+        )
+
+    def list_jobs(
+        self,
+        state: str | Sequence[str] | None = None,
+        type: str | None = None,  # noqa: A002 - the job type, as the CLI's --type
+        since: datetime | timedelta | None = None,
+        until: datetime | None = None,
+        limit: int = 100,
+        after: str | None = None,
+    ) -> JobPage:
+        """Live and archived jobs, newest first (by finished_at, or created_at while live),
+        filtered by state(s), job type and time; `since` is a moment or a span back from
+        now (judged on the database clock). Keyset-paginated: pass the page's `next` as
+        `after`. A job that finishes while you page may appear on two pages."""
+        from hivejobs.listing import list_jobs
+
+        return list_jobs(self, state, type, since, until, limit, after)
 
     # -- chains (hivejobs.chains.api does the work) ----------------------------------------
 
@@ -531,11 +601,14 @@ class App:
 
         return chain_status(self, request_id)
 
-    def stop_chain(self, request_id: str) -> bool:
-        """Stop a live chain (it ends `stopped`); False when it had already finished."""
+    def stop_chain(self, request_id: str, timeout: float | None = None, wait: bool = False) -> bool:
+        """Stop a live chain; False when it had already finished. It ends `stopped`, or
+        `failed` when one of its jobs had failed for good. Tries that ignore ctx.stopping
+        are abandoned after `timeout` seconds (default `chain_stop_timeout_s`, 30) and the
+        job log says so. `wait`: return once every try has ended (or was abandoned)."""
         from hivejobs.chains.api import stop_chain
 
-        return stop_chain(self, request_id)
+        return stop_chain(self, request_id, timeout, wait)
 
     def job_log(self, request_id: str) -> list[JobLogEntry]:
         """One entry per try of every job of the chain, in the order they finished."""
@@ -543,10 +616,30 @@ class App:
 
         return job_log(self, request_id)
 
-    def list_chains(self, limit: int = 50) -> list[ChainSummary]:
-        from hivejobs.chains.api import list_chains
+    def list_chains(
+        self,
+        limit: int = 50,
+        *,
+        state: str | Sequence[str] | None = None,
+        type: str | None = None,  # noqa: A002 - the chain's name, spincycle's request type
+        job_type: str | None = None,
+        since: datetime | None = None,
+        until: datetime | None = None,
+        before: tuple[datetime, str] | None = None,
+    ) -> list[ChainSummary]:
+        """Chains newest first, filtered by state(s), type (the chain's name), job type and
+        creation time; `before` = (created_at, id) of the last chain of a previous page."""
+        from hivejobs.chains.api import chain_query, list_chains
 
-        return list_chains(self, limit)
+        query = chain_query(state, type, job_type, since, until, before, limit)
+        return list_chains(self, query)
+
+    def chain_ps(self, limit: int = 500) -> list[RunningTry]:
+        """What runs now across the fleet (spincycle's `ps`): each live chain try with its
+        host, pid, status text and age."""
+        from hivejobs.chains.api import running_tries
+
+        return running_tries(self, limit)
 
 
 def _checked_options(

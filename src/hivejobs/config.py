@@ -44,6 +44,10 @@ class Settings(msgspec.Struct, kw_only=True):
     lease_margin_s: float = 1.0
     poison_pill_after: int = 3
     archive_retention_s: float = 7 * 24 * 3600.0
+    # `stop_chain` gives up on tries that ignore ctx.stopping after this long (spincycle).
+    chain_stop_timeout_s: float = 30.0
+    # Captured stdout and stderr kept per chain try and stream (the job log); the tail wins.
+    job_log_output_bytes: int = 64 * 1024
     # A drained hot table (a few live rows) bigger than this is vacuumed and reindexed.
     compact_above_bytes: float = 16 * 1024 * 1024
 
@@ -105,7 +109,7 @@ def settings_from_env(
         raise ConfigError(str(exc)) from None
 
 
-_INT_FIELDS = {"max_payload_bytes", "poison_pill_after"}
+_INT_FIELDS = {"max_payload_bytes", "poison_pill_after", "job_log_output_bytes"}
 
 
 def with_database(url: str, dbname: str) -> str:

@@ -13,6 +13,7 @@ import errno
 import os
 import select
 import signal
+import socket
 import sys
 import time
 from dataclasses import dataclass
@@ -27,6 +28,7 @@ from hivejobs.broker import Broker
 from hivejobs.config import Settings
 from hivejobs.logs import setup_logging
 from hivejobs.store import Store, new_worker_id
+from hivejobs.store.upkeep import set_type_retentions
 
 PR_SET_PDEATHSIG = 1
 EXIT_RELOAD = 75  # a pool asked for a reload (`hivejobs restart`): re-exec for new code
@@ -74,6 +76,7 @@ class Supervisor:
         try:
             store.check_schema()
             store.upsert_job_types([jt.info() for jt in self.app.types.values()])
+            set_type_retentions(store, {jt.name: jt.retention_s for jt in self.app.types.values()})
         finally:
             store.close()
         if not self.app.types:
@@ -85,6 +88,7 @@ class Supervisor:
         logger.info(
             "supervisor started",
             app=self.app_spec,
+            instance=f"{socket.gethostname()}:{os.getpid()}",
             pools={jt.name: jt.processes for jt in self.app.types.values()},
         )
         for child in self.children:

@@ -9,8 +9,11 @@ there only delays the stop (the tries end cancelled whenever they fail or finish
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, get_args
 
 import msgspec
 import redis
@@ -21,12 +24,23 @@ from hivejobs.chains.builder import Chain
 from hivejobs.errors import (
     ChainInvalid,
     ChainNotFound,
+    ChainStopPending,
+    InvalidArgument,
     PayloadInvalid,
     PayloadTooLarge,
     UnknownJobType,
 )
 from hivejobs.integrations import adriver_connection, driver_connection
-from hivejobs.records import PRIORITIES, ChainJobStatus, ChainStatus, ChainSummary, JobLogEntry
+from hivejobs.records import (
+    PRIORITIES,
+    ChainJobStatus,
+    ChainQuery,
+    ChainState,
+    ChainStatus,
+    ChainSummary,
+    JobLogEntry,
+    RunningTry,
+)
 from hivejobs.serialization import decode_json
 from hivejobs.store.chains import ChainStore
 
@@ -34,6 +48,8 @@ if TYPE_CHECKING:
     from hivejobs.app import App
 
 _encoder = msgspec.json.Encoder(order="deterministic")
+MAX_STOP_TIMEOUT_S = 24 * 3600.0
+WAIT_MARGIN_S = 15.0  # a traverser pass after the stop timeout, with room for a failover
 
 
 class PreparedChain(msgspec.Struct, frozen=True):
@@ -70,10 +86,7 @@ def prepare_chain(app: App, chain: Chain) -> PreparedChain:
     if not isinstance(chain, Chain):
         raise ChainInvalid(f"run_chain takes a hivejobs.Chain, not {type(chain).__name__}")
     valid = chain.validate()
-    try:
-        args = _encoder.encode(chain.args)
-    except (TypeError, msgspec.EncodeError, OverflowError) as exc:
-        raise ChainInvalid(f"chain {chain.name!r}: args are not JSON-serialisable: {exc}") from None
+    args = _checked_args(chain)
     jobs: list[dict[str, Any]] = []
     for key in valid.order:
         spec = chain.jobs[key]
@@ -112,6 +125,29 @@ def prepare_chain(app: App, chain: Chain) -> PreparedChain:
     return PreparedChain(request_id, head, jobs, sequences)
 
 
+def _checked_args(chain: Chain) -> bytes:
+    """Encode the chain's args; with a Struct type, validated by a round trip through its
+    decoder, as payloads are (a Struct built without checks is checked here)."""
+    value = chain.args
+    target = chain.args_type
+    if target is None and isinstance(value, msgspec.Struct):
+        target = type(value)
+    if target is None and not isinstance(value, dict):
+        raise ChainInvalid(f"chain {chain.name!r}: args must be a dict or a msgspec.Struct")
+    try:
+        raw = _encoder.encode(value)
+    except (TypeError, msgspec.EncodeError, OverflowError) as exc:
+        raise ChainInvalid(f"chain {chain.name!r}: args are not JSON-serialisable: {exc}") from None
+    if target is not None:
+        try:
+            raw = _encoder.encode(msgspec.json.decode(raw, type=target))
+        except msgspec.ValidationError as exc:
+            raise ChainInvalid(
+                f"chain {chain.name!r}: args do not fit {target.__name__}: {exc}"
+            ) from None
+    return raw
+
+
 def chain_status(app: App, request_id: str) -> ChainStatus:
     found = ChainStore(app.store).get(request_id)
     if found is None:
@@ -126,10 +162,16 @@ def chain_status(app: App, request_id: str) -> ChainStatus:
     return ChainStatus(**head, jobs=jobs)
 
 
-def stop_chain(app: App, request_id: str) -> bool:
+def stop_chain(app: App, request_id: str, timeout: float | None = None, wait: bool = False) -> bool:
     """Stop a live chain: nothing new starts, running tries are told to stop, and the chain
-    ends `stopped` once they have. False when it had already finished."""
-    live, running = ChainStore(app.store).request_stop(request_id)
+    ends `stopped` once they have (`failed` if a job had failed for good). Tries still
+    running `timeout` seconds later are abandoned. False when it had already finished."""
+    timeout_s = app.settings.chain_stop_timeout_s if timeout is None else timeout
+    if isinstance(timeout_s, bool) or not (0 <= timeout_s <= MAX_STOP_TIMEOUT_S):
+        raise InvalidArgument(
+            f"stop timeout must be 0-{MAX_STOP_TIMEOUT_S:.0f} seconds, not {timeout_s!r}"
+        )
+    live, running = ChainStore(app.store).request_stop(request_id, timeout_s)
     if not live:
         chain_status(app, request_id)  # raises ChainNotFound for unknown ids
         return False
@@ -145,10 +187,27 @@ def stop_chain(app: App, request_id: str) -> bool:
             )
             break
     logger.info("chain stop requested", chain_id=request_id, running=len(running))
+    if wait:
+        _wait_stopped(app, request_id, timeout_s)
     return True
 
 
+def _wait_stopped(app: App, request_id: str, timeout_s: float) -> None:
+    """Until the chain has ended: every try ended or was abandoned. The traverser ends it
+    within the stop timeout plus a pass; a chain still live well after that (no coordinator
+    runs anywhere) raises rather than blocking for ever."""
+    deadline = time.monotonic() + timeout_s + WAIT_MARGIN_S
+    while True:
+        state = chain_status(app, request_id).state
+        if state in ("succeeded", "failed", "stopped"):
+            return
+        if time.monotonic() > deadline:
+            raise ChainStopPending(request_id, state)
+        time.sleep(0.1)
+
+
 def job_log(app: App, request_id: str) -> list[JobLogEntry]:
+    """Every try, with its captured output (stdout, stderr: bounded tails)."""
     rows = ChainStore(app.store).job_log(request_id)
     if not rows:
         chain_status(app, request_id)  # raises ChainNotFound for unknown ids
@@ -159,5 +218,43 @@ def job_log(app: App, request_id: str) -> list[JobLogEntry]:
     return out
 
 
-def list_chains(app: App, limit: int = 50) -> list[ChainSummary]:
-    return [ChainSummary(**row) for row in ChainStore(app.store).list_chains(limit)]
+def list_chains(app: App, query: ChainQuery) -> list[ChainSummary]:
+    return [ChainSummary(**row) for row in ChainStore(app.store).list_chains(query)]
+
+
+_STATES: dict[str, ChainState] = {s: s for s in get_args(ChainState)}
+
+
+def chain_query(
+    state: str | Sequence[str] | None,
+    type_: str | None,
+    job_type: str | None,
+    since: datetime | None,
+    until: datetime | None,
+    before: tuple[datetime, str] | None,
+    limit: int,
+) -> ChainQuery:
+    """The filters of list_chains, checked: an unknown state names the known ones."""
+    wanted = [state] if isinstance(state, str) else list(state or ())
+    unknown = [s for s in wanted if s not in _STATES]
+    if unknown:
+        raise InvalidArgument(f"unknown chain state {unknown[0]!r} (states: {', '.join(_STATES)})")
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 10_000:
+        raise InvalidArgument(f"limit must be 1-10000, not {limit!r}")
+    return ChainQuery(
+        states=[_STATES[s] for s in wanted] or None,
+        type=type_,
+        job_type=job_type,
+        since=since,
+        until=until,
+        before=before,
+        limit=limit,
+    )
+
+
+def running_tries(app: App, limit: int = 500) -> list[RunningTry]:
+    """spincycle's `ps`: every try of every live chain now, across the fleet."""
+    rows = ChainStore(app.store).running_tries(limit)
+    for row in rows:
+        row["try_"] = row.pop("try")
+    return [RunningTry(**row) for row in rows]
