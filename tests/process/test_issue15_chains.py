@@ -101,9 +101,7 @@ def test_stop_gives_up_on_a_try_that_ignores_stopping_after_the_timeout(
         lambda: any(p[0] == "end" and p[1] == deaf_id for p in read_ledger(ledger_dir)),
         what="the stubborn handler to return",
     )
-    wait_until(
-        lambda: "completion fenced out" in inst.log_text(), what="its completion fenced out"
-    )
+    wait_until(lambda: "completion fenced out" in inst.log_text(), what="its completion fenced out")
     assert sql(database_url, "SELECT state FROM hivejobs_archive WHERE id = %s", (deaf_id,)) == [
         ("cancelled",)
     ]
@@ -119,8 +117,10 @@ def test_stop_of_a_chain_with_a_job_failed_for_good_ends_failed(
     chain.job("coop", {"s": 30}, key="long")
     request_id = app15.run_chain(chain)
     wait_until(
-        lambda: {j.key: j.state for j in app15.chain_status(request_id).jobs}
-        == {"bad": "failed", "long": "running"},
+        lambda: (
+            {j.key: j.state for j in app15.chain_status(request_id).jobs}
+            == {"bad": "failed", "long": "running"}
+        ),
         what="bad failed for good while long runs",
     )
     assert app15.stop_chain(request_id) is True
@@ -267,4 +267,3 @@ def test_chain_list_filters_and_ps_shows_what_runs(
 
 def sql_url(env: dict[str, str]) -> str:
     return env["HIVEJOBS_DATABASE_URL"]
-
