@@ -119,7 +119,7 @@ def final(ctx: JobContext, payload: dict[str, Any]) -> None:
     raise Fail(f"card declined: {payload.get('card', '?')}")
 
 
-@app.job("quick", concurrency=2)
+@app.job("quick", concurrency=2, retention=float(os.environ.get("HJ_RETENTION_QUICK", 0)) or None)
 def quick(ctx: JobContext, payload: dict[str, Any]) -> str:
     start(ctx)
     end(ctx, "ok")
