@@ -261,8 +261,11 @@ def cmd_chain(args: argparse.Namespace) -> int:
         print("\n".join(log_lines(app.job_log(args.request_id))))
     elif args.chain_command == "stop":
         done = app.stop_chain(args.request_id, timeout=args.timeout, wait=args.wait)
-        print(("stopped" if args.wait else "stop requested") if done else "already finished")
-        return 0 if done else 1
+        if not done:
+            print("already finished")
+            return 1
+        # With --wait, the state it ended in: failed wins over stopped (see the README).
+        print(app.chain_status(args.request_id).state if args.wait else "stop requested")
     elif args.chain_command == "ps":
         print("\n".join(ps_rows(app.chain_ps(args.limit))))
     else:
