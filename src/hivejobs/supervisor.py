@@ -28,6 +28,7 @@ from hivejobs.broker import Broker
 from hivejobs.config import Settings
 from hivejobs.logs import setup_logging
 from hivejobs.store import Store, new_worker_id
+from hivejobs.store.schedules import ScheduleStore
 from hivejobs.store.upkeep import set_type_retentions
 
 PR_SET_PDEATHSIG = 1
@@ -76,6 +77,7 @@ class Supervisor:
         try:
             store.check_schema()
             store.upsert_job_types([jt.info() for jt in self.app.types.values()])
+            ScheduleStore(store).declare(list(self.app.types), list(self.app.schedules.values()))
             set_type_retentions(store, {jt.name: jt.retention_s for jt in self.app.types.values()})
         finally:
             store.close()

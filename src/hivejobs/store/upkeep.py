@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from hivejobs.store import Store
 
 UPKEEP = load_queries("upkeep.sql")
+QUERIES = load_queries("queries.sql")
 PRUNE_BATCH = 10_000
 
 
@@ -66,9 +67,12 @@ def set_type_retentions(store: Store, retentions: Mapping[str, float | None]) ->
 
 
 def prune_archive(store: Store, retention_s: float) -> int:
-    """One batch of archived jobs past their type's retention (or `retention_s`)."""
+    """One batch of archived jobs past their type's retention (or `retention_s`), then the
+    unique windows that have passed: the coordinator's prune, in place of Store.prune_archive
+    (whose single retention would delete a longer-lived type's jobs)."""
     with store.connection() as conn:
         cur = conn.execute(
             UPKEEP["prune_archive_by_type"], {"retention_s": retention_s, "limit": PRUNE_BATCH}
         )
+        conn.execute(QUERIES["prune_unique"])
         return cur.rowcount
