@@ -98,7 +98,8 @@ def replay_options(info: JobInfo, now: datetime) -> ReplayPlan:
         if info.expires_at > now + timedelta(seconds=1):
             plan.expires_at = info.expires_at
         else:
-            plan.expires_at = now + lifetime
+            # At least a second: a job that would expire while being enqueued is refused.
+            plan.expires_at = now + max(lifetime, timedelta(seconds=1))
             plan.changes.append(
                 f"expires_at: {plan.expires_at.isoformat(timespec='seconds')} (the original's "
                 f"had passed; same lifetime of {lifetime.total_seconds():g}s from now)"

@@ -1,5 +1,5 @@
--- hivejobs schema 5: chain stop timeout, captured output per try, archive retention per type.
--- Never edited once shipped: a schema change is a new file. Independent of 0004.
+-- hivejobs schema 9: chain stop timeout, captured output per try, archive retention per type.
+-- Never edited once shipped: a schema change is a new file. Independent of 0004-0008.
 
 -- When a stop gives up on tries that ignore ctx.stopping (NULL: no stop requested).
 ALTER TABLE hivejobs_chain ADD COLUMN stop_by timestamptz;
