@@ -1,9 +1,10 @@
-"""The App's chain calls: run_chain, chain_status, stop_chain, job_log, list_chains.
+"""The App's chain calls: run_chain, chain_status, stop_chain, job_log, list_chains, ps.
 
-run_chain validates everything (DAG, sequences, job types, payloads) before the one
-transaction that stores the chain; the coordinator's traverser does the rest. stop_chain
-flags the chain and tells running tries to stop over the control channel; a Redis failure
-there only delays the stop (the tries end cancelled whenever they fail or finish).
+run_chain validates everything (DAG, sequences, job types, payloads, typed args) before the
+one transaction that stores the chain; the coordinator's traverser does the rest. stop_chain
+flags the chain with its stop deadline and tells running tries to stop over the control
+channel; a Redis failure there only delays the stop (the tries end cancelled whenever they
+fail or finish, and the traverser abandons what still runs at the deadline).
 """
 
 from __future__ import annotations
