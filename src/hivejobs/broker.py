@@ -27,7 +27,7 @@ import redis
 import redis.asyncio
 from loguru import logger
 
-from hivejobs.config import Settings, redact_url
+from hivejobs.config import Settings, redact_url, scrub, url_secrets
 from hivejobs.errors import ConnectionFailed
 from hivejobs.records import PRIORITIES
 
@@ -67,7 +67,8 @@ class Broker:
         try:
             self.redis.ping()
         except redis.RedisError as exc:
-            raise ConnectionFailed("Redis", redact_url(self.url), str(exc)) from None
+            reason = scrub(str(exc).strip() or type(exc).__name__, url_secrets(self.url))
+            raise ConnectionFailed("Redis", redact_url(self.url), reason) from None
 
     # -- keys --------------------------------------------------------------------------
 
@@ -234,7 +235,7 @@ class Pusher:
                 logger.warning(
                     "jobs stored but push to Redis failed; the coordinator will dispatch them",
                     jobs=len(entries),
-                    error=repr(exc),
+                    error=f"{type(exc).__name__}: {exc}",
                 )
             with self._cond:
                 self._pending -= len(batch)

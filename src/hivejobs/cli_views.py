@@ -1,5 +1,8 @@
 """Text views the CLI prints for issue-15 commands: job listings, the chain job log, chain
 listings and `chain ps`. Pure formatting of records: no I/O besides returning lines.
+
+What we did not write (names, errors, status text, captured output) goes through
+display.escape(), line by line: a handler's output must not drive the operator's terminal.
 """
 
 from __future__ import annotations
@@ -7,14 +10,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import UTC, datetime
 
+from hivejobs.display import escape
 from hivejobs.records import ChainSummary, JobLogEntry, JobSummary, RunningTry
 
 
 def table(rows: Sequence[Sequence[object]]) -> list[str]:
-    widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
+    cells = [[escape(v) for v in row] for row in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(cells[0]))]
     return [
-        "  ".join(str(v).ljust(w) for v, w in zip(row, widths, strict=True)).rstrip()
-        for row in rows
+        "  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip() for row in cells
     ]
 
 
@@ -79,13 +83,13 @@ def log_lines(entries: Sequence[JobLogEntry]) -> list[str]:
         seq = f"  sequence try {e.sequence_try}" if e.sequence_try is not None else ""
         lines.append(
             f"{e.key}  try {e.try_}  {e.type}  {e.state.upper()}  started {_t(e.started_at)}"
-            f"  finished {_t(e.finished_at)}  took {took}{seq}  job {e.job_id}"
+            f"  finished {_t(e.finished_at)}  took {took}{seq}  job {escape(e.job_id)}"
         )
         for label, text in (("error", e.error), ("stdout", e.stdout), ("stderr", e.stderr)):
             if text:
                 cut = " (cut: the end is kept)" if label != "error" and e.output_truncated else ""
                 lines.append(f"  {label}{cut}:")
-                lines += ["    " + line for line in text.rstrip("\n").splitlines()]
+                lines += ["    " + escape(line) for line in text.rstrip("\n").split("\n")]
     return lines or ["no tries yet"]
 
 

@@ -81,6 +81,13 @@ class Supervisor:
             set_type_retentions(store, {jt.name: jt.retention_s for jt in self.app.types.values()})
         finally:
             store.close()
+        # Redis too, as Postgres above: a wrong password or a stopped Redis is one clear
+        # error now (exit 1, the URL redacted), not a warning per pool and per second.
+        broker = Broker(self.settings)
+        try:
+            broker.ping()
+        finally:
+            broker.close()
         if not self.app.types:
             logger.warning("no job types registered in the app: only the coordinator runs")
         os.set_blocking(self._wake_w, False)

@@ -117,8 +117,7 @@ def test_json_chain_round_trip_and_cli(
         "HIVEJOBS_PREFIX": redis_prefix,
         "HIVEJOBS_APP": "tests.apps.chainapp:app",
         "PATH": "/usr/bin:/bin",
-        # This checkout's code, not the installed one (a worktree's migrations may differ).
-        "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)]),
+        "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)]),  # this checkout's code
     }
 
     def cli(*args: str) -> subprocess.CompletedProcess[str]:

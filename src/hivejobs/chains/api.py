@@ -10,6 +10,7 @@ fail or finish, and the traverser abandons what still runs at the deadline).
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 import uuid
 from collections.abc import Sequence
@@ -32,6 +33,7 @@ from hivejobs.errors import (
     UnknownJobType,
 )
 from hivejobs.integrations import adriver_connection, driver_connection
+from hivejobs.logs import error_text
 from hivejobs.records import (
     PRIORITIES,
     ChainJobStatus,
@@ -42,13 +44,14 @@ from hivejobs.records import (
     JobLogEntry,
     RunningTry,
 )
-from hivejobs.serialization import decode_json
+from hivejobs.serialization import decode_json, encode_json
 from hivejobs.store.chains import ChainStore
 
 if TYPE_CHECKING:
     from hivejobs.app import App
 
-_encoder = msgspec.json.Encoder(order="deterministic")
+_REQUEST_ID_RE = re.compile(r"[0-9a-f]{32}")
+MAX_LIST = 10_000
 MAX_STOP_TIMEOUT_S = 24 * 3600.0
 WAIT_MARGIN_S = 15.0  # a traverser pass after the stop timeout, with room for a failover
 
@@ -135,13 +138,13 @@ def _checked_args(chain: Chain) -> bytes:
         target = type(value)
     if target is None and not isinstance(value, dict):
         raise ChainInvalid(f"chain {chain.name!r}: args must be a dict or a msgspec.Struct")
-    try:
-        raw = _encoder.encode(value)
-    except (TypeError, msgspec.EncodeError, OverflowError) as exc:
-        raise ChainInvalid(f"chain {chain.name!r}: args are not JSON-serialisable: {exc}") from None
+    raw = encode_json(value, lambda why: ChainInvalid(f"chain {chain.name!r}: args: {why}"))
     if target is not None:
         try:
-            raw = _encoder.encode(msgspec.json.decode(raw, type=target))
+            raw = encode_json(
+                msgspec.json.decode(raw, type=target),
+                lambda why: ChainInvalid(f"chain {chain.name!r}: args: {why}"),
+            )
         except msgspec.ValidationError as exc:
             raise ChainInvalid(
                 f"chain {chain.name!r}: args do not fit {target.__name__}: {exc}"
@@ -149,7 +152,17 @@ def _checked_args(chain: Chain) -> bytes:
     return raw
 
 
+def check_request_id(request_id: object) -> str:
+    """Request ids are uuid4 hex (run_chain makes them): anything else names no chain."""
+    if not isinstance(request_id, str):
+        raise InvalidArgument(f"a chain request id is a string, not {type(request_id).__name__}")
+    if not _REQUEST_ID_RE.fullmatch(request_id):
+        raise ChainNotFound(request_id)
+    return request_id
+
+
 def chain_status(app: App, request_id: str) -> ChainStatus:
+    check_request_id(request_id)
     found = ChainStore(app.store).get(request_id)
     if found is None:
         raise ChainNotFound(request_id)
@@ -167,8 +180,13 @@ def stop_chain(app: App, request_id: str, timeout: float | None = None, wait: bo
     """Stop a live chain: nothing new starts, running tries are told to stop, and the chain
     ends `stopped` once they have (`failed` if a job had failed for good). Tries still
     running `timeout` seconds later are abandoned. False when it had already finished."""
+    check_request_id(request_id)
     timeout_s = app.settings.chain_stop_timeout_s if timeout is None else timeout
-    if isinstance(timeout_s, bool) or not (0 <= timeout_s <= MAX_STOP_TIMEOUT_S):
+    if (
+        isinstance(timeout_s, bool)
+        or not isinstance(timeout_s, int | float)
+        or not (0 <= timeout_s <= MAX_STOP_TIMEOUT_S)
+    ):
         raise InvalidArgument(
             f"stop timeout must be 0-{MAX_STOP_TIMEOUT_S:.0f} seconds, not {timeout_s!r}"
         )
@@ -184,7 +202,7 @@ def stop_chain(app: App, request_id: str, timeout: float | None = None, wait: bo
                 "chain stop stored but not broadcast; its running jobs end "
                 "cancelled when they fail",
                 chain_id=request_id,
-                error=repr(exc),
+                error=error_text(exc),
             )
             break
     logger.info("chain stop requested", chain_id=request_id, running=len(running))
@@ -209,6 +227,7 @@ def _wait_stopped(app: App, request_id: str, timeout_s: float) -> None:
 
 def job_log(app: App, request_id: str) -> list[JobLogEntry]:
     """Every try, with its captured output (stdout, stderr: bounded tails)."""
+    check_request_id(request_id)
     rows = ChainStore(app.store).job_log(request_id)
     if not rows:
         chain_status(app, request_id)  # raises ChainNotFound for unknown ids
@@ -240,8 +259,8 @@ def chain_query(
     unknown = [s for s in wanted if s not in _STATES]
     if unknown:
         raise InvalidArgument(f"unknown chain state {unknown[0]!r} (states: {', '.join(_STATES)})")
-    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 10_000:
-        raise InvalidArgument(f"limit must be 1-10000, not {limit!r}")
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_LIST:
+        raise InvalidArgument(f"limit must be an integer 1-{MAX_LIST}, not {limit!r}")
     return ChainQuery(
         states=[_STATES[s] for s in wanted] or None,
         type=type_,

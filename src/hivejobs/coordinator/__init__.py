@@ -180,9 +180,9 @@ class Coordinator:
                 continue
             try:
                 entries.extend(parse_dispatch(note.payload))
-            except ValueError as exc:
-                # A forged or garbled notification: skip it alone, keep the rest of the batch.
-                logger.warning("dispatch notification skipped", error=str(exc))
+            except ValueError:
+                # Any role may NOTIFY: a forged or garbled one is dropped alone, never its batch.
+                logger.warning("malformed dispatch notification dropped", size=len(note.payload))
         return woken
 
 

@@ -7,6 +7,7 @@ the guards that keep them safe (state and claim-token fences).
 
 from __future__ import annotations
 
+import re
 import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, nullcontext
@@ -18,8 +19,8 @@ import psycopg.sql
 from psycopg.rows import class_row
 from psycopg_pool import ConnectionPool
 
-from hivejobs.config import redact_url
-from hivejobs.errors import ConnectionFailed
+from hivejobs.config import redact_url, scrub, url_secrets
+from hivejobs.errors import ConfigError, ConnectionFailed
 from hivejobs.records import (
     ClaimedJob,
     Completion,
@@ -53,19 +54,34 @@ Conn = psycopg.Connection[Any]
 QUERIES = load_queries("queries.sql")
 
 
+_DATABASE_MISSING = re.compile(r'database "[^"]*" does not exist')
+_ROLE_MISSING = re.compile(r'role "[^"]*" does not exist')
+
+
+def connection_failed(url: str, exc: psycopg.Error) -> ConnectionFailed:
+    """libpq's whole reason (every line: it tries each address), the URL redacted."""
+    reason = " ".join(line.strip() for line in str(exc).splitlines() if line.strip())
+    reason = scrub(reason or type(exc).__name__, url_secrets(url))
+    if _ROLE_MISSING.search(reason):
+        reason += " (the user name in the URL is wrong, or that role was never created)"
+    elif _DATABASE_MISSING.search(reason):
+        reason += " (run `hivejobs migrate`, which creates it)"
+    return ConnectionFailed("Postgres", redact_url(url), reason)
+
+
 def connect(url: str, **kwargs: Any) -> Conn:
     """A plain autocommit connection, with a clear error when the server does not answer."""
     try:
         return psycopg.connect(url, autocommit=True, connect_timeout=5, **kwargs)
     except psycopg.OperationalError as exc:
-        reason = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
-        if "does not exist" in reason and "database" in reason:
-            reason += " (run `hivejobs migrate`, which creates it)"
-        raise ConnectionFailed("Postgres", redact_url(url), reason) from None
+        raise connection_failed(url, exc) from None
 
 
 def create_database_if_missing(url: str) -> bool:
-    """`hivejobs migrate` on a fresh server: create the database named in the URL."""
+    """`hivejobs migrate` on a fresh server: create the database named in the URL.
+
+    Only a "database does not exist" answer leads to CREATE DATABASE; a wrong role, password
+    or host is reported as such."""
     info = psycopg.conninfo.conninfo_to_dict(url)
     dbname = str(info.get("dbname") or "")
     if not dbname:
@@ -74,8 +90,8 @@ def create_database_if_missing(url: str) -> bool:
         psycopg.connect(url, connect_timeout=5).close()
         return False
     except psycopg.OperationalError as exc:
-        if "does not exist" not in str(exc):
-            raise ConnectionFailed("Postgres", redact_url(url), str(exc).strip()) from None
+        if not _DATABASE_MISSING.search(str(exc)):
+            raise connection_failed(url, exc) from None
     maintenance = psycopg.conninfo.make_conninfo(url, dbname="postgres")
     with connect(maintenance) as conn:
         try:
@@ -84,6 +100,13 @@ def create_database_if_missing(url: str) -> bool:
             )
         except psycopg.errors.DuplicateDatabase:
             return False  # a concurrent creator won the race
+        except psycopg.errors.InsufficientPrivilege:
+            user = str(info.get("user") or "the URL's user")
+            raise ConfigError(
+                f"database {dbname!r} does not exist and role {user!r} may not create it: "
+                "create it as a superuser (CREATE DATABASE ... OWNER ...) or grant CREATEDB, "
+                "then run `hivejobs migrate` again"
+            ) from None
     return True
 
 
