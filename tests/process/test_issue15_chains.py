@@ -168,9 +168,9 @@ def test_stop_while_suspended_ends_the_chain_without_running_it_again(
 def test_job_log_keeps_times_state_traceback_and_bounded_output(
     app15: App, instance15: Callable[..., Instance], instance_env: dict[str, str]
 ) -> None:
-    instance15("printer", {"HIVEJOBS_JOB_LOG_OUTPUT_BYTES": "200"})
+    instance15("printer", {"HIVEJOBS_JOB_LOG_OUTPUT_BYTES": "2000"})
     chain = Chain("printing")
-    chain.job("printer", {"lines": 40, "secret": "s3cr3t-payload"}, key="p", tries=2)
+    chain.job("printer", {"lines": 400, "secret": "s3cr3t-payload"}, key="p", tries=2)
     request_id = app15.run_chain(chain)
     assert wait_final(app15, request_id) == "succeeded"
     first, second = app15.job_log(request_id)
@@ -180,12 +180,14 @@ def test_job_log_keeps_times_state_traceback_and_bounded_output(
         assert entry.started_at is not None and entry.finished_at >= entry.started_at
     assert first.error is not None and "Traceback" in first.error
     assert "ValueError: printer fails its first try" in first.error
-    # 40 lines of ~22 bytes: only the last 200 bytes are kept, and the cut is said.
+    # 400 lines of ~23 bytes: only the last 2000 bytes are kept, and the cut is said.
     assert first.output_truncated and first.stdout is not None
     assert first.stdout.startswith("[... ") and "bytes cut" in first.stdout
-    assert first.stdout.rstrip().endswith("out line 39 of try 1")
+    assert first.stdout.rstrip().endswith("out line 399 of try 1")
     assert "out line 0 of" not in first.stdout
-    assert first.stderr == "err line of try 1\n"
+    # stderr: what the handler wrote, then the try's log lines (ctx.logger, written there).
+    assert first.stderr is not None and first.stderr.startswith("err line of try 1\n")
+    assert "printer fails its first try" in first.stderr
     assert second.stderr == "err line of try 2\n" and second.error is None
     env = {**instance_env, "HIVEJOBS_APP": "tests.apps.issue15app:app"}
     shown = cli(env, "chain", "log", request_id)
@@ -195,6 +197,7 @@ def test_job_log_keeps_times_state_traceback_and_bounded_output(
     assert "    ValueError: printer fails its first try" in shown.stdout
     assert "  stdout (cut: the end is kept):" in shown.stdout
     assert "    err line of try 2" in shown.stdout
+    assert "    out line 399 of try 2" in shown.stdout
     status = cli(env, "chain", "status", "--log", request_id)
     assert status.returncode == 0, status.stderr
     assert "SUCCEEDED" in status.stdout and "job log" in status.stdout
