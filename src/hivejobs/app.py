@@ -47,7 +47,7 @@ from hivejobs.errors import (
 )
 from hivejobs.failpoints import failpoint
 from hivejobs.integrations import adriver_connection, driver_connection
-from hivejobs.logs import error_text
+from hivejobs.logs import error_fields
 from hivejobs.records import (
     JOB_TYPE_NAME_RE,
     PRIORITIES,
@@ -570,7 +570,7 @@ class App:
                 "job stored but push to Redis failed; the coordinator will dispatch it",
                 job_type=name,
                 jobs=len(ids),
-                error=error_text(exc),
+                **error_fields(exc),
             )
 
     async def _apush(self, backends: AsyncBackends, pushes: Sequence[Push]) -> None:
@@ -584,7 +584,7 @@ class App:
                 "job stored but push to Redis failed; the coordinator will dispatch it",
                 job_type=name,
                 jobs=len(pushes),
-                error=error_text(exc),
+                **error_fields(exc),
             )
 
     async def async_backends(self) -> AsyncBackends:
@@ -625,7 +625,7 @@ class App:
                 logger.warning(
                     "cancel stored but not broadcast; the job ends cancelled if it fails",
                     job_id=job_id,
-                    error=error_text(exc),
+                    **error_fields(exc),
                 )
         return True
 

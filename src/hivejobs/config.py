@@ -36,6 +36,8 @@ Seconds = Annotated[float, msgspec.Meta(gt=0, le=_MAX_S)]
 Count = Annotated[int, msgspec.Meta(ge=1)]
 # redis-py's own URL parser (what Redis.from_url uses), typed.
 parse_redis_url = cast(Callable[[str], dict[str, Any]], _redis_parse_url)
+# Room for an error's head, the truncation note and its tail.
+MIN_RESULT_BYTES = 1024
 
 
 class Settings(msgspec.Struct, kw_only=True):
@@ -50,6 +52,9 @@ class Settings(msgspec.Struct, kw_only=True):
     prefix: str = DEFAULT_PREFIX
     max_payload_bytes: Count = 1024 * 1024
     pop_block_s: Seconds = 1.0
+    # What a handler returns or raises is stored, and read back by status and chains: an
+    # encoded result above this fails its attempt, an error text is truncated to it.
+    max_result_bytes: Annotated[int, msgspec.Meta(ge=MIN_RESULT_BYTES)] = 1024 * 1024
     # R11: a paused Redis must not hang a thread for ever; longer than pop_block_s.
     redis_socket_timeout_s: Seconds = 5.0
     heartbeat_s: Seconds = 5.0

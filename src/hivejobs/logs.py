@@ -99,3 +99,9 @@ def fatal_on_error(target: Callable[[], None]) -> Callable[[], None]:
             os._exit(EXIT_THREAD_CRASHED)
 
     return guarded
+
+
+def error_fields(exc: BaseException) -> dict[str, str]:
+    """Log fields for an exception: its message and its type name. Not repr(): a redis-py
+    error's repr is only ``server:ResponseError``, without the server's message."""
+    return {"error": str(exc) or type(exc).__name__, "error_type": type(exc).__name__}

@@ -88,6 +88,15 @@ class Completion(msgspec.Struct, frozen=True, kw_only=True):
     retry_delay_s: float = 0.0
 
 
+class Rescued(msgspec.Struct, frozen=True, kw_only=True):
+    """What one rescue of dead processes' claims did."""
+
+    requeued: list[tuple[str, str, int]]  # (id, type, priority) to push to Redis
+    failed: int
+    # Claims whose id was already archived: the archived record won, the live row is gone.
+    archived_duplicates: list[str]
+
+
 class JobInfo(msgspec.Struct, frozen=True, kw_only=True):
     id: str
     name: str

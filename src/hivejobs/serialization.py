@@ -133,3 +133,39 @@ def decode_json(raw: bytes | None, name: str = "?") -> object:
         return _any_decoder.decode(raw)
     except RecursionError:
         raise PayloadInvalid(name, f"stored value does not decode: {TOO_DEEP}") from None
+
+
+def storable_text(text: str, max_bytes: int) -> str:
+    """Text from user code made fit for a Postgres text column, at most `max_bytes` of UTF-8.
+
+    Handlers raise what the OS gave them: ``os.listdir``, ``sys.argv`` and ``os.environ``
+    carry undecodable bytes as lone surrogates, which UTF-8 cannot encode; such a byte is
+    kept visible as ``\\xe9``. NUL (which Postgres text cannot hold) becomes ``\\x00``. A text
+    over the limit keeps its head and its tail (where a traceback puts the exception) with a
+    note of what was cut between them.
+    """
+    raw = _utf8(text.replace("\x00", "\\x00"))
+    if len(raw) <= max_bytes:
+        return raw.decode()
+    note = (
+        f"\n[... truncated: {{cut}} of {len(raw)} bytes cut (max_result_bytes is {max_bytes})"
+        " ...]\n"
+    )
+    cut_room = len(str(len(raw)))
+    keep = max(0, max_bytes - len(note.encode()) - cut_room)
+    head = raw[: keep - keep // 2].decode(errors="ignore")
+    tail = raw[len(raw) - keep // 2 :].decode(errors="ignore")
+    cut = len(raw) - len(head.encode()) - len(tail.encode())
+    return head + note.format(cut=cut) + tail
+
+
+def _utf8(text: str) -> bytes:
+    try:
+        return text.encode()
+    except UnicodeEncodeError:
+        pass
+    try:
+        # Bytes smuggled in by the surrogateescape handler: show the original byte.
+        return text.encode(errors="surrogateescape").decode(errors="backslashreplace").encode()
+    except UnicodeEncodeError:
+        return text.encode(errors="backslashreplace")  # other lone surrogates: \udxxx

@@ -249,6 +249,6 @@ def test_a_malformed_dispatch_notification_is_dropped_alone(
     assert not client.exists(f"{redis_prefix}{{untyped}}:p99")
     client.close()
     app.close()
-    wait_until(lambda: "malformed dispatch notification dropped" in inst.log_text(), timeout=10)
+    wait_until(lambda: "malformed dispatch notifications ignored" in inst.log_text(), timeout=10)
     assert "dispatch listener failed" not in inst.log_text()
     inst.stop()

@@ -33,7 +33,7 @@ from hivejobs.errors import (
     UnknownJobType,
 )
 from hivejobs.integrations import adriver_connection, driver_connection
-from hivejobs.logs import error_text
+from hivejobs.logs import error_fields
 from hivejobs.records import (
     PRIORITIES,
     ChainJobStatus,
@@ -202,7 +202,7 @@ def stop_chain(app: App, request_id: str, timeout: float | None = None, wait: bo
                 "chain stop stored but not broadcast; its running jobs end "
                 "cancelled when they fail",
                 chain_id=request_id,
-                error=error_text(exc),
+                **error_fields(exc),
             )
             break
     logger.info("chain stop requested", chain_id=request_id, running=len(running))

@@ -26,9 +26,12 @@ from hivejobs.coordinator.scheduler import Scheduler
 from hivejobs.coordinator.services import Compactor, Gauges, Promoter, Reconciler, Rescuer
 from hivejobs.errors import ConnectionFailed
 from hivejobs.failpoints import failpoint
+from hivejobs.logs import error_fields
 from hivejobs.store import Store, connect
 from hivejobs.store.enqueue import parse_dispatch
 from hivejobs.store.upkeep import prune_archive
+
+MSG_BAD_DISPATCH = "malformed dispatch notifications ignored (the first is shown)"
 
 
 class Coordinator:
@@ -126,7 +129,7 @@ class Coordinator:
         try:
             fn()  # type: ignore[operator]
         except (psycopg.Error, redis.RedisError) as exc:
-            logger.warning("coordinator step failed", step=what, error=repr(exc))
+            logger.warning("coordinator step failed", step=what, **error_fields(exc))
 
     def _wait_for_dispatch(self, leader: bool) -> None:
         """Sleep until the next tick, pushing ids of transactional enqueues as they commit."""
@@ -151,13 +154,25 @@ class Coordinator:
                 # Followers keep no wake-ups: a new leader starts with a full search anyway.
                 self._chain_hints.clear()
             if entries and leader:
-                self.broker.push_many(entries)
+                self._push(entries)
         except (psycopg.Error, redis.RedisError, ValueError, ConnectionFailed) as exc:
-            logger.warning("dispatch listener failed", error=repr(exc))
+            logger.warning("dispatch listener failed", **error_fields(exc))
             if self._listen is not None:
                 self._listen.close()
             self._listen = None
             self.stop.wait(timeout)
+
+    def _push(self, entries: list[tuple[str, str, int]]) -> None:
+        """A push that fails (Redis down, a refused key) loses only latency: the reconciler
+        pushes these ids after its grace. The listener stays: its next notes are not lost."""
+        try:
+            self.broker.push_many(entries)
+        except redis.RedisError as exc:
+            logger.warning(
+                "dispatched ids not pushed; the reconciler will",
+                jobs=len(entries),
+                **error_fields(exc),
+            )
 
     def _collect(
         self,
@@ -168,6 +183,7 @@ class Coordinator:
         """Sort notifications into dispatch entries and chain wake-ups; True if a chain
         wake-up came (with `stop_at_wake`, stop there: the caller traverses before waiting)."""
         woken = False
+        malformed: list[psycopg.Notify] = []
         for note in notes:
             if note.channel == "hivejobs_chain":
                 if note.payload:
@@ -181,8 +197,13 @@ class Coordinator:
             try:
                 entries.extend(parse_dispatch(note.payload))
             except ValueError:
-                # Any role may NOTIFY: a forged or garbled one is dropped alone, never its batch.
-                logger.warning("malformed dispatch notification dropped", size=len(note.payload))
+                malformed.append(note)  # only this one is lost: the rest are dispatched
+        if malformed:
+            # Anyone who can connect may NOTIFY: one line per batch, however many came.
+            first = malformed[0]
+            logger.warning(
+                MSG_BAD_DISPATCH, notes=len(malformed), payload=first.payload[:200], pid=first.pid
+            )
         return woken
 
 

@@ -27,6 +27,7 @@ from hivejobs.records import (
     Inserted,
     JobTypeInfo,
     NewJob,
+    Rescued,
     TypeCounts,
     WorkerInfo,
 )
@@ -193,11 +194,28 @@ class Store:
 
     # -- claim and finish --------------------------------------------------------------
 
-    def claim_queued(self, ids: list[str], worker_id: str, conn: Conn) -> list[ClaimedJob]:
-        """Claim by primary key: Postgres never scans a queue under contention."""
+    def claim_queued(
+        self, ids: list[str], worker_id: str, conn: Conn, *, name: str
+    ) -> list[ClaimedJob]:
+        """Claim by primary key: Postgres never scans a queue under contention. Only jobs of
+        type `name`: a pool never runs a job under another type's handler."""
         cur = conn.cursor(row_factory=class_row(ClaimedJob))
-        params = {"ids": ids, "worker_id": worker_id}
+        params = {"ids": ids, "worker_id": worker_id, "name": name}
         return cur.execute(QUERIES["claim_queued"], params).fetchall()
+
+    def foreign_ids(self, ids: list[str], name: str) -> list[tuple[str, str]]:
+        """(id, type) of those ids that are live jobs of a type other than `name`."""
+        with self.connection() as conn:
+            rows = conn.execute(QUERIES["foreign_ids"], {"ids": ids, "name": name}).fetchall()
+        return [(r[0], r[1]) for r in rows]
+
+    def drop_archived_duplicate_if_running(self, job_id: str, claim_token: int) -> bool:
+        """Remove our claim's live row if its id is already archived; True if it was."""
+        with self.connection() as conn:
+            params = {"id": job_id, "token": claim_token}
+            return bool(
+                conn.execute(QUERIES["drop_archived_duplicate_if_running"], params).fetchall()
+            )
 
     def finish(self, done: Sequence[Completion], conn: Conn) -> tuple[int, list[tuple[Any, ...]]]:
         """Write one batch of finished claims in one transaction (group commit).
@@ -245,19 +263,26 @@ class Store:
 
     def rescue_workers(
         self, worker_ids: list[str], poison_after: int, lease: tuple[str, int] | None = None
-    ) -> tuple[list[tuple[Any, ...]], int]:
+    ) -> Rescued | None:
         """Release the claims of dead processes: requeue (attempt counted) or fail.
 
-        With `lease` (holder, term) the write happens only while that term holds (R7).
+        With `lease` (holder, term) the write happens only while that term holds (R7);
+        None when it does not.
         """
         params = {"worker_ids": worker_ids, "poison_after": poison_after}
         with self.connection() as conn, conn.transaction():
             if lease is not None and not self._hold_lease(conn, lease):
-                return [], -1
+                return None
+            duplicates = conn.execute(QUERIES["rescue_drop_archived_duplicates"], params)
+            dropped = [r[0] for r in duplicates.fetchall()]
             requeued = conn.execute(QUERIES["rescue_requeue"], params).fetchall()
             failed = conn.execute(QUERIES["rescue_fail"], params).fetchall()
             conn.execute(QUERIES["delete_workers"], {"worker_ids": worker_ids})
-        return requeued, len(failed)
+        return Rescued(
+            requeued=[(r[0], r[1], r[2]) for r in requeued],
+            failed=len(failed),
+            archived_duplicates=dropped,
+        )
 
     def release_unstarted(self, ids: list[str], worker_id: str) -> list[tuple[Any, ...]]:
         with self.connection() as conn:
@@ -432,9 +457,38 @@ class Store:
             return cur.rowcount
 
 
+def is_data_error(exc: BaseException) -> bool:
+    """True when a write failed because of what it writes, so that retrying the same rows
+    fails again: a constraint, a value Postgres refuses, or one that cannot even be sent
+    (a non-psycopg error raised while adapting parameters, e.g. UnicodeEncodeError).
+    False for the server or the connection (lost, shut down, read-only after a failover,
+    lock or serialization conflicts): those pass, so the write is retried."""
+    if not isinstance(exc, psycopg.Error):
+        return isinstance(exc, Exception)
+    if isinstance(exc, psycopg.errors.ProgramLimitExceeded):
+        return True  # a value too big for Postgres (class 54)
+    return isinstance(
+        exc,
+        (
+            psycopg.DataError,
+            psycopg.IntegrityError,
+            psycopg.ProgrammingError,
+            psycopg.NotSupportedError,
+        ),
+    )
+
+
 def _text(value: str | None) -> str | None:
-    """Postgres text cannot hold NUL; an error message from user code might."""
-    return None if value is None else value.replace("\x00", "\\x00")
+    """Postgres text cannot hold NUL or a lone surrogate; an error message from user code
+    might (the pool makes its errors storable first; this guards every other writer)."""
+    if value is None:
+        return None
+    value = value.replace("\x00", "\\x00")
+    try:
+        value.encode()
+    except UnicodeEncodeError:
+        value = value.encode(errors="backslashreplace").decode()
+    return value
 
 
 def _insert_own(conn: Conn, job: NewJob, explicit_id: bool) -> Inserted:

@@ -47,12 +47,25 @@ DELETE FROM hivejobs_job WHERE id = %(id)s;
 -- name: claim_queued
 -- Claim by primary key: Postgres never scans a queue under contention. Ids no longer queued
 -- (claimed, cancelled, archived) are skipped. The attempt is counted here, in the claim (R2).
+-- Only the pool's own type: an id pushed into a foreign list never runs under this handler.
 UPDATE hivejobs_job
    SET state = 'running', attempt = attempt + 1, worker_id = %(worker_id)s,
        claim_token = nextval('hivejobs_claim_seq'), started_at = now()
- WHERE id = ANY(%(ids)s) AND state = 'queued'
+ WHERE id = ANY(%(ids)s) AND state = 'queued' AND name = %(name)s
    AND (expires_at IS NULL OR expires_at > now())
 RETURNING id, name, attempt, attempts, delivery, payload, claim_token, priority, lost;
+
+-- name: foreign_ids
+-- Ids a pool popped but did not claim that are live jobs of another type.
+SELECT id, name FROM hivejobs_job WHERE id = ANY(%(ids)s) AND name <> %(name)s;
+
+-- name: drop_archived_duplicate_if_running
+-- A live row whose id is already archived can never be archived itself (the id is finished):
+-- the archived record wins, as it does at enqueue (insert_job). Fenced by claim token (R3).
+DELETE FROM hivejobs_job j
+ WHERE j.id = %(id)s AND j.state = 'running' AND j.claim_token = %(token)s
+   AND EXISTS (SELECT 1 FROM hivejobs_archive a WHERE a.id = j.id)
+RETURNING j.id;
 
 -- name: archive_finished_if_running
 -- Fenced by claim token (R3): a late write from a rescued or timed-out claim changes nothing.
@@ -111,6 +124,14 @@ UPDATE hivejobs_job j
   FROM unnest(%(ids)s::text[], %(tokens)s::bigint[]) AS c(id, token)
  WHERE j.id = c.id AND j.state = 'running' AND j.claim_token = c.token
 RETURNING j.id, j.name, j.priority;
+
+-- name: rescue_drop_archived_duplicates
+-- Claims of dead processes whose id is already archived: the archived record wins (see
+-- drop_archived_duplicate_if_running); the archive insert below would fail on them.
+DELETE FROM hivejobs_job j
+ WHERE j.worker_id = ANY(%(worker_ids)s::uuid[]) AND j.state = 'running'
+   AND EXISTS (SELECT 1 FROM hivejobs_archive a WHERE a.id = j.id)
+RETURNING j.id;
 
 -- name: rescue_requeue
 -- Claims of dead processes: at-least-once jobs with attempts left and under the poison-pill
