@@ -2,8 +2,9 @@
 
 The fetcher pops as many ids as there are free slots (one BLMPOP), claims them in one UPDATE
 by primary key, and hands the claimed jobs to runner threads; finished attempts go to the
-Completer. One heartbeat per process. Never runs a job it has not claimed in Postgres or a
-job of another type, and never writes the end of a claim without its claim token.
+Completer. While the Completer lags, the fetcher stops claiming (claim_room: backpressure).
+One heartbeat per process. Never runs a job it has not claimed in Postgres or a job of
+another type, and never writes the end of a claim without its claim token.
 """
 
 from __future__ import annotations
@@ -43,6 +44,12 @@ MSG_FOREIGN_ID = (
     "foreign job id dropped: a job of another type was in this pool's list (logged once per"
     " list; counted in foreign_ids)"
 )
+# Backpressure (issue 21): finished attempts whose completion is not yet written, per runner
+# thread, that a pool may hold beside a full set of claims in hand. A runner slot frees when
+# a job finishes running, not when its completion is written, so without this bound a lagging
+# completer let claims run far ahead: rows stood `running` by the ten thousand, and finished
+# work that lives only in this process's memory is lost work if it dies.
+UNWRITTEN_PER_RUNNER = 2
 
 
 @dataclass
@@ -71,7 +78,9 @@ class Pool:
         self.completer = Completer(
             self.store, self.broker, self._forget, max_error_bytes=settings.max_result_bytes
         )
-        self.held: dict[str, int] = {}  # claims not yet finished in Postgres: id -> token
+        # Claims not yet finished in Postgres (waiting, running, or finished and not yet
+        # written): id -> token. The fetcher keeps it within claim_room() (backpressure).
+        self.held: dict[str, int] = {}
         self.claim_lock = threading.Lock()
         self.work: queue.SimpleQueue[ClaimedJob | None] = queue.SimpleQueue()
         self.running: dict[str, Running] = {}
@@ -90,8 +99,15 @@ class Pool:
         self.prefetch = PREFETCH if jt.delivery == "at_least_once" else 0
         self.avg_run_s = 1.0  # pessimistic until measured
         self.last_heartbeat_ok = time.monotonic()
-        # Logged at exit. foreign_ids: ids of other types found in our lists (dropped).
-        self.counts = {"pops": 0, "claim_statements": 0, "claimed": 0, "foreign_ids": 0}
+        # Logged at exit. foreign_ids: ids of other types found in our lists (dropped);
+        # paused_for_completions: fetcher passes held back by backpressure.
+        self.counts = {
+            "pops": 0,
+            "claim_statements": 0,
+            "claimed": 0,
+            "foreign_ids": 0,
+            "paused_for_completions": 0,
+        }
         self.foreign_keys: set[str] = set()  # lists a foreign id was found in (logged once)
         self.log = logger.bind(pool=jt.name, worker_id=worker_id)
 
@@ -200,12 +216,31 @@ class Pool:
 
     # -- fetcher -----------------------------------------------------------------------
 
+    def claim_room(self) -> int:
+        """How many ids the fetcher may claim now; called with `self.lock` held.
+
+        Two bounds. Slots: claims in hand (waiting or running) stay within concurrency, plus
+        the prefetch for short at-least-once jobs. Backpressure: every claim not yet written
+        in Postgres (`held`: in hand or finished and unwritten) stays within
+        (UNWRITTEN_PER_RUNNER x concurrency) + prefetch. Every claim in hand may end up
+        unwritten, so finished-but-unwritten completions never exceed that number, nor do
+        this pool's `running` rows; when the completer lags, claiming stops until it writes
+        (its callback, _forget, wakes the fetcher). With the slots full, the second bound
+        only cuts a claim while more than `concurrency` completions wait to be written: a
+        healthy completer writes a few at a time.
+        """
+        extra = self.prefetch if self.avg_run_s < PREFETCH_BELOW_S else 0
+        slots = self.jt.concurrency + extra - self.reserved
+        unwritten_room = UNWRITTEN_PER_RUNNER * self.jt.concurrency + extra - len(self.held)
+        if unwritten_room < slots and slots > 0:
+            self.counts["paused_for_completions"] += int(unwritten_room <= 0)
+        return min(slots, unwritten_room)
+
     def _fetcher(self) -> None:
         backoff = 0.05
         while not self.stop_acquiring.is_set():
             with self.lock:
-                extra = self.prefetch if self.avg_run_s < PREFETCH_BELOW_S else 0
-                free = self.jt.concurrency + extra - self.reserved
+                free = self.claim_room()
                 if free <= 0 or self.isolating:
                     self.lock.wait(0.5)
                     continue

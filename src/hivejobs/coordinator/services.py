@@ -192,22 +192,24 @@ class Reconciler:
 
     def _restore_all(self) -> int:
         """No boot marker: Redis was flushed or restarted empty, or this is its first use.
-        Push every queued id of each list that is empty, keyset-paged; a list that still
-        holds ids (a first start after enqueues) is left to the deficit check, so a fresh
-        Redis does not get every id twice."""
+        Push every queued id of each list that is empty, keyset-paged per queue (the queued
+        index leads with the queue); a list that still holds ids (a first start after
+        enqueues) is left to the deficit check, so a fresh Redis does not get every id
+        twice."""
         marker = str(uuid.uuid4())
         pg = self.store.queued_counts()
         lengths = self._lengths({name for name, _ in pg})
-        empty = {queue for queue in pg if lengths.get(queue, -1) == 0}
-        after: tuple[datetime, str] | None = None
+        empty = sorted(queue for queue in pg if lengths.get(queue, -1) == 0)
         pushed = 0
-        while empty:
-            rows = self.store.queued_page(after, BATCH)
-            if not rows:
-                break
-            pushed += self._push([(r[0], r[1], r[2]) for r in rows if (r[1], r[2]) in empty])
-            failpoint("coord.mid_reconcile_batch")
-            after = (rows[-1][3], rows[-1][0])
+        for queue in empty:
+            after: tuple[datetime, str] | None = None
+            while True:
+                rows = self.store.queued_page(queue, after, BATCH)
+                if not rows:
+                    break
+                pushed += self._push([(r[0], r[1], r[2]) for r in rows])
+                failpoint("coord.mid_reconcile_batch")
+                after = (rows[-1][3], rows[-1][0])
         self.broker.set_boot_marker(marker)
         logger.warning(
             "Redis had no boot marker (flushed or restarted): restored queues", jobs=pushed

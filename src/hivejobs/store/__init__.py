@@ -415,12 +415,20 @@ class Store:
                 return None
             return conn.execute(QUERIES[query], params).fetchall()
 
-    def queued_page(self, after: tuple[datetime, str] | None, limit: int) -> list[tuple[Any, ...]]:
+    def queued_page(
+        self, queue: tuple[str, int], after: tuple[datetime, str] | None, limit: int
+    ) -> list[tuple[Any, ...]]:
+        """One queue's queued jobs after `after` (queued_at, id), oldest first."""
         after_at, after_id = after or (datetime(1970, 1, 1).astimezone(), "")
+        params = {
+            "name": queue[0],
+            "priority": queue[1],
+            "after_at": after_at,
+            "after_id": after_id,
+            "limit": limit,
+        }
         with self.connection() as conn:
-            return conn.execute(
-                QUERIES["queued_page"], {"after_at": after_at, "after_id": after_id, "limit": limit}
-            ).fetchall()
+            return conn.execute(QUERIES["queued_page"], params).fetchall()
 
     def set_gauges(self, values: Sequence[tuple[str, str, int]]) -> None:
         with self.connection() as conn, conn.transaction():
