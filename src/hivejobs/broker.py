@@ -44,6 +44,7 @@ class ControlMessage(msgspec.Struct, frozen=True, kw_only=True):
     action: str  # "cancel" | "restart"
     job_id: str | None = None
     pool: str | None = None
+    instance: str | None = None  # restart: only the instance on this host (or host:pid)
 
 
 _control_decoder = msgspec.json.Decoder(ControlMessage)

@@ -22,8 +22,9 @@ import psycopg
 import redis
 from loguru import logger
 
-from hivejobs.app import App, JobType, Retry
-from hivejobs.broker import Broker, Popped
+from hivejobs.app import App, Fail, JobType, Retry
+from hivejobs.broker import Broker, ControlMessage, Popped
+from hivejobs.capture import Captured, capturing
 from hivejobs.completer import Completer
 from hivejobs.config import Settings
 from hivejobs.context import JobContext
@@ -34,6 +35,7 @@ from hivejobs.metrics import Recorder
 from hivejobs.records import ClaimedJob, Completion, Outcome
 from hivejobs.serialization import encode_result, storable_text
 from hivejobs.store import Store
+from hivejobs.store.chains import ChainStore, looks_like_try_id
 
 EXIT_RECYCLE = 0  # a clean exit the supervisor answers with an immediate restart
 EXIT_RELOAD = 75  # `hivejobs restart`: the supervisor re-execs itself to load new code
@@ -409,7 +411,12 @@ class Pool:
         with self.lock:
             self.running[job.id] = entry
         began = time.monotonic()
-        completion = self._execute(job, ctx)
+        if looks_like_try_id(job.id):  # a chain try: its output goes to the job log
+            with capturing(self.settings.job_log_output_bytes) as output:
+                completion = self._execute(job, ctx)
+            self._keep_output(job, output)
+        else:
+            completion = self._execute(job, ctx)
         self.metrics.observe("run", job.name, time.monotonic() - began)
         with self.lock:
             self.running.pop(job.id, None)
@@ -418,6 +425,18 @@ class Pool:
             failpoint("pool.before_completion_commit")
             self.completer.submit(completion)
         self._release_slot()
+
+    def _keep_output(self, job: ClaimedJob, output: Captured) -> None:
+        """Before the completion, so the output is there once the try's log row is."""
+        if output.empty:
+            return
+        try:
+            ChainStore(self.store).save_output(
+                job.id, output.stdout.text(), output.stderr.text(), output.truncated
+            )
+        except psycopg.Error as exc:
+            # The job log loses this output; the try's outcome is unaffected.
+            self.log.warning("captured output not stored", job_id=job.id, **error_fields(exc))
 
     def _release_slot(self) -> None:
         with self.lock:
@@ -439,6 +458,10 @@ class Pool:
             # Schema drift will not fix itself on retry: fail for good, keep the pool alive.
             ctx.logger.error("payload does not decode", error=str(exc))
             return self._ended(job, "failed", str(exc))
+        except Fail as exc:
+            # The handler says another attempt cannot help: failed now, attempts left or not.
+            ctx.logger.error("job failed by its handler (Fail), not retried", **error_fields(exc))
+            return self._ended(job, "cancelled" if ctx.cancelled else "failed", f"Fail: {exc}")
         except ResultTooLarge as exc:
             return self._failed(job, ctx, str(exc), jt.backoff.delay_s(job.attempt))
         except Retry as exc:
@@ -568,9 +591,25 @@ class Pool:
                 if r is not None:
                     r.ctx.cancelled = True
                     r.ctx.request_stop()
-        elif msg.action == "restart" and msg.pool in (None, self.jt.name):
-            self.recycle_reason = "restart requested"
+        elif msg.action == "restart" and restart_applies(msg, self.jt.name):
+            # A restart of one pool recycles just this process (forked again by the same
+            # supervisor); a restart of everything or of this instance reloads the instance.
+            self.recycle_reason = "pool restart requested" if msg.pool else "restart requested"
             self.stop_acquiring.set()
+
+
+def restart_applies(msg: ControlMessage, pool: str) -> bool:
+    """Whether a restart message names this pool (or every pool) on this instance (or all)."""
+    if msg.pool is not None and msg.pool != pool:
+        return False
+    return msg.instance is None or msg.instance in instance_names()
+
+
+def instance_names() -> tuple[str, str]:
+    """How `hivejobs restart --instance` may name this instance: its host, or host:pid of
+    its supervisor (this pool's parent; `hivejobs run` logs it as it starts)."""
+    host = socket.gethostname()
+    return host, f"{host}:{os.getppid()}"
 
 
 def run_pool(app: App, name: str, worker_id: str, settings: Settings) -> int:

@@ -197,7 +197,9 @@ class ChainSummary(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class JobLogEntry(msgspec.Struct, frozen=True, kw_only=True):
-    """One try of one chain job: `try_` is the job's total try number at that try."""
+    """One try of one chain job: `try_` is the job's total try number at that try. `error`
+    holds the traceback of a raised exception; `stdout`/`stderr` the tail of what the try
+    printed (bounded by `job_log_output_bytes`; `output_truncated` when cut)."""
 
     key: str
     try_: int = msgspec.field(name="try")
@@ -209,3 +211,75 @@ class JobLogEntry(msgspec.Struct, frozen=True, kw_only=True):
     finished_at: datetime
     duration_s: float | None
     error: str | None
+    stdout: str | None = None
+    stderr: str | None = None
+    output_truncated: bool = False
+
+
+class ChainQuery(msgspec.Struct, frozen=True, kw_only=True):
+    """Filters of `list_chains`; every one optional. `type` is the chain's name (spincycle's
+    request type); `job_type` keeps chains with a job of that type. Times bound created_at.
+    Pages go newest first; `before` is the (created_at, id) of the last chain seen."""
+
+    states: list[ChainState] | None = None
+    type: str | None = None
+    job_type: str | None = None
+    since: datetime | None = None
+    until: datetime | None = None
+    before: tuple[datetime, str] | None = None
+    limit: int = 50
+
+
+class RunningTry(msgspec.Struct, frozen=True, kw_only=True):
+    """A live try of a chain job, as `hivejobs chain ps` shows it: `state` is its job's
+    (queued or running; None once ended, until the traverser reaps it)."""
+
+    chain_id: str
+    chain: str
+    key: str
+    type: str
+    try_: int = msgspec.field(name="try")
+    tries: int
+    total_tries: int
+    state: str | None
+    host: str | None
+    pid: int | None
+    status: str | None
+    started_at: datetime | None
+    age_s: float | None
+
+
+class JobSummary(msgspec.Struct, frozen=True, kw_only=True):
+    """One job, live or archived, as `list_jobs` returns it (no payload, no result).
+    `at` orders the listing: finished_at for a finished job, created_at for a live one."""
+
+    id: str
+    name: str
+    state: JobState
+    attempt: int
+    attempts: int
+    priority: int
+    created_at: datetime
+    run_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    expires_at: datetime | None
+    error: str | None
+    at: datetime
+
+
+class JobPage(msgspec.Struct, frozen=True, kw_only=True):
+    """A page of `list_jobs`; pass `next` as `after` for the following page (None: the end)."""
+
+    jobs: list[JobSummary]
+    next: str | None
+
+
+class Replayed(msgspec.Struct, frozen=True, kw_only=True):
+    """What `replay` enqueued, and what it changed from the original's options."""
+
+    id: str
+    priority: int
+    delay_s: float | None
+    expires_at: datetime | None
+    changes: list[str]

@@ -15,6 +15,7 @@ import errno
 import os
 import select
 import signal
+import socket
 import sys
 import time
 from dataclasses import dataclass
@@ -31,6 +32,7 @@ from hivejobs.logs import error_fields, setup_logging
 from hivejobs.metrics import bump
 from hivejobs.store import Store, new_worker_id
 from hivejobs.store.schedules import ScheduleStore
+from hivejobs.store.upkeep import set_type_retentions
 
 PR_SET_PDEATHSIG = 1
 EXIT_RELOAD = 75  # a pool asked for a reload (`hivejobs restart`): re-exec for new code
@@ -87,6 +89,7 @@ class Supervisor:
             store.check_schema()
             store.upsert_job_types([jt.info() for jt in self.app.types.values()])
             ScheduleStore(store).declare(list(self.app.types), list(self.app.schedules.values()))
+            set_type_retentions(store, {jt.name: jt.retention_s for jt in self.app.types.values()})
         finally:
             store.close()
         # Redis too, as Postgres above: a wrong password or a stopped Redis is one clear
@@ -105,6 +108,7 @@ class Supervisor:
         logger.info(
             "supervisor started",
             app=self.app_spec,
+            instance=f"{socket.gethostname()}:{os.getpid()}",
             pools={jt.name: jt.processes for jt in self.app.types.values()},
         )
         for child in self.children:

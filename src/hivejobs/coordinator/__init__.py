@@ -30,6 +30,7 @@ from hivejobs.failpoints import failpoint
 from hivejobs.logs import error_fields
 from hivejobs.store import Store, connect
 from hivejobs.store.enqueue import parse_dispatch
+from hivejobs.store.upkeep import prune_archive
 
 MSG_BAD_DISPATCH = "malformed dispatch notifications ignored (the first is shown)"
 
@@ -119,7 +120,8 @@ class Coordinator:
         if self._every("gauges", max(5.0, s.coordinator_interval_s)):
             self._guard("gauges", self.gauges.run_once)
         if self._every("prune", 60.0):
-            self._guard("prune", lambda: self.store.prune_archive(s.archive_retention_s))
+            # Per job type retention where one is declared, else the global setting.
+            self._guard("prune", lambda: prune_archive(self.store, s.archive_retention_s))
         if self._every("compact", max(10.0, s.coordinator_interval_s)):
             self._guard("compact", lambda: self.compactor.run_once(self.gauges.in_flight))
 

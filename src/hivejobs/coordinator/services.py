@@ -26,6 +26,7 @@ from hivejobs.logs import error_fields
 from hivejobs.metrics import bump
 from hivejobs.records import Rescued
 from hivejobs.store import Store, is_data_error
+from hivejobs.store.upkeep import nonzero_gauge_types
 
 Lease = tuple[str, int]
 BATCH = 10_000
@@ -230,7 +231,9 @@ class Gauges:
         for (name, _), n in self.store.queued_counts().items():
             queued[name] = queued.get(name, 0) + n
         running = self.store.running_counts()
-        names = sorted(set(queued) | set(running))
+        # A type whose jobs all ended is in neither count: zero its gauges, or they would
+        # keep their last non-zero values for ever ("running 4" long after its last job).
+        names = sorted(set(queued) | set(running) | nonzero_gauge_types(self.store))
         values = [("queued", n, queued.get(n, 0)) for n in names]
         values += [("running", n, running.get(n, 0)) for n in names]
         self.store.set_gauges(values)
