@@ -43,10 +43,12 @@ class Completer:
         broker: Broker,
         on_written: Callable[[list[Completion]], None] | None = None,
         max_error_bytes: int = 1024 * 1024,
+        on_submit: Callable[[Completion], None] | None = None,
     ) -> None:
         self.store = store
         self.broker = broker
         self.on_written = on_written
+        self.on_submit = on_submit  # sees every outcome once (metrics)
         self._queue: queue.SimpleQueue[Completion | None] = queue.SimpleQueue()
         self._pending = 0
         self._idle = threading.Condition()
@@ -62,6 +64,8 @@ class Completer:
         self._thread.start()
 
     def submit(self, completion: Completion) -> None:
+        if self.on_submit is not None:
+            self.on_submit(completion)
         with self._idle:
             self._pending += 1
         self._queue.put(completion)

@@ -25,6 +25,8 @@ MSG_STARTED = "{job_type}[{job_id}] started"
 MSG_SUCCEEDED = "{job_type}[{job_id}] succeeded in {elapsed_s:.3f} s"
 MSG_RETRY = "{job_type}[{job_id}] failed, retry in {delay_s:.1f} s"
 MSG_FAILED = "{job_type}[{job_id}] failed, no attempts left"
+MSG_FAIL = "{job_type}[{job_id}] failed by its handler (Fail), not retried"
+MSG_AWAITING = "{job_type}[{job_id}] handed over in {elapsed_s:.3f} s: awaiting its callback"
 MSG_CANCELLED = "{job_type}[{job_id}] cancelled"
 MSG_INTERRUPTED = "{job_type}[{job_id}] interrupted by shutdown: suspended"
 
@@ -43,7 +45,7 @@ def execute(
 ) -> Completion:
     """Run `job` under `jt`'s handler and return its Completion; never raises for what the
     handler does (a handler's error ends its attempt, not the caller's thread)."""
-    from hivejobs.app import Retry  # app imports the pool's neighbours; import at call time
+    from hivejobs.app import Fail, Retry  # app imports the pool's neighbours: at call time
 
     log = ctx.logger
     names = {"job_type": job.name, "job_id": job.id}
@@ -62,6 +64,11 @@ def execute(
         # Schema drift will not fix itself on retry: fail for good, keep the pool alive.
         log.error("payload does not decode", error=str(exc), **names)
         return ended(job, "failed", str(exc), max_result_bytes)
+    except Fail as exc:
+        # The handler says another attempt cannot help: failed now, attempts left or not.
+        log.error(MSG_FAIL, error=str(exc), **names)
+        outcome: Outcome = "cancelled" if ctx.cancelled else "failed"
+        return ended(job, outcome, f"Fail: {exc}", max_result_bytes)
     except ResultTooLarge as exc:
         return failed(job, ctx, str(exc), jt.backoff.delay_s(job.attempt), max_result_bytes)
     except Retry as exc:
@@ -77,7 +84,17 @@ def execute(
             return Completion(id=job.id, claim_token=job.claim_token, outcome="suspend")
         text = "".join(traceback.format_exception(exc))
         return failed(job, ctx, text, jt.backoff.delay_s(job.attempt), max_result_bytes, exc=exc)
-    log.info(MSG_SUCCEEDED, elapsed_s=round(time.monotonic() - started, 3), **names)
+    elapsed_s = round(time.monotonic() - started, 3)
+    if jt.callback:
+        # The other service has the work now: the job stays running until its callback.
+        log.info(MSG_AWAITING, elapsed_s=elapsed_s, **names)
+        return Completion(
+            id=job.id,
+            claim_token=job.claim_token,
+            outcome="await_callback",
+            callback_timeout_s=jt.callback_timeout_s or 3600.0,
+        )
+    log.info(MSG_SUCCEEDED, elapsed_s=elapsed_s, **names)
     return Completion(id=job.id, claim_token=job.claim_token, outcome="succeeded", result=encoded)
 
 

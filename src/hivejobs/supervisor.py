@@ -15,6 +15,7 @@ import errno
 import os
 import select
 import signal
+import socket
 import sys
 import time
 from dataclasses import dataclass
@@ -29,8 +30,10 @@ from hivejobs.broker import Broker
 from hivejobs.config import Settings
 from hivejobs.coordinator.services import rescue_isolated
 from hivejobs.logs import emit_banner, error_fields, setup_logging
+from hivejobs.metrics import bump
 from hivejobs.store import Store, new_worker_id
 from hivejobs.store.schedules import ScheduleStore
+from hivejobs.store.upkeep import set_type_retentions
 
 PR_SET_PDEATHSIG = 1
 EXIT_RELOAD = 75  # a pool asked for a reload (`hivejobs restart`): re-exec for new code
@@ -41,7 +44,7 @@ HEALTHY_AFTER_S = 3.0  # lived this long: it started fine, so a death is not a c
 
 @dataclass
 class Child:
-    role: str  # "pool", "coordinator" or "watcher" (--reload)
+    role: str  # "pool", "coordinator", "metrics" (`--metrics-port`) or "watcher" (--reload)
     pool: str | None
     slot: int
     pid: int = 0
@@ -62,6 +65,7 @@ class Supervisor:
         app_spec: str,
         settings: Settings,
         coordinator: bool = True,
+        metrics: tuple[str, int] | None = None,
         watch: list[str] | None = None,
     ) -> None:
         self.app = app
@@ -72,6 +76,9 @@ class Supervisor:
             self.children += [Child("pool", jt.name, i) for i in range(jt.processes)]
         if coordinator:
             self.children.append(Child("coordinator", None, 0))
+        self.metrics = metrics  # (host, port) of the /metrics child, if asked for
+        if metrics is not None:
+            self.children.append(Child("metrics", None, 0))
         self.coordinator = coordinator
         self.watch = watch or []
         if self.watch:
@@ -90,6 +97,7 @@ class Supervisor:
             store.check_schema()
             store.upsert_job_types([jt.info() for jt in self.app.types.values()])
             ScheduleStore(store).declare(list(self.app.types), list(self.app.schedules.values()))
+            set_type_retentions(store, {jt.name: jt.retention_s for jt in self.app.types.values()})
         finally:
             store.close()
         # Redis too, as Postgres above: a wrong password or a stopped Redis is one clear
@@ -109,6 +117,7 @@ class Supervisor:
         logger.info(
             "supervisor started",
             app=self.app_spec,
+            instance=f"{socket.gethostname()}:{os.getpid()}",
             pools={jt.name: jt.processes for jt in self.app.types.values()},
         )
         for child in self.children:
@@ -192,6 +201,9 @@ class Supervisor:
             from hivejobs.coordinator import run_coordinator
 
             return run_coordinator(self.settings, child.worker_id)
+        if child.role == "metrics":
+            assert self.metrics is not None
+            return run_metrics_child(self.settings, *self.metrics)
         from hivejobs.pool import run_pool
 
         assert child.pool is not None
@@ -269,6 +281,7 @@ class Supervisor:
             broker = Broker(self.settings)
             try:
                 broker.push_many(rescued.requeued)
+                bump(broker, "rescued", [r[1] for r in rescued.requeued])
             except redis.RedisError as exc:
                 logger.warning("released jobs not pushed; the reconciler will", **error_fields(exc))
             finally:
@@ -345,6 +358,20 @@ class Supervisor:
 
 
 MSG_WAITING = "waiting up to {left_s} s for {count} running job(s): {jobs}"
+
+
+def run_metrics_child(settings: Settings, host: str, port: int) -> int:
+    """A child of its own: an HTTP thread in the supervisor would be copied half-way into
+    every fork. It holds no claims, so a crash only pauses scrapes until its restart."""
+    import threading
+
+    from hivejobs.exposition import MetricsServer
+
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    MetricsServer(settings, host, port).serve(stop)
+    return 0
 
 
 def _kill(pid: int, sig: int) -> None:

@@ -21,6 +21,7 @@ from loguru import logger
 from hivejobs.broker import Broker
 from hivejobs.chains.traverser import Traverser
 from hivejobs.config import Settings
+from hivejobs.coordinator.callbacks import CallbackTimeouts
 from hivejobs.coordinator.elector import Elector
 from hivejobs.coordinator.scheduler import Scheduler
 from hivejobs.coordinator.services import Compactor, Gauges, Promoter, Reconciler, Rescuer
@@ -29,6 +30,7 @@ from hivejobs.failpoints import failpoint
 from hivejobs.logs import error_fields
 from hivejobs.store import Store, connect
 from hivejobs.store.enqueue import parse_dispatch
+from hivejobs.store.upkeep import prune_archive
 
 MSG_BAD_DISPATCH = "malformed dispatch notifications ignored (the first is shown)"
 
@@ -53,6 +55,7 @@ class Coordinator:
         self.reconciler = Reconciler(self.store, self.broker)
         self.gauges = Gauges(self.store)
         self.compactor = Compactor(self.store, settings)
+        self.callback_timeouts = CallbackTimeouts(self.store, self.broker)
         self.traverser = Traverser(self.store, self.broker)
         self.scheduler = Scheduler(self.store, self.broker)
         self._chains_due = True  # look for chain work at once (chains_to_traverse)
@@ -110,12 +113,15 @@ class Coordinator:
             self._guard("promote", lambda: self.promoter.run_once(lease))
         if self._every("rescue", s.coordinator_interval_s):
             self._guard("rescue", lambda: self.rescuer.run_once(lease, self.elector.healthy_for()))
+        if self._every("callbacks", s.coordinator_interval_s):
+            self._guard("callbacks", lambda: self.callback_timeouts.run_once(lease))
         if self._every("reconcile", s.coordinator_interval_s):
             self._guard("reconcile", lambda: self.reconciler.run_once(lease))
         if self._every("gauges", max(5.0, s.coordinator_interval_s)):
             self._guard("gauges", self.gauges.run_once)
         if self._every("prune", 60.0):
-            self._guard("prune", lambda: self.store.prune_archive(s.archive_retention_s))
+            # Per job type retention where one is declared, else the global setting.
+            self._guard("prune", lambda: prune_archive(self.store, s.archive_retention_s))
         if self._every("compact", max(10.0, s.coordinator_interval_s)):
             self._guard("compact", lambda: self.compactor.run_once(self.gauges.in_flight))
 
