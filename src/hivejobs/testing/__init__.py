@@ -60,6 +60,7 @@ class DrainResult(msgspec.Struct, kw_only=True):
     retried: int = 0
     cancelled: int = 0
     suspended: int = 0
+    awaiting_callback: int = 0  # `callback=True` types: handed over, waiting for the service
     runs: list[JobRun] = msgspec.field(default_factory=list)
 
     @property
@@ -204,6 +205,8 @@ def _count(result: DrainResult, run: JobRun) -> None:
         result.retried += 1
     elif run.outcome == "cancelled":
         result.cancelled += 1
+    elif run.outcome == "await_callback":
+        result.awaiting_callback += 1
     else:
         result.suspended += 1
 
