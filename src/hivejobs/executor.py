@@ -28,7 +28,7 @@ MSG_FAILED = "{job_type}[{job_id}] failed, no attempts left"
 MSG_FAIL = "{job_type}[{job_id}] failed by its handler (Fail), not retried"
 MSG_AWAITING = "{job_type}[{job_id}] handed over in {elapsed_s:.3f} s: awaiting its callback"
 MSG_CANCELLED = "{job_type}[{job_id}] cancelled"
-MSG_INTERRUPTED = "{job_type}[{job_id}] interrupted by shutdown: suspended"
+MSG_INTERRUPTED = "{job_type}[{job_id}] interrupted by shutdown"
 
 
 def _never() -> bool:
@@ -78,8 +78,10 @@ def execute(
         stopping = shutting_down()
         if stopping and (isinstance(exc, Interrupted | SystemExit) or ctx.stop_requested):
             # A stop is not an attempt, whatever exception the handler raised (R9).
-            log.info(MSG_INTERRUPTED, **names)
-            if job.delivery == "at_most_once":
+            at_most_once = job.delivery == "at_most_once"
+            # At-most-once and started: fail it, never run it again; else suspend (uncounted).
+            log.info(MSG_INTERRUPTED, then="failed" if at_most_once else "suspended", **names)
+            if at_most_once:
                 return ended(job, "failed", "interrupted by shutdown", max_result_bytes)
             return Completion(id=job.id, claim_token=job.claim_token, outcome="suspend")
         text = "".join(traceback.format_exception(exc))
