@@ -17,6 +17,7 @@ import redis
 from loguru import logger
 
 from hivejobs.broker import Broker
+from hivejobs.failpoints import failpoint
 from hivejobs.logs import fatal_on_error
 from hivejobs.records import Completion
 from hivejobs.store import Store
@@ -108,6 +109,8 @@ class Completer:
             try:
                 with self.store.connection() as conn:
                     written, requeued = self.store.finish(batch, conn)
+                # Committed, but as if the reply were lost: the retry must be a fenced no-op.
+                failpoint("pool.completion_commit_raises", psycopg.OperationalError)
                 break
             except (psycopg.DataError, psycopg.ProgrammingError) as exc:
                 # Not a connection problem: retrying the same batch would fail for ever.
