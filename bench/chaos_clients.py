@@ -20,8 +20,9 @@ from datetime import UTC, datetime, timedelta
 
 import psycopg
 import redis
-
 from bench.chaoslib import ROOT, Row, Scenario, scaled
+from tests.harness import FAST_SETTINGS, ledger_starts, pool_pids, sql, wait_until
+
 from hivejobs import (
     App,
     Chain,
@@ -33,7 +34,6 @@ from hivejobs import (
     PayloadTooLarge,
     UnknownJobType,
 )
-from tests.harness import FAST_SETTINGS, ledger_starts, pool_pids, sql, wait_until
 
 SPAWN = multiprocessing.get_context("spawn")
 
@@ -126,7 +126,7 @@ def duplicate_ids(scale: float) -> Row:
         total = sql(s.url, "SELECT count(*) FROM hivejobs_archive")[0][0]
         s.check(total == n + len(rolled), f"{total} jobs stored, expected {n + len(rolled)}")
         s.check(not extra, f"{len(extra)} jobs started other than once, e.g. {extra[:3]}")
-        return _rejudge(s, row, twice=len(extra), notes=f"{16 * n} duplicate calls")
+        return s.rejudge(row, twice=len(extra), notes=f"{16 * n} duplicate calls")
     finally:
         s.close()
 
@@ -141,15 +141,6 @@ def _payloads(url: str, ids: list[str]) -> dict[str, bytes]:
     return {r[0]: bytes(r[1]) for r in rows}
 
 
-def _rejudge(s: Scenario, row: Row, twice: int | None = None, notes: str = "") -> Row:
-    """After checks made once result() returned: refresh the verdict and the notes."""
-    if twice is not None:
-        row["twice"] = max(int(row["twice"]), twice)  # type: ignore[call-overload]
-    row["result"] = "pass" if not s.problems else "FAIL: " + "; ".join(s.problems)
-    row["notes"] = notes
-    return row
-
-
 # -- S9 --------------------------------------------------------------------------------
 
 
@@ -162,7 +153,9 @@ def _refused(
         s.check(text in str(exc), f"{label}: message {str(exc)[:120]!r} lacks {text!r}")
         return
     except BaseException as exc:  # noqa: BLE001 - the wrong error is the finding
-        s.problems.append(f"{label}: raised {type(exc).__name__} ({str(exc)[:80]}), not {error.__name__}")
+        s.problems.append(
+            f"{label}: raised {type(exc).__name__} ({str(exc)[:80]}), not {error.__name__}"
+        )
         return
     s.problems.append(f"{label}: accepted")
 
@@ -225,7 +218,7 @@ def bad_input(scale: float) -> Row:
         )
         s.check(pool_pids(s.url, "alo") == [alo_pid], "the alo pool was restarted")
         s.check(pool_pids(s.url, "typed") == [typed_pid], "the typed pool was restarted")
-        return _rejudge(s, row, notes=f"{len(cases)} API, {len(cli)} CLI, 7 chain cases")
+        return s.rejudge(row, notes=f"{len(cases)} API, {len(cli)} CLI, 7 chain cases")
     finally:
         s.close()
 
@@ -452,6 +445,6 @@ def burst(scale: float) -> Row:
             f"enqueue-to-start p50 {waits[0]:.2f} s p99 {waits[1]:.2f} s; "
             f"peak list {peaks['list']}, peak PG conns {peaks['conns']}"
         )
-        return _rejudge(s, row, notes=notes)
+        return s.rejudge(row, notes=notes)
     finally:
         s.close()

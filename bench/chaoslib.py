@@ -31,11 +31,13 @@ from tests.harness import (  # noqa: E402
     FAST_SETTINGS,
     REDIS_URL,
     Instance,
+    alive,
     db_url,
     ledger_oks,
     ledger_starts,
     pg_admin_url,
     pool_pids,
+    read_ledger,
     sql,
     wait_until,
 )
@@ -43,7 +45,17 @@ from tests.harness import (  # noqa: E402
 from hivejobs import App  # noqa: E402
 
 Row = dict[str, object]
-COLUMNS = ["scenario", "jobs", "lost", "twice", "rescued", "recovery_s", "time_s", "result"]
+COLUMNS = [
+    "scenario",
+    "jobs",
+    "lost",
+    "twice",
+    "rescued",
+    "recovery_s",
+    "time_s",
+    "result",
+    "notes",
+]
 
 
 def error_row(name: str, exc: BaseException) -> Row:
@@ -58,9 +70,7 @@ class Scenario:
     Owns `problems` (failed checks, in order) and `recoveries` (seconds from a fault to its
     recovery condition); both end up in the row built by result()."""
 
-    def __init__(
-        self, name: str, redis_url: str = REDIS_URL, admin_url: str | None = None
-    ) -> None:
+    def __init__(self, name: str, redis_url: str = REDIS_URL, admin_url: str | None = None) -> None:
         self.name = name
         self.admin = admin_url or pg_admin_url()
         self.dbname = f"hjchaos_{uuid.uuid4().hex[:8]}"
@@ -78,7 +88,7 @@ class Scenario:
         self.problems: list[str] = []
         self.recoveries: list[float] = []
         self.started = time.monotonic()
-        self._apps: list[App] = []
+        self.apps: list[App] = []
 
     def env(self, types: str, **env: str) -> dict[str, str]:
         full = dict(os.environ)
@@ -115,16 +125,27 @@ class Scenario:
             **{**FAST_SETTINGS, **settings},
         )
         app.types.clear()
-        self._apps.append(app)
+        self.apps.append(app)
         return app
 
     # -- observations ------------------------------------------------------------------
 
     def live(self) -> int:
-        return int(sql(self.url, "SELECT count(*) FROM hivejobs_job")[0][0])
+        """Jobs not finished; -1 while Postgres does not answer (a fault of the scenario)."""
+        try:
+            return int(sql(self.url, "SELECT count(*) FROM hivejobs_job")[0][0])
+        except psycopg.OperationalError:
+            return -1
 
     def done(self) -> int:
-        return int(sql(self.url, "SELECT count(*) FROM hivejobs_archive")[0][0])
+        """Jobs finished; -1 while Postgres does not answer."""
+        try:
+            return int(sql(self.url, "SELECT count(*) FROM hivejobs_archive")[0][0])
+        except psycopg.OperationalError:
+            return -1
+
+    def wait_done(self, jobs: float, timeout: float = 180) -> None:
+        wait_until(lambda: self.done() >= jobs, timeout=timeout, interval=0.1, what=f"{jobs:.0f}")
 
     def archived(self) -> dict[str, tuple[str, int, str]]:
         """id -> (state, attempt, last line of the error)."""
@@ -153,7 +174,7 @@ class Scenario:
 
     def progress_after(self, since: float, jobs: int = 50, timeout: float = 60) -> float:
         """Recovery = `jobs` more jobs finished after the fault (throughput is back)."""
-        base = self.done()
+        base = wait_until(lambda: self.done() + 1, timeout=timeout, what="Postgres") - 1
         return self.recovery(since, lambda: self.done() >= base + jobs, "progress", timeout)
 
     def result(
@@ -163,13 +184,18 @@ class Scenario:
         expected: dict[str, Callable[[tuple[str, int, str]], bool]] | None = None,
         timeout: float = 300,
         jobs: int | None = None,
+        dead_are_killed: bool = False,
     ) -> Row:
         """Wait until nothing is live, then judge: `alo` must succeed (ledger ok >= 1, and
         once outside killed processes), `amo` must end (ledger start <= 1), `expected` maps
-        an id to a predicate over its (state, attempt, error)."""
+        an id to a predicate over its (state, attempt, error). With `dead_are_killed`, every
+        handler process that is gone by then counts as killed (scenarios whose processes die
+        on purpose: a run that ended ok just before its process died is re-run, by design)."""
         alo, amo, expected = list(alo), list(amo), expected or {}
         wait_until(lambda: self.live() == 0, timeout=timeout, interval=0.5, what="all done")
         elapsed = time.monotonic() - self.started
+        if dead_are_killed:
+            self.killed |= dead_handler_pids(self.ledger)
         final = self.archived()
         oks, survivors = ledger_oks(self.ledger), ledger_oks(self.ledger, self.killed)
         starts = ledger_starts(self.ledger)
@@ -178,7 +204,9 @@ class Scenario:
         lost += [i for i, ok in expected.items() if i not in final]
         twice = [i for i in alo if survivors[i] > 1] + [i for i in amo if starts[i] > 1]
         wrong = [i for i, ok in expected.items() if i in final and not ok(final[i])]
-        self.check(not lost, f"{len(lost)} lost, e.g. {lost[:1]} {final.get(lost[0]) if lost else ''}")
+        self.check(
+            not lost, f"{len(lost)} lost, e.g. {lost[:1]} {final.get(lost[0]) if lost else ''}"
+        )
         self.check(not twice, f"{len(twice)} ran twice, e.g. {twice[:1]}")
         self.check(not wrong, f"{len(wrong)} wrong end state, e.g. {[final[i] for i in wrong[:2]]}")
         rescued = sum(1 for s, a, e in final.values() if a > 1 or e.startswith("worker lost"))
@@ -191,10 +219,19 @@ class Scenario:
             "recovery_s": round(max(self.recoveries), 1) if self.recoveries else "-",
             "time_s": round(elapsed, 1),
             "result": "pass" if not self.problems else "FAIL: " + "; ".join(self.problems),
+            "notes": "",
         }
 
+    def rejudge(self, row: Row, twice: int | None = None, notes: str = "") -> Row:
+        """After checks made once result() returned: refresh the verdict, add notes."""
+        if twice is not None:
+            row["twice"] = max(int(str(row["twice"])), twice)
+        row["result"] = "pass" if not self.problems else "FAIL: " + "; ".join(self.problems)
+        row["notes"] = notes
+        return row
+
     def close(self) -> None:
-        for app in self._apps:
+        for app in self.apps:
             try:
                 app.close()
             except Exception:  # noqa: BLE001 - cleanup after a fault may meet a dead server
@@ -214,6 +251,12 @@ class Scenario:
             client.close()
         except redis.RedisError:
             pass
+
+
+def dead_handler_pids(ledger: Path) -> set[int]:
+    """Pids that ran handlers and are gone now."""
+    pids = {int(p[3]) for p in read_ledger(ledger) if p[0] == "start"}
+    return {p for p in pids if not alive(p)}
 
 
 def leader(url: str) -> tuple[int, int]:
@@ -239,4 +282,3 @@ def pause(seconds: float) -> None:
 
 def scaled(n: int, scale: float, floor: int = 1) -> int:
     return max(floor, int(n * scale))
-

@@ -13,7 +13,7 @@ import time
 
 import msgspec
 
-from hivejobs import App, Backoff, Interrupted, JobContext
+from hivejobs import App, Backoff, Interrupted, JobContext, Retry
 from tests.apps.ledger import note
 
 app = App()
@@ -203,3 +203,22 @@ def typed(ctx: JobContext, payload: Shape) -> int:
     start(ctx)
     end(ctx, "ok")
     return payload.width * payload.height
+
+
+@opt_in("retry_once", concurrency=4, attempts=3)
+def retry_once(ctx: JobContext, payload: dict[str, float]) -> None:
+    """RELIABILITY S10: asks for a retry `delay` s later on its first attempt."""
+    start(ctx)
+    if ctx.attempt == 1:
+        end(ctx, "retry")
+        raise Retry(delay=payload.get("delay", 2.0))
+    end(ctx, "ok")
+
+
+def _noop(ctx: JobContext, payload: dict[str, float]) -> None:
+    start(ctx)
+    end(ctx, "ok")
+
+
+for _i in range(4):  # RELIABILITY S11: four no-op types for the backlog
+    opt_in(f"noop{_i}", concurrency=8)(_noop)

@@ -1,0 +1,648 @@
+"""Chaos scenarios that hurt what hivejobs stands on (RELIABILITY.md S5 Postgres restarted,
+crashed, connections killed; S10 clock skew; S11 a 1M backlog; S14 chain coordinator faults;
+S15 partition and latency through an in-process TCP proxy).
+
+S5 runs a Postgres cluster of its own (initdb, pg_ctl, a free port): the shared server is never
+restarted. S11 and S15 use a redis-server of their own where they measure or cut Redis.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import redis
+from bench.chaoslib import ROOT, Row, Scenario, leader, pause, scaled
+from tests.harness import (
+    PostgresServer,
+    RedisServer,
+    free_port,
+    pool_pids,
+    read_ledger,
+    running_in_pid,
+    sql,
+    wait_until,
+)
+
+from hivejobs import App, Chain, HivejobsError
+from hivejobs.store.sql import load_queries
+
+# -- S5 --------------------------------------------------------------------------------
+
+
+class Enqueuer:
+    """A client thread adding `rate` jobs/s, recording each call as acked or errored."""
+
+    def __init__(self, app: App, rate: float = 20.0, name: str = "alo") -> None:
+        self.app, self.rate, self.name = app, rate, name
+        self.acked: list[str] = []
+        self.errored: list[str] = []
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        n = 0
+        while not self.stop.wait(1 / self.rate):
+            job_id = f"steady-{n}"
+            n += 1
+            try:
+                self.acked.append(self.app.enqueue(self.name, {"ms": 1}, id=job_id))
+            except HivejobsError:
+                self.errored.append(job_id)
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(60)
+
+
+def _pg_scenario(name: str, scale: float, faults: str) -> Row:
+    pg = PostgresServer()
+    s = Scenario(name, admin_url=pg.url)
+    slow = {"HIVEJOBS_STUCK_AFTER_S": "15"}
+    try:
+        inst = s.instance("alo,amo", **slow)
+        app = s.app(["alo", "amo"], stuck_after_s=15.0)
+        n = scaled(10_000, scale, 300)
+        alo = app.enqueue_many("alo", [{"ms": 5}] * n)
+        amo = app.enqueue_many("amo", [{"ms": 5}] * (n // 10))
+        steady = Enqueuer(app)
+        try:
+            if faults == "restart,crash,kill":
+                s.wait_done(n * 0.3)
+                pg.restart_fast()
+                s.progress_after(time.monotonic())
+                s.wait_done(n * 0.6)
+                pg.stop_immediate()
+                pause(8)  # down 8 s
+                pg.start()
+                s.progress_after(time.monotonic())
+                s.wait_done(n * 0.8)
+                at = time.monotonic()
+                for _ in range(5):
+                    pg.terminate_backends()
+                    pause(1)
+                s.progress_after(at)
+            else:  # down 20 s: longer than stuck_after
+                s.wait_done(n * 0.3)
+                pg.stop_immediate()
+                pause(20)
+                pg.start()
+                s.progress_after(time.monotonic())
+        finally:
+            steady.close()
+        row = s.result(alo=alo + steady.acked, amo=amo, timeout=180)
+        stored = set(s.archived())
+        twice_stored = [i for i in steady.errored if i in stored and i in steady.acked]
+        s.check(not twice_stored, "an errored enqueue was also acknowledged")
+        false = sql(s.url, "SELECT count(*) FROM hivejobs_archive WHERE error LIKE 'worker lost%%'")
+        s.check(false[0][0] == 0, f"{false[0][0]} false rescues (the processes stayed alive)")
+        deaths = inst.log_text().count("child died")
+        s.check(deaths <= 3 * 3, f"{deaths} child restarts (a crash loop)")
+        s.check(inst.proc.poll() is None, "the supervisor exited")
+        notes = (
+            f"{len(steady.acked)} acked / {len(steady.errored)} refused during faults; "
+            f"{deaths} child restarts"
+        )
+        return s.rejudge(row, notes=notes)
+    finally:
+        s.close()
+        pg.close()
+
+
+def postgres_faults(scale: float) -> Row:
+    """S5 (a-c): restart -m fast at 30 %, crash + 8 s down at 60 %, every backend killed 5
+    times at 80 %, while a client enqueues 20 jobs/s."""
+    return _pg_scenario("S5 PG restart, crash, kill", scale, "restart,crash,kill")
+
+
+def postgres_long_outage(scale: float) -> Row:
+    """S5 (d): Postgres down 20 s, longer than stuck_after (15 s): still no false rescue."""
+    return _pg_scenario("S5d PG down 20 s", scale * 0.3, "down20")
+
+
+# -- S10 -------------------------------------------------------------------------------
+
+LIBFAKETIME = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1"
+
+
+def clock_skew(scale: float) -> list[Row]:
+    """S10: instance B's wall clock is +300 s (then -300 s) off, and B is the leader. No
+    rescue, no leadership flapping, delayed and retried jobs start on time on DB time."""
+    return [_skewed(offset, scale) for offset in ("+300s", "-300s")]
+
+
+def _skewed(offset: str, scale: float) -> Row:
+    s = Scenario(f"S10 clock skew {offset}")
+    types = "alo,retry_once"
+    try:
+        if not Path(LIBFAKETIME).exists():
+            raise RuntimeError("libfaketime missing: apt-get install -y faketime")
+        skew = {
+            "LD_PRELOAD": LIBFAKETIME,
+            "FAKETIME": offset,
+            "FAKETIME_DONT_FAKE_MONOTONIC": "1",
+            "FAKETIME_DONT_RESET": "1",
+        }
+        s.instance(types, **skew)
+        wait_until(lambda: leader(s.url)[0], timeout=60, what="B leads")
+        skewed_leader = leader(s.url)[0]
+        s.instance(types)
+        app = s.app(["alo", "retry_once"])
+        wait_until(lambda: len(pool_pids(s.url, "alo")) == 2, timeout=60, what="A and B")
+        n = scaled(2000, scale, 200)
+        alo = app.enqueue_many("alo", [{"ms": 5}] * (n - n // 4 - n // 10))
+        delayed = [
+            app.enqueue("alo", {"ms": 1}, delay=5 + 25 * i / max(1, n // 4)) for i in range(n // 4)
+        ]
+        retried = app.enqueue_many("retry_once", [{"delay": 2.0}] * (n // 10))
+        terms: set[int] = set()
+        stop = threading.Event()
+
+        def watch() -> None:
+            while not stop.wait(0.5):
+                terms.add(leader(s.url)[1])
+
+        watcher = threading.Thread(target=watch, daemon=True)
+        watcher.start()
+        try:
+            row = s.result(alo=alo + delayed + retried, timeout=180)
+        finally:
+            stop.set()
+            watcher.join(5)
+        terms.discard(0)
+        s.check(len(terms) <= 2, f"leadership changed {len(terms) - 1} times")
+        s.check(leader(s.url)[0] == skewed_leader, "the skewed leader lost the lease")
+        late = sql(
+            s.url,
+            "SELECT count(*) FILTER (WHERE started_at < run_at),"
+            " count(*) FILTER (WHERE started_at > run_at + interval '2 s'),"
+            " max(extract(epoch FROM started_at - run_at))"
+            " FROM hivejobs_archive WHERE id = ANY(%s)",
+            (delayed + retried,),
+        )[0]
+        s.check(late[0] == 0, f"{late[0]} delayed/retried jobs started before they were due")
+        s.check(late[1] == 0, f"{late[1]} delayed/retried jobs started > 2 s late")
+        rescued = sql(s.url, "SELECT count(*) FROM hivejobs_archive WHERE error LIKE 'worker%%'")
+        s.check(rescued[0][0] == 0, f"{rescued[0][0]} rescues")
+        return s.rejudge(row, notes=f"max start delay {float(late[2] or 0):.2f} s after due")
+    finally:
+        s.close()
+
+
+# -- S11 -------------------------------------------------------------------------------
+
+
+def backlog(scale: float) -> Row:
+    """S11: 1M queued no-op jobs (4 types x 2 priorities) enqueued with workers stopped; Redis
+    memory; a FLUSHALL restored by the reconciler while pools run; throughput with the
+    backlog vs on an empty database; query times and plans; the database dropped."""
+    server = RedisServer(Path(tempfile.mkdtemp(prefix="hjchaos-redis-")))
+    types = [f"noop{i}" for i in range(4)]
+    s = Scenario("S11 1M backlog", server.url)
+    try:
+        app = _declaring_app(s, types)
+        total = scaled(1_000_000, scale, 20_000)
+        began = time.monotonic()
+        for k in range(0, total, 10_000):
+            name, prio = types[(k // 10_000) % 4], (k // 40_000) % 2
+            app.enqueue_many(name, [None] * min(10_000, total - k), priority=prio)
+        app.flush(60)
+        rate = total / (time.monotonic() - began)
+        used_mb = int(redis.Redis.from_url(server.url).info("memory")["used_memory"]) / 2**20
+        s.check(used_mb < 150 * max(scale, 0.1), f"Redis uses {used_mb:.0f} MB")
+        baseline = _empty_db_throughput(scale)
+        s.instance(",".join(types))
+        wait_until(lambda: all(pool_pids(s.url, t) for t in types), timeout=60, what="pools")
+        window = max(10.0, 60 * scale)
+        before = s.done()
+        pause(window)
+        with_backlog = (s.done() - before) / window
+        ratio = with_backlog / baseline
+        s.check(ratio >= 0.8, f"throughput with the backlog is {ratio:.2f} of an empty DB's")
+        client = redis.Redis.from_url(server.url)
+        queued = sql(s.url, "SELECT count(*) FROM hivejobs_job WHERE state = 'queued'")[0][0]
+        client.flushall()
+        at = time.monotonic()
+        keys = [app.broker.queue_key(t, p) for t in types for p in (0, 1)]
+        starts_before = len(read_ledger(s.ledger))
+        s.recovery(
+            at,
+            lambda: sum(client.llen(k) for k in keys) + (s.done() - before) >= queued * 0.95,
+            "lists restored",
+            timeout=120,
+        )
+        s.check(len(read_ledger(s.ledger)) > starts_before, "no job ran during the restore")
+        timings, plans = _query_checks(s, app)
+        s.check(max(timings.values()) <= 1.0, f"slow queries: {timings}")
+        s.check(not plans, f"Seq Scan on hivejobs_job in {plans}")
+        notes = (
+            f"enqueue {rate:,.0f}/s; Redis {used_mb:.0f} MB; {with_backlog:.0f}/s vs "
+            f"{baseline:.0f}/s empty; "
+            + ", ".join(f"{k} {v * 1000:.0f} ms" for k, v in timings.items())
+        )
+        s.recoveries = s.recoveries[-1:]
+        row = s.rejudge(_backlog_row(s, total), notes=notes)
+        return row
+    finally:
+        s.close()
+        server.stop()
+
+
+def _declaring_app(s: Scenario, types: list[str]) -> App:
+    """An App that declares the no-op types itself (no workers run while it enqueues)."""
+    app = App(database_url=s.url, redis_url=s.redis_url, prefix=s.prefix)
+    for name in types:
+        app.job(name, concurrency=8)(_noop_handler)
+    app.store.upsert_job_types([jt.info() for jt in app.types.values()])
+    s.apps.append(app)
+    return app
+
+
+def _noop_handler(ctx: object, payload: object) -> None:
+    return None
+
+
+def _empty_db_throughput(scale: float) -> float:
+    """Jobs/s of the same pools draining a fresh database (the S11 baseline)."""
+    types = [f"noop{i}" for i in range(4)]
+    s = Scenario("S11 baseline")
+    try:
+        s.instance(",".join(types))
+        app = s.app(types)
+        n = scaled(40_000, scale, 4_000)
+        for name in types:
+            app.enqueue_many(name, [None] * (n // 4))
+        wait_until(lambda: s.done() >= n // 10, timeout=120, what="warm")
+        began, base = time.monotonic(), s.done()
+        wait_until(lambda: s.done() >= n * 0.9, timeout=300, interval=0.2, what="drain")
+        return (s.done() - base) / (time.monotonic() - began)
+    finally:
+        s.close()
+
+
+def _query_checks(s: Scenario, app: App) -> tuple[dict[str, float], list[str]]:
+    timings: dict[str, float] = {}
+    one = sql(s.url, "SELECT id FROM hivejobs_job LIMIT 1")[0][0]
+    env = s.env("")
+    for label, argv in (("hivejobs jobs", ["jobs"]), ("hivejobs status", ["status", one])):
+        t = time.monotonic()
+        subprocess.run(
+            [sys.executable, "-m", "hivejobs", *argv], env=env, capture_output=True, timeout=60
+        )
+        timings[label] = time.monotonic() - t - _python_start_s()
+    t = time.monotonic()
+    app.get_job(one)
+    timings["get_job"] = time.monotonic() - t
+    queries = load_queries("queries.sql")
+    params = {
+        "limit": 10_000,
+        "stuck_after_s": 30.0,
+        "after_at": "-infinity",
+        "after_id": "",
+        "name": "noop0",
+        "priority": 0,
+        "grace_s": 5.0,
+        "worker_ids": [],
+        "poison_after": 3,
+    }
+    seq: list[str] = []
+    for name in (
+        "promote_due",
+        "end_waiting_jobs",
+        "find_dead_workers",
+        "rescue_requeue",
+        "queued_page",
+        "queued_counts",
+        "stale_queued",
+    ):
+        t = time.monotonic()
+        plan = sql(s.url, "EXPLAIN (FORMAT JSON) " + queries[name], params)[0][0]
+        timings[name] = time.monotonic() - t
+        if _seq_scans(plan):
+            seq.append(name)
+    return timings, seq
+
+
+_PYTHON_START: list[float] = []
+
+
+def _python_start_s() -> float:
+    """The interpreter's and hivejobs' import time, taken off CLI timings."""
+    if not _PYTHON_START:
+        t = time.monotonic()
+        subprocess.run(
+            [sys.executable, "-c", "import hivejobs.cli"],
+            capture_output=True,
+            env={**os.environ, "PYTHONPATH": str(ROOT / "src")},
+        )
+        _PYTHON_START.append(time.monotonic() - t)
+    return _PYTHON_START[0]
+
+
+def _seq_scans(plan: object) -> bool:
+    text = json.dumps(plan)
+    node = json.loads(text)
+    stack = [node]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            if item.get("Node Type") == "Seq Scan" and item.get("Relation Name") == "hivejobs_job":
+                return True
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return False
+
+
+def _backlog_row(s: Scenario, total: int) -> Row:
+    return {
+        "scenario": s.name,
+        "jobs": total,
+        "lost": "-",
+        "twice": "-",
+        "rescued": "-",
+        "recovery_s": round(max(s.recoveries), 1) if s.recoveries else "-",
+        "time_s": round(time.monotonic() - s.started, 1),
+        "result": "",
+        "notes": "",
+    }
+
+
+# -- S14 -------------------------------------------------------------------------------
+
+
+def chain_coordinator_faults(scale: float) -> Row:
+    """S14: 200-job fan-outs into a merge job; the leader's coordinator is killed -9 (1) right
+    after a fan-out job succeeded, before its successors are enqueued, (2) mid-resume of a
+    suspended chain, (3) right after stop_chain. No try starts twice, every merge reads all
+    200 results, the resume is finished by the next leader, a stopped chain stays stopped."""
+    s = Scenario("S14 chain coordinator faults")
+    once = s.tmp / "fired"
+    once.mkdir()
+    arm = {
+        "HIVEJOBS_FAILPOINTS": "chain.after_success_before_successor=sleep:3,"
+        "chain.mid_resume=sleep:3",
+        "HIVEJOBS_FAILPOINTS_ONCE_DIR": str(once),
+        "HJ_CHAIN_CONCURRENCY": "16",
+    }
+    spec = "tests.apps.chainapp:app"
+    try:
+        a = s.instance("", app_spec=spec, **arm)
+        app = _chain_app(s)
+        n_chains = max(1, round(5 * scale))
+        fans = [app.run_chain(_fan_out(f"fan{i}", 200)) for i in range(n_chains)]
+        # (1) the leader parks after a success, before the successors: kill it there.
+        _kill_leader_at(s, once / "chain.after_success_before_successor")
+        # (2) a chain of long jobs suspended by SIGTERM; B resumes it and is killed mid-resume.
+        long_chain = app.run_chain(_long_chain())
+        wait_until(
+            lambda: _running_keys(app, long_chain) >= 2, timeout=60, what="long jobs running"
+        )
+        s.instance("", app_spec=spec, **arm)
+        wait_until(lambda: len(sql(s.url, "SELECT 1 FROM hivejobs_worker")) >= 8, what="B up")
+        a.signal_group(signal.SIGTERM)
+        s.check(a.wait(20) == 0, "A did not exit 0")
+        _kill_leader_at(s, once / "chain.mid_resume")
+        # (3) stop a chain and kill the leader right away.
+        stopped = app.run_chain(_long_chain())
+        wait_until(lambda: _running_keys(app, stopped) >= 1, timeout=60, what="stopped runs")
+        app.stop_chain(stopped)
+        at = time.monotonic()
+        pid = wait_until(lambda: leader(s.url)[0], what="a leader")
+        s.kill(pid)
+        s.recovery(at, lambda: leader(s.url)[0] not in (0, pid), "a new leader")
+        finals = {r: _wait_chain(app, r) for r in [*fans, long_chain, stopped]}
+        for request_id in fans:
+            s.check(finals[request_id] == "succeeded", f"{request_id} ended {finals[request_id]}")
+            merged = {j.key: j for j in app.chain_status(request_id).jobs}["merge"]
+            s.check(
+                merged.result == {"count": 200, "sum": sum(range(200))},
+                f"merge read {merged.result}",
+            )
+        s.check(finals[long_chain] == "succeeded", f"resumed chain ended {finals[long_chain]}")
+        s.check(finals[stopped] == "stopped", f"stopped chain ended {finals[stopped]}")
+        after_stop = [j.key for j in app.chain_status(stopped).jobs if j.state == "succeeded"]
+        s.check(not [k for k in after_stop if k != "first"], f"ran after stop: {after_stop}")
+        twice = {k: v for k, v in _starts(s.ledger).items() if v > 1}
+        s.check(not twice, f"chain tries started twice: {list(twice)[:3]}")
+        row = {
+            "scenario": s.name,
+            "jobs": n_chains * 202 + 8,
+            "lost": sum(1 for st in finals.values() if st not in ("succeeded", "stopped")),
+            "twice": len(twice),
+            "rescued": "-",
+            "recovery_s": round(max(s.recoveries), 1),
+            "time_s": round(time.monotonic() - s.started, 1),
+            "result": "",
+            "notes": "",
+        }
+        return s.rejudge(row, notes=f"{n_chains} fan-outs of 200, 2 long chains")
+    finally:
+        s.close()
+
+
+def _chain_app(s: Scenario) -> App:
+    from tests.apps.chainapp import app as declared
+
+    app = App(database_url=s.url, redis_url=s.redis_url, prefix=s.prefix)
+    app.types.update(declared.types)
+    wait_until(lambda: pool_pids(s.url, "step"), timeout=60, what="chain pools")
+    s.apps.append(app)
+    return app
+
+
+def _fan_out(name: str, width: int) -> Chain:
+    chain = Chain(name)
+    root = chain.job("step", {}, key="root")
+    leaves = [
+        chain.job("step", {"ms": 5, "n": i}, key=f"leaf{i:03d}", after=[root]) for i in range(width)
+    ]
+    chain.job("merge", {"expect": width}, key="merge", after=leaves)
+    return chain
+
+
+def _long_chain() -> Chain:
+    chain = Chain("long")
+    first = chain.job("step", {"ms": 10}, key="first")
+    longs = [chain.job("long", {"s": 8}, key=f"long{i}", after=[first]) for i in range(3)]
+    chain.job("step", {"ms": 10}, key="last", after=longs)
+    return chain
+
+
+def _running_keys(app: App, request_id: str) -> int:
+    return sum(1 for j in app.chain_status(request_id).jobs if j.state == "running")
+
+
+def _kill_leader_at(s: Scenario, marker: Path) -> None:
+    """Wait for the leader to park at a sleeping failpoint, kill -9 it, time the takeover."""
+    wait_until(marker.exists, timeout=60, what=marker.name)
+    pid = leader(s.url)[0]
+    wait_until(lambda: leader(s.url)[0], what="a leader")
+    pid = leader(s.url)[0]
+    at = time.monotonic()
+    s.kill(pid)
+    s.recovery(at, lambda: leader(s.url)[0] not in (0, pid), f"takeover after {marker.name}")
+
+
+def _wait_chain(app: App, request_id: str) -> str:
+    final = ("succeeded", "failed", "stopped")
+    state: str = wait_until(
+        lambda: (st := app.chain_status(request_id).state) in final and st,
+        timeout=180,
+        interval=0.5,
+        what=f"chain {request_id}",
+    )
+    return state
+
+
+def _starts(ledger: Path) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for parts in read_ledger(ledger):
+        if parts[0] == "start":
+            out[parts[1]] = out.get(parts[1], 0) + 1
+    return out
+
+
+# -- S15 -------------------------------------------------------------------------------
+
+
+class Proxy:
+    """An asyncio TCP proxy on 127.0.0.1 in a thread of its own: pass, delay each chunk by
+    `delay_s` per direction, or blackhole (stop forwarding and reading: bytes wait in the
+    kernel buffers as in a partition without resets, and flow again on heal)."""
+
+    def __init__(self, target_port: int) -> None:
+        self.target_port = target_port
+        self.port = free_port()
+        self.delay_s = 0.0
+        self.open = asyncio.Event()
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        asyncio.run_coroutine_threadsafe(self._start(), self.loop).result(10)
+
+    async def _start(self) -> None:
+        self.open.set()
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", self.port)
+
+    def set(self, delay_s: float = 0.0, blackhole: bool = False) -> None:
+        def apply() -> None:
+            self.delay_s = delay_s
+            if blackhole:
+                self.open.clear()
+            else:
+                self.open.set()
+
+        self.loop.call_soon_threadsafe(apply)
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await self.open.wait()
+        try:
+            up_r, up_w = await asyncio.open_connection("127.0.0.1", self.target_port)
+        except OSError:
+            writer.close()
+            return
+        await asyncio.gather(self._pump(reader, up_w), self._pump(up_r, writer))
+
+    async def _pump(self, src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                await self.open.wait()
+                data = await src.read(65536)
+                if not data:
+                    break
+                if self.delay_s:
+                    await asyncio.sleep(self.delay_s)
+                await self.open.wait()
+                dst.write(data)
+                await dst.drain()
+        except (ConnectionError, OSError):
+            pass
+        finally:
+            dst.close()
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.server.close)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(5)
+
+
+def partition(scale: float) -> Row:
+    """S15: instance A reaches Postgres and Redis through the proxy, B directly. (a) 50 ms
+    per round trip for a while; (b) A cut from Postgres for 2 x stuck_after while it runs long
+    jobs and holds the lease; (c) heal. B takes the lease and rescues A's claims; A's late
+    completions are fenced; A claims nothing while it cannot heartbeat."""
+    server = RedisServer(Path(tempfile.mkdtemp(prefix="hjchaos-redis-")))
+    s = Scenario("S15 partition + latency", server.url)
+    pg_proxy = Proxy(5432)
+    redis_proxy = Proxy(server.port)
+    try:
+        via = {
+            "HIVEJOBS_DATABASE_URL": s.url.replace(":5432/", f":{pg_proxy.port}/"),
+            "HIVEJOBS_REDIS_URL": f"redis://127.0.0.1:{redis_proxy.port}/0",
+        }
+        a = s.instance("alo,amo", **via)
+        wait_until(lambda: leader(s.url)[0], timeout=60, what="A leads")
+        a_leader = leader(s.url)[0]
+        app = s.app(["alo", "amo"])
+        a_pids = set(pool_pids(s.url, "alo") + pool_pids(s.url, "amo"))
+        n = scaled(5000, scale, 500)
+        # (a) latency: correctness unchanged, throughput down.
+        pg_proxy.set(delay_s=0.025)
+        redis_proxy.set(delay_s=0.025)
+        alo = app.enqueue_many("alo", [{"ms": 5}] * (n // 2))
+        pause(max(10.0, 30 * scale))
+        pg_proxy.set()
+        redis_proxy.set()
+        # (b) long jobs on A, then A cut from Postgres; B starts and should take over.
+        long_alo = app.enqueue_many("alo", [{"ms": 15_000}] * 8)
+        long_amo = app.enqueue_many("amo", [{"ms": 15_000}] * 4)
+        wait_until(
+            lambda: (
+                sum(len(running_in_pid(s.ledger, p, "")) for p in a_pids) >= 12 or s.live() == 0
+            ),
+            timeout=120,
+            what="A runs the long jobs",
+        )
+        b = s.instance("alo,amo")
+        wait_until(lambda: len(pool_pids(s.url, "alo")) == 2, timeout=60, what="B up")
+        stuck = float(app.settings.stuck_after_s)
+        pg_proxy.set(blackhole=True)
+        cut = time.monotonic()
+        cut_ns = time.monotonic_ns()
+        s.recovery(cut, lambda: leader(s.url)[0] not in (0, a_leader), "B leads", timeout=30)
+        alo += app.enqueue_many("alo", [{"ms": 5}] * (n // 2))
+        pause(max(0.0, 2 * stuck - (time.monotonic() - cut)))
+        pg_proxy.set()  # (c) heal
+        healed_ns = time.monotonic_ns()
+        row = s.result(alo=alo + long_alo, amo=long_amo, timeout=240)
+        starts_in_a = [
+            p
+            for p in read_ledger(s.ledger)
+            if p[0] == "start"
+            and int(p[3]) in a_pids
+            and cut_ns + int(stuck / 2 * 1e9) + 10**9 < int(p[4]) < healed_ns
+        ]
+        s.check(not starts_in_a, f"A started {len(starts_in_a)} jobs while cut off")
+        final = s.archived()
+        s.check(
+            all(final[i][2] == "worker lost" for i in long_amo if final[i][0] == "failed"),
+            "an amo job failed otherwise than 'worker lost'",
+        )
+        fenced = a.log_text().count("claim lost")
+        s.check(b.proc.poll() is None and a.proc.poll() is None, "a supervisor exited")
+        return s.rejudge(row, notes=f"A logged {fenced} fenced completions ('claim lost')")
+    finally:
+        s.close()
+        pg_proxy.close()
+        redis_proxy.close()
+        server.stop()
