@@ -98,11 +98,13 @@ def duplicate_ids(scale: float) -> Row:
         # Enqueued in a transaction that rolls back: never stored, never run; then committed.
         rolled = [f"rolled-{i}" for i in range(scaled(200, scale, 10))]
         with psycopg.connect(s.url) as conn:
+            conn.execute("SELECT 1")  # the caller's transaction is open (an idle one commits)
             for job_id in rolled:
                 app.enqueue("alo", {"ms": 1}, id=job_id, conn=conn)
             conn.rollback()
         s.check(not _payloads(s.url, rolled), "a rolled-back enqueue was stored")
         with psycopg.connect(s.url) as conn:
+            conn.execute("SELECT 1")  # the caller's transaction is open (an idle one commits)
             for job_id in rolled:
                 app.enqueue("alo", {"ms": 1}, id=job_id, conn=conn)
             conn.commit()
@@ -144,20 +146,39 @@ def _payloads(url: str, ids: list[str]) -> dict[str, bytes]:
 # -- S9 --------------------------------------------------------------------------------
 
 
+# Cases that fail on today's code and are reported in issue 18 ("Bad input: a clear error,
+# exit 2, nothing stored"): their rows say "known:", and the CI test expects them to fail.
+KNOWN_BAD_INPUT = {
+    "NaN": "issue 18: NaN in a payload becomes null",
+    "Infinity": "issue 18: NaN in a payload becomes null (Infinity too)",
+    "depth 100,000": "issue 18: the API raises raw RecursionError",
+    "RTL-override id": "issue 18: ids with format characters are accepted",
+    "get_job NUL": "issue 18: get_job('a\\x00b') raises psycopg.DataError",
+    "CLI deep JSON": "issue 18: CLI traceback for JSON nested 2,000 deep",
+}
+
+
+def _problem(s: Scenario, label: str, text: str) -> None:
+    known = KNOWN_BAD_INPUT.get(label)
+    s.problems.append(f"{'known: ' if known else ''}{label}: {text}")
+
+
 def _refused(
     s: Scenario, label: str, call: Callable[[], object], error: type[Exception], text: str
-) -> None:
+) -> bool:
+    """Run a case that must be refused with `error` whose message holds `text`; True if it
+    was accepted (it stored a job)."""
     try:
         call()
     except error as exc:
-        s.check(text in str(exc), f"{label}: message {str(exc)[:120]!r} lacks {text!r}")
-        return
+        if text not in str(exc):
+            _problem(s, label, f"message {str(exc)[:120]!r} lacks {text!r}")
+        return False
     except BaseException as exc:  # noqa: BLE001 - the wrong error is the finding
-        s.problems.append(
-            f"{label}: raised {type(exc).__name__} ({str(exc)[:80]}), not {error.__name__}"
-        )
-        return
-    s.problems.append(f"{label}: accepted")
+        _problem(s, label, f"raised {type(exc).__name__} ({str(exc)[:80]}), not {error.__name__}")
+        return False
+    _problem(s, label, "accepted")
+    return True
 
 
 def _snapshot(s: Scenario) -> tuple[object, ...]:
@@ -181,22 +202,34 @@ def bad_input(scale: float) -> Row:
     payload that no longer decodes fails its attempt without crashing the pool."""
     s = Scenario("S9 bad input")
     try:
-        s.instance("alo,typed")
-        app = s.app(["alo", "typed"])
+        s.instance("alo,typed,poison")
+        app = s.app(["alo", "typed", "poison"])
+        # A client that imports the handlers knows the payload schema (the declared types
+        # alone do not carry it).
+        from tests.apps import faultapp
+
+        app.job("typed", concurrency=2, attempts=3)(faultapp.typed)
         alo_pid = pool_pids(s.url, "alo")[0]
         typed_pid = pool_pids(s.url, "typed")[0]
         before = _snapshot(s)
         limit = app.settings.max_payload_bytes
         cases = _api_cases(app, limit)
-        for label, call, error, text in cases:
-            _refused(s, label, call, error, text)
+        stored = sum(_refused(s, label, call, error, text) for label, call, error, text in cases)
         for label, chain, text in _chain_cases():
             _refused(s, f"chain {label}", lambda c=chain: app.run_chain(c), ChainInvalid, text)
         cli = _cli_cases(s)
-        s.check(_snapshot(s) == before, f"refused input changed the store or Redis: {before}")
+        after = _snapshot(s)
+        if stored:  # accepted cases were reported above; each stored one job
+            counts, was = after[0], before[0]
+            s.check(
+                sum(counts[:2]) == sum(was[:2]) + stored and counts[2] == was[2],  # type: ignore[index]
+                f"refused input changed the store: {was} -> {counts}",
+            )
+        else:
+            s.check(after == before, f"refused input changed the store or Redis: {after}")
 
         # Accepted edge cases run once: exactly the size limit, ids with {}, : and emoji.
-        accepted = [app.enqueue("alo", {"ms": 1, "s": "x" * (limit - 15)})]
+        accepted = [app.enqueue("poison", {"do": "ok", "s": "x" * (limit - 18)})]
         accepted += [app.enqueue("alo", {"ms": 1}, id=i) for i in ("{a}", "a:b", "job-\U0001f600")]
         # Schema drift: a stored payload that no longer fits its type, pushed by hand.
         drift = "drifted"
@@ -251,7 +284,7 @@ def _api_cases(
         ("depth 100,000", lambda: e("alo", {"x": deep}), PayloadInvalid, "deep"),
         (
             "limit + 1 byte",
-            lambda: e("alo", {"ms": 1, "s": "x" * (limit - 14)}),
+            lambda: e("poison", {"do": "ok", "s": "x" * (limit - 17)}),
             PayloadTooLarge,
             str(limit),
         ),
@@ -339,11 +372,12 @@ def _cli_cases(s: Scenario) -> list[str]:
             timeout=60,
         )
         lines = proc.stderr.strip().splitlines()
-        s.check(
-            proc.returncode == 2 and len(lines) == 1 and "Traceback" not in proc.stderr,
-            f"CLI {label}: exit {proc.returncode}, {len(lines)} stderr lines "
-            f"({(lines or [''])[-1][:80]!r})",
-        )
+        if not (proc.returncode == 2 and len(lines) == 1 and "Traceback" not in proc.stderr):
+            _problem(
+                s,
+                f"CLI {label}",
+                f"exit {proc.returncode}, {len(lines)} stderr lines ({(lines or [''])[-1][:80]!r})",
+            )
     return list(cases)
 
 
