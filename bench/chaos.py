@@ -22,6 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import redis
+from loguru import logger
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -247,6 +248,7 @@ def main() -> int:
     parser.add_argument("--only", default=",".join(SCENARIOS))
     parser.add_argument("--markdown", action="store_true", help="print the table as Markdown")
     args = parser.parse_args()
+    logger.disable("hivejobs")  # a library here: the instances' logs are in their own files
     rows: list[Row] = []
     for name in args.only.split(","):
         print(f"running {name} ...", file=sys.stderr, flush=True)

@@ -22,7 +22,6 @@ from pathlib import Path
 
 import psycopg
 import redis
-from loguru import logger
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
@@ -44,8 +43,6 @@ from tests.harness import (  # noqa: E402
 )
 
 from hivejobs import App  # noqa: E402
-
-logger.disable("hivejobs")  # a library in this process: the instances' logs are in their files
 
 Row = dict[str, object]
 COLUMNS = [
