@@ -26,8 +26,9 @@ def assert_clean(row: Row) -> None:
 
 @pytest.mark.timeout(120)
 def test_s7_each_id_enqueued_sixteen_times_at_once_runs_once() -> None:
-    """500 ids x 16 calls from 2 processes x 8 threads (the plan says 1,000: ~50 s here); conflicting payloads refused;
-    rolled-back transactional enqueues never run; archived ids never re-run."""
+    """500 ids x 16 calls from 2 processes x 8 threads (the plan's 1,000 take ~50 s on the
+    2-core box); conflicting payloads refused; rolled-back transactional enqueues never run;
+    archived ids never re-run."""
     row = chaos_clients.duplicate_ids(0.05)
     assert_clean(row)
     assert row["jobs"] == 500 + 10
