@@ -9,7 +9,6 @@ restarted. S11 and S15 use a redis-server of their own where they measure or cut
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import signal
 import subprocess
@@ -100,16 +99,19 @@ def _pg_scenario(name: str, scale: float, faults: str) -> Row:
         finally:
             steady.close()
         row = s.result(alo=alo + steady.acked, amo=amo, timeout=180)
-        stored = set(s.archived())
-        twice_stored = [i for i in steady.errored if i in stored and i in steady.acked]
-        s.check(not twice_stored, "an errored enqueue was also acknowledged")
+        # An errored call may have committed (ambiguous COMMIT): then it is stored once (the
+        # id is the key) and must end like any other job.
+        final = s.archived()
+        ambiguous = [i for i in steady.errored if i in final]
+        s.check(all(final[i][0] == "succeeded" for i in ambiguous), "a stored errored job failed")
         false = sql(s.url, "SELECT count(*) FROM hivejobs_archive WHERE error LIKE 'worker lost%%'")
         s.check(false[0][0] == 0, f"{false[0][0]} false rescues (the processes stayed alive)")
         deaths = inst.log_text().count("child died")
         s.check(deaths <= 3 * 3, f"{deaths} child restarts (a crash loop)")
         s.check(inst.proc.poll() is None, "the supervisor exited")
         notes = (
-            f"{len(steady.acked)} acked / {len(steady.errored)} refused during faults; "
+            f"{len(steady.acked)} acked / {len(steady.errored)} refused "
+            f"({len(ambiguous)} of those stored anyway); "
             f"{deaths} child restarts"
         )
         return s.rejudge(row, notes=notes)
@@ -214,7 +216,7 @@ def backlog(scale: float) -> Row:
         began = time.monotonic()
         for k in range(0, total, 10_000):
             name, prio = types[(k // 10_000) % 4], (k // 40_000) % 2
-            app.enqueue_many(name, [None] * min(10_000, total - k), priority=prio)
+            app.enqueue_many(name, [{}] * min(10_000, total - k), priority=prio)
         app.flush(60)
         rate = total / (time.monotonic() - began)
         used_mb = int(redis.Redis.from_url(server.url).info("memory")["used_memory"]) / 2**20
@@ -223,6 +225,7 @@ def backlog(scale: float) -> Row:
         s.instance(",".join(types))
         wait_until(lambda: all(pool_pids(s.url, t) for t in types), timeout=60, what="pools")
         window = max(10.0, 60 * scale)
+        s.wait_done(2000, timeout=120)  # warm, as the baseline was
         before = s.done()
         pause(window)
         with_backlog = (s.done() - before) / window
@@ -230,13 +233,14 @@ def backlog(scale: float) -> Row:
         s.check(ratio >= 0.8, f"throughput with the backlog is {ratio:.2f} of an empty DB's")
         client = redis.Redis.from_url(server.url)
         queued = sql(s.url, "SELECT count(*) FROM hivejobs_job WHERE state = 'queued'")[0][0]
+        done_at_flush = s.done()
         client.flushall()
         at = time.monotonic()
         keys = [app.broker.queue_key(t, p) for t in types for p in (0, 1)]
         starts_before = len(read_ledger(s.ledger))
         s.recovery(
             at,
-            lambda: sum(client.llen(k) for k in keys) + (s.done() - before) >= queued * 0.95,
+            lambda: sum(client.llen(k) for k in keys) + s.done() - done_at_flush >= queued * 0.95,
             "lists restored",
             timeout=120,
         )
@@ -280,7 +284,7 @@ def _empty_db_throughput(scale: float) -> float:
         app = s.app(types)
         n = scaled(40_000, scale, 4_000)
         for name in types:
-            app.enqueue_many(name, [None] * (n // 4))
+            app.enqueue_many(name, [{}] * (n // 4))
         wait_until(lambda: s.done() >= n // 10, timeout=120, what="warm")
         began, base = time.monotonic(), s.done()
         wait_until(lambda: s.done() >= n * 0.9, timeout=300, interval=0.2, what="drain")
@@ -349,9 +353,7 @@ def _python_start_s() -> float:
 
 
 def _seq_scans(plan: object) -> bool:
-    text = json.dumps(plan)
-    node = json.loads(text)
-    stack = [node]
+    stack = [plan]
     while stack:
         item = stack.pop()
         if isinstance(item, dict):
@@ -408,7 +410,7 @@ def chain_coordinator_faults(scale: float) -> Row:
             lambda: _running_keys(app, long_chain) >= 2, timeout=60, what="long jobs running"
         )
         s.instance("", app_spec=spec, **arm)
-        wait_until(lambda: len(sql(s.url, "SELECT 1 FROM hivejobs_worker")) >= 8, what="B up")
+        wait_until(lambda: len(pool_pids(s.url, "long")) == 2, timeout=60, what="B up")
         a.signal_group(signal.SIGTERM)
         s.check(a.wait(20) == 0, "A did not exit 0")
         _kill_leader_at(s, once / "chain.mid_resume")
@@ -485,9 +487,7 @@ def _running_keys(app: App, request_id: str) -> int:
 def _kill_leader_at(s: Scenario, marker: Path) -> None:
     """Wait for the leader to park at a sleeping failpoint, kill -9 it, time the takeover."""
     wait_until(marker.exists, timeout=60, what=marker.name)
-    pid = leader(s.url)[0]
-    wait_until(lambda: leader(s.url)[0], what="a leader")
-    pid = leader(s.url)[0]
+    pid: int = wait_until(lambda: leader(s.url)[0], what="a leader")
     at = time.monotonic()
     s.kill(pid)
     s.recovery(at, lambda: leader(s.url)[0] not in (0, pid), f"takeover after {marker.name}")
@@ -607,12 +607,16 @@ def partition(scale: float) -> Row:
         long_alo = app.enqueue_many("alo", [{"ms": 15_000}] * 8)
         long_amo = app.enqueue_many("amo", [{"ms": 15_000}] * 4)
         wait_until(
-            lambda: (
-                sum(len(running_in_pid(s.ledger, p, "")) for p in a_pids) >= 12 or s.live() == 0
-            ),
+            lambda: sum(len(running_in_pid(s.ledger, p)) for p in a_pids) >= 12,
             timeout=120,
             what="A runs the long jobs",
         )
+        a_workers = [
+            r[0]
+            for r in sql(
+                s.url, "SELECT id FROM hivejobs_worker WHERE pid = ANY(%s)", (list(a_pids),)
+            )
+        ]
         b = s.instance("alo,amo")
         wait_until(lambda: len(pool_pids(s.url, "alo")) == 2, timeout=60, what="B up")
         stuck = float(app.settings.stuck_after_s)
@@ -621,9 +625,26 @@ def partition(scale: float) -> Row:
         cut_ns = time.monotonic_ns()
         s.recovery(cut, lambda: leader(s.url)[0] not in (0, a_leader), "B leads", timeout=30)
         alo += app.enqueue_many("alo", [{"ms": 5}] * (n // 2))
+        # The plan cuts for 2 x stuck_after; B's rescue also waits for its own health window
+        # (R6) after it took the lease, so the cut lasts until B has rescued A's claims.
+        rescue_s = s.recovery(
+            cut,
+            lambda: (
+                not sql(
+                    s.url,
+                    "SELECT 1 FROM hivejobs_job WHERE worker_id = ANY(%s::uuid[])",
+                    (a_workers,),
+                )
+            ),
+            "B rescued A's claims",
+            timeout=60,
+        )
         pause(max(0.0, 2 * stuck - (time.monotonic() - cut)))
         pg_proxy.set()  # (c) heal
         healed_ns = time.monotonic_ns()
+        # A's handlers ran on as zombies after the rescue: their ledger ends are not recorded
+        # completions (fenced, I7), so A's pids count as killed for the ledger check.
+        s.killed |= a_pids
         row = s.result(alo=alo + long_alo, amo=long_amo, timeout=240)
         starts_in_a = [
             p
@@ -640,7 +661,8 @@ def partition(scale: float) -> Row:
         )
         fenced = a.log_text().count("claim lost")
         s.check(b.proc.poll() is None and a.proc.poll() is None, "a supervisor exited")
-        return s.rejudge(row, notes=f"A logged {fenced} fenced completions ('claim lost')")
+        notes = f"rescue {rescue_s:.1f} s after the cut; A logged {fenced} 'claim lost'"
+        return s.rejudge(row, notes=notes)
     finally:
         s.close()
         pg_proxy.close()
