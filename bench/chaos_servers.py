@@ -80,6 +80,7 @@ def _pg_scenario(name: str, scale: float, faults: str) -> Row:
                 pg.restart_fast()
                 s.progress_after(time.monotonic())
                 s.wait_done(n * 0.6)
+                crash_ns = time.monotonic_ns()
                 pg.stop_immediate()
                 pause(8)  # down 8 s
                 pg.start()
@@ -92,13 +93,14 @@ def _pg_scenario(name: str, scale: float, faults: str) -> Row:
                 s.progress_after(at)
             else:  # down 20 s: longer than stuck_after
                 s.wait_done(n * 0.3)
+                crash_ns = time.monotonic_ns()
                 pg.stop_immediate()
                 pause(20)
                 pg.start()
                 s.progress_after(time.monotonic())
         finally:
             steady.close()
-        row = s.result(alo=alo + steady.acked, amo=amo, timeout=180)
+        row = s.result(alo=alo + steady.acked, amo=amo, timeout=180, rerun_across=crash_ns)
         # An errored call may have committed (ambiguous COMMIT): then it is stored once (the
         # id is the key) and must end like any other job.
         final = s.archived()
@@ -111,7 +113,8 @@ def _pg_scenario(name: str, scale: float, faults: str) -> Row:
         s.check(inst.proc.poll() is None, "the supervisor exited")
         notes = (
             f"{len(steady.acked)} acked / {len(steady.errored)} refused "
-            f"({len(ambiguous)} of those stored anyway); "
+            f"({len(ambiguous)} of those stored anyway); {s.reruns} alo re-runs across the "
+            "crash (asynchronous commit lost, by design); "
             f"{deaths} child restarts"
         )
         return s.rejudge(row, notes=notes)

@@ -88,6 +88,7 @@ class Scenario:
         self.problems: list[str] = []
         self.recoveries: list[float] = []
         self.started = time.monotonic()
+        self.reruns = 0  # at-least-once re-runs by design (see result's rerun_across)
         self.apps: list[App] = []
 
     def env(self, types: str, **env: str) -> dict[str, str]:
@@ -185,12 +186,16 @@ class Scenario:
         timeout: float = 300,
         jobs: int | None = None,
         dead_are_killed: bool = False,
+        rerun_across: int | None = None,
     ) -> Row:
         """Wait until nothing is live, then judge: `alo` must succeed (ledger ok >= 1, and
         once outside killed processes), `amo` must end (ledger start <= 1), `expected` maps
         an id to a predicate over its (state, attempt, error). With `dead_are_killed`, every
         handler process that is gone by then counts as killed (scenarios whose processes die
-        on purpose: a run that ended ok just before its process died is re-run, by design)."""
+        on purpose: a run that ended ok just before its process died is re-run, by design).
+        With `rerun_across` (a monotonic_ns instant: a Postgres crash), an at-least-once job
+        whose runs lie on both sides of it is a re-run by design, not a duplicate: its
+        completion was committed asynchronously and lost in the crash (pool.py)."""
         alo, amo, expected = list(alo), list(amo), expected or {}
         wait_until(lambda: self.live() == 0, timeout=timeout, interval=0.5, what="all done")
         elapsed = time.monotonic() - self.started
@@ -202,7 +207,16 @@ class Scenario:
         lost = [i for i in alo if final.get(i, ("",))[0] != "succeeded" or oks[i] < 1]
         lost += [i for i in amo if i not in final]
         lost += [i for i, ok in expected.items() if i not in final]
-        twice = [i for i in alo if survivors[i] > 1] + [i for i in amo if starts[i] > 1]
+        across: set[str] = set()
+        if rerun_across is not None:
+            runs: dict[str, list[int]] = {}
+            for parts in read_ledger(self.ledger):
+                if parts[0] == "start":
+                    runs.setdefault(parts[1], []).append(int(parts[4]))
+            across = {i for i, t in runs.items() if min(t) < rerun_across < max(t)}
+            self.reruns = len([i for i in alo if survivors[i] > 1 and i in across])
+        twice = [i for i in alo if survivors[i] > 1 and i not in across]
+        twice += [i for i in amo if starts[i] > 1]
         wrong = [i for i, ok in expected.items() if i in final and not ok(final[i])]
         self.check(
             not lost, f"{len(lost)} lost, e.g. {lost[:1]} {final.get(lost[0]) if lost else ''}"
