@@ -80,8 +80,8 @@ def _pg_scenario(name: str, scale: float, faults: str) -> Row:
                 pg.restart_fast()
                 s.progress_after(time.monotonic())
                 s.wait_done(n * 0.6)
-                crash_ns = time.monotonic_ns()
                 pg.stop_immediate()
+                crash_ns = time.monotonic_ns()  # down: runs before it may have lost commits
                 pause(8)  # down 8 s
                 pg.start()
                 s.progress_after(time.monotonic())
@@ -93,8 +93,8 @@ def _pg_scenario(name: str, scale: float, faults: str) -> Row:
                 s.progress_after(at)
             else:  # down 20 s: longer than stuck_after
                 s.wait_done(n * 0.3)
-                crash_ns = time.monotonic_ns()
                 pg.stop_immediate()
+                crash_ns = time.monotonic_ns()  # down: runs before it may have lost commits
                 pause(20)
                 pg.start()
                 s.progress_after(time.monotonic())
