@@ -1,12 +1,15 @@
 """Fault scenarios at scale (RELIABILITY.md section 4, "chaos" sizes), with a result table.
 
-    python bench/chaos.py [--scale 1.0] [--only kill_pool,flush,...]
+    python bench/chaos.py [--scale 1.0] [--only kill_pool,redis,...] [--markdown]
 
 Each scenario runs real `hivejobs run` instances (tests/apps/faultapp.py) against a fresh
 database, a Redis key prefix (or a redis-server of its own when Redis itself is hurt), injects
 its faults with real signals and commands, and checks from Postgres and the handlers' ledger:
-lost = enqueued jobs that did not end as expected; duplicated = at-least-once jobs that ran
-to completion twice outside killed processes, plus at-most-once jobs started twice.
+lost = enqueued jobs that did not end as expected; twice = at-least-once jobs that ran to
+completion twice outside killed processes, plus at-most-once jobs started twice; recovery_s =
+the longest time from a fault to its recovery condition (see each scenario); result = pass or
+FAIL with the reasons. The scenarios live in bench/chaos*.py; tests/process/test_fault_plan.py
+runs the CI-size ones through the same checker (bench/chaoslib.py).
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ from tests.harness import (  # noqa: E402
 
 def kill_pool(scale: float) -> Row:
     """S1 chaos: a pool process kill -9 every 5 s, alternating pools, while 25k jobs drain."""
-    s = Scenario("kill -9 pool every 5 s")
+    s = Scenario("S1 kill -9 pool every 5 s")
     try:
         s.instance("alo,amo")
         app = s.app(["alo", "amo"])
@@ -79,7 +82,7 @@ def kill_pool(scale: float) -> Row:
 
 def kill_coordinator(scale: float) -> Row:
     """S2 chaos: two instances; kill -9 the leader's coordinator 3 times, then SIGSTOP it."""
-    s = Scenario("kill -9 / SIGSTOP leader")
+    s = Scenario("S2 kill -9 / SIGSTOP leader")
     try:
         s.instance("alo")
         s.instance("alo")
@@ -132,7 +135,7 @@ def kill_coordinator(scale: float) -> Row:
 def redis_faults(scale: float) -> Row:
     """S4 chaos: FLUSHALL at 25 %, SHUTDOWN NOSAVE + restart at 60 %, CLIENT KILL at 80 %."""
     server = RedisServer(Path(tempfile.mkdtemp(prefix="hjchaos-redis-")))
-    s = Scenario("Redis flush, restart, client kill", server.url)
+    s = Scenario("S4 Redis flush, restart, client kill", server.url)
     try:
         s.instance("alo", HJ_CONCURRENCY_ALO="4")
         app = s.app(["alo"])
@@ -163,7 +166,7 @@ def redis_faults(scale: float) -> Row:
 def redis_pause(scale: float) -> Row:
     """S6 chaos: Redis SIGSTOPped for 10 s at 30 % and 20 s at 60 %."""
     server = RedisServer(Path(tempfile.mkdtemp(prefix="hjchaos-redis-")))
-    s = Scenario("Redis SIGSTOP 10 s + 20 s", server.url)
+    s = Scenario("S6 Redis SIGSTOP 10 s + 20 s", server.url)
     try:
         s.instance("alo")
         app = s.app(["alo"])
@@ -189,7 +192,7 @@ def redis_pause(scale: float) -> Row:
 
 def rolling_restarts(scale: float) -> Row:
     """S3 chaos: A -> B -> A handovers by SIGTERM with long and short jobs in flight."""
-    s = Scenario("rolling restart x3")
+    s = Scenario("S3 rolling restart x3")
     types = "long_coop,long_stubborn,alo"
     try:
         current = s.instance(types)

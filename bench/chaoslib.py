@@ -12,6 +12,7 @@ assert on the same row, so the table and the tests cannot disagree.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import sys
 import tempfile
@@ -89,6 +90,7 @@ class Scenario:
         self.recoveries: list[float] = []
         self.started = time.monotonic()
         self.reruns = 0  # at-least-once re-runs by design (see result's rerun_across)
+        self.judged = False  # result() ran: a scenario that raised keeps its temp dir
         self.apps: list[App] = []
 
     def env(self, types: str, **env: str) -> dict[str, str]:
@@ -198,6 +200,7 @@ class Scenario:
         completion was committed asynchronously and lost in the crash (pool.py)."""
         alo, amo, expected = list(alo), list(amo), expected or {}
         wait_until(lambda: self.live() == 0, timeout=timeout, interval=0.5, what="all done")
+        self.judged = True
         elapsed = time.monotonic() - self.started
         if dead_are_killed:
             self.killed |= dead_handler_pids(self.ledger)
@@ -238,6 +241,7 @@ class Scenario:
 
     def rejudge(self, row: Row, twice: int | None = None, notes: str = "") -> Row:
         """After checks made once result() returned: refresh the verdict, add notes."""
+        self.judged = True
         if twice is not None:
             row["twice"] = max(int(str(row["twice"])), twice)
         row["result"] = "pass" if not self.problems else "FAIL: " + "; ".join(self.problems)
@@ -245,6 +249,7 @@ class Scenario:
         return row
 
     def close(self) -> None:
+        """Stop everything started here; the temp dir (logs, ledger) stays only on failure."""
         for app in self.apps:
             try:
                 app.close()
@@ -265,6 +270,8 @@ class Scenario:
             client.close()
         except redis.RedisError:
             pass
+        if self.judged and not self.problems:
+            shutil.rmtree(self.tmp, ignore_errors=True)
 
 
 def dead_handler_pids(ledger: Path) -> set[int]:
