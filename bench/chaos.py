@@ -252,6 +252,8 @@ def main() -> int:
     parser.add_argument("--markdown", action="store_true", help="print the table as Markdown")
     args = parser.parse_args()
     logger.disable("hivejobs")  # a library here: the instances' logs are in their own files
+    # SIGTERM unwinds like Ctrl-C, so each scenario's finally stops the instances it started.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     rows: list[Row] = []
     for name in args.only.split(","):
         print(f"running {name} ...", file=sys.stderr, flush=True)
