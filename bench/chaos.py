@@ -21,6 +21,7 @@ import signal
 import sys
 import tempfile
 import time
+import traceback
 from collections.abc import Callable
 from pathlib import Path
 
@@ -261,6 +262,7 @@ def main() -> int:
             got = SCENARIOS[name](args.scale)
             rows += got if isinstance(got, list) else [got]
         except Exception as exc:  # noqa: BLE001 - report and go on with the others
+            traceback.print_exc()
             rows.append(error_row(name, exc))
         print(rows[-1], file=sys.stderr, flush=True)
     print(table(rows, args.markdown))
