@@ -232,7 +232,10 @@ SCENARIOS: dict[str, Runner] = {
     "kill_instance": chaos_procs.kill_instance,  # S13
     "chain_coordinator": chaos_servers.chain_coordinator_faults,  # S14
     "partition": chaos_servers.partition,  # S15
-    "failpoints": chaos_procs.failpoint_matrix,  # S16
+    "failpoints": chaos_procs.failpoint_matrix,  # S16, 11 failpoints x 3 actions
+    "failpoints_exit": lambda scale: chaos_procs.failpoint_matrix(scale, ("exit",)),
+    "failpoints_raise": lambda scale: chaos_procs.failpoint_matrix(scale, ("raise",)),
+    "failpoints_sleep": lambda scale: chaos_procs.failpoint_matrix(scale, ("sleep:6",)),
 }
 
 

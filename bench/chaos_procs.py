@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -196,6 +197,7 @@ def failpoint_matrix(scale: float, actions: tuple[str, ...] = ACTIONS) -> list[R
                 rows.append(failpoint_cell([name], action, scale))
             except Exception as exc:  # noqa: BLE001 - one cell's failure is its row
                 rows.append(error_row(f"S16 {name} {action}", exc))
+            print(rows[-1], file=sys.stderr, flush=True)  # progress: a cell takes ~10-60 s
     return rows
 
 
@@ -252,6 +254,7 @@ def failpoint_cell(names: list[str], action: str, scale: float) -> Row:
         fired = time.monotonic()
         row = s.result(alo=ids, timeout=180, dead_are_killed=True)
         s.recoveries.append(time.monotonic() - fired)  # fired -> everything terminal
+        row["recovery_s"] = round(max(s.recoveries), 1)
         for request_id in chains:
             state = _chain_final(app, request_id)
             s.check(state == "succeeded", f"chain {request_id} ended {state}")
