@@ -30,7 +30,13 @@ from loguru import logger
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench import chaos_clients, chaos_procs, chaos_servers  # noqa: E402
+from bench import (  # noqa: E402
+    chaos_chains,
+    chaos_clients,
+    chaos_partition,
+    chaos_procs,
+    chaos_servers,
+)
 from bench.chaoslib import COLUMNS, Row, Scenario, error_row, leader  # noqa: E402
 from tests.harness import (  # noqa: E402
     RedisServer,
@@ -230,8 +236,8 @@ SCENARIOS: dict[str, Runner] = {
     "backlog": chaos_servers.backlog,  # S11
     "burst": chaos_clients.burst,  # S12
     "kill_instance": chaos_procs.kill_instance,  # S13
-    "chain_coordinator": chaos_servers.chain_coordinator_faults,  # S14
-    "partition": chaos_servers.partition,  # S15
+    "chain_coordinator": chaos_chains.chain_coordinator_faults,  # S14
+    "partition": chaos_partition.partition,  # S15
     "failpoints": chaos_procs.failpoint_matrix,  # S16, 11 failpoints x 3 actions
     "failpoints_exit": lambda scale: chaos_procs.failpoint_matrix(scale, ("exit",)),
     "failpoints_raise": lambda scale: chaos_procs.failpoint_matrix(scale, ("raise",)),

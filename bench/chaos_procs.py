@@ -8,6 +8,7 @@ import signal
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 from bench.chaoslib import Row, Scenario, error_row, scaled
@@ -34,9 +35,12 @@ POISONS = {
 }
 
 
-def _ends_as(action: str):  # type: ignore[no-untyped-def]
-    """The expected end (state, attempt, last error line) of each poison (RELIABILITY S8)."""
-    checks = {
+End = tuple[str, int, str]  # (state, attempt, last line of the error)
+
+
+def _ends_as(action: str) -> Callable[[End], bool]:
+    """The expected end of each poison (RELIABILITY S8)."""
+    checks: dict[str, Callable[[End], bool]] = {
         "raise": lambda f: f == ("failed", 3, "ValueError: poison raised"),
         "segfault": lambda f: f[0] == "failed" and "poison pill" in f[2],
         "exit": lambda f: f[:3] == ("failed", 1, "worker lost"),
