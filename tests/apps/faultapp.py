@@ -143,7 +143,7 @@ def _allocate_until_refused() -> None:
     hoard = []
     try:
         while True:
-            hoard.append(bytearray(32 << 20))
+            hoard.append(bytes(32 << 20))  # calloc: address space, no page touched
     finally:
         hoard.clear()
         resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
