@@ -20,6 +20,7 @@ import redis
 from loguru import logger
 
 from hivejobs.broker import Broker
+from hivejobs.failpoints import failpoint
 from hivejobs.logs import error_fields, fatal_on_error
 from hivejobs.records import Completion
 from hivejobs.serialization import storable_text
@@ -125,7 +126,10 @@ class Completer:
 
         def finish() -> tuple[int, list[tuple[Any, ...]]]:
             with self.store.connection() as conn:
-                return self.store.finish(batch, conn)
+                done = self.store.finish(batch, conn)
+            # Committed, but as if the reply were lost: the retry must be a fenced no-op.
+            failpoint("pool.completion_commit_raises", psycopg.OperationalError)
+            return done
 
         return _retrying(finish, len(batch))
 

@@ -185,6 +185,9 @@ class JobLogOut(msgspec.Struct, kw_only=True):
     finished_at: datetime
     duration_s: float | None
     error: str | None
+    stdout: str | None = None  # the try's captured output, bounded (job_log_output_bytes)
+    stderr: str | None = None
+    output_truncated: bool = False
 
 
 class ChainOut(msgspec.Struct, kw_only=True):
