@@ -458,6 +458,9 @@ class App:
 
     def close(self) -> None:
         self.flush()
+        # The pusher holds the broker being closed: a later enqueue makes a new pair (with
+        # the settings of then, which hivejobs.testing changes between tests).
+        self._pusher = None
         if self._store is not None:
             self._store.close()
             self._store = None

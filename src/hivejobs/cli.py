@@ -18,7 +18,15 @@ import redis
 from loguru import logger
 
 from hivejobs.app import App
-from hivejobs.config import positive_seconds, redact_url, scrub_known
+from hivejobs.banner import hivejobs_version
+from hivejobs.config import (
+    DEFAULT_DATABASE_URL,
+    DEFAULT_PREFIX,
+    DEFAULT_REDIS_URL,
+    positive_seconds,
+    redact_url,
+    scrub_known,
+)
 from hivejobs.display import escape
 from hivejobs.errors import (
     ChainInvalid,
@@ -32,6 +40,7 @@ from hivejobs.errors import (
     UnknownJobType,
 )
 from hivejobs.logs import error_text
+from hivejobs.reload import app_source_dirs, check_watch_available
 from hivejobs.serialization import decode_any
 
 USAGE_ERRORS = (
@@ -48,6 +57,27 @@ USAGE_ERRORS = (
 
 class UsageError(Exception):
     pass
+
+
+ENVIRONMENT = f"""environment:
+  HIVEJOBS_DATABASE_URL  Postgres (default {DEFAULT_DATABASE_URL})
+  HIVEJOBS_REDIS_URL     Redis (default {DEFAULT_REDIS_URL})
+  HIVEJOBS_PREFIX        Redis key prefix (default {DEFAULT_PREFIX})
+  HIVEJOBS_APP           MODULE:APP when --app is not given
+  HIVEJOBS_LOG_LEVEL     DEBUG, INFO (default), WARNING, ERROR
+  HIVEJOBS_LOG_FORMAT    text (default) or json
+  HIVEJOBS_<SETTING>     any setting, e.g. HIVEJOBS_SHUTDOWN_TIMEOUT_S=25"""
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Keeps the environment epilog's lines, and shows an option's default when it has one."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        default = action.default
+        if default not in (None, False, argparse.SUPPRESS) and "default" not in text:
+            text += " (default: %(default)s)"
+        return text
 
 
 class Parser(argparse.ArgumentParser):
@@ -71,9 +101,22 @@ def load_app(spec: str) -> App:
     return app
 
 
+_OPENED: list[App] = []  # closed when the command ends: no pool left for __del__ to stop
+
+
 def _app(args: argparse.Namespace) -> App:
     spec = getattr(args, "app", None) or os.environ.get("HIVEJOBS_APP")
-    return load_app(spec) if spec else App()
+    app = load_app(spec) if spec else App()
+    _OPENED.append(app)
+    return app
+
+
+def _close_opened() -> None:
+    while _OPENED:
+        try:
+            _OPENED.pop().close()
+        except Exception as exc:  # noqa: BLE001 - the command's answer is already out
+            logger.opt(exception=exc).debug("closing the app failed")
 
 
 def cmd_migrate(args: argparse.Namespace) -> int:
@@ -91,12 +134,25 @@ def cmd_run(args: argparse.Namespace) -> int:
     timeout = args.shutdown_timeout
     if timeout is not None:
         timeout = positive_seconds("--shutdown-timeout", timeout)
+    # Through the environment: every child sets its own sink up after fork from it.
+    if args.log_level:
+        os.environ["HIVEJOBS_LOG_LEVEL"] = args.log_level
+    if args.log_format:
+        os.environ["HIVEJOBS_LOG_FORMAT"] = args.log_format
+    if args.reload and (missing := check_watch_available()):
+        raise ConfigError(missing)
     app = load_app(args.app_spec)
     if timeout is not None:
         app.settings.shutdown_timeout_s = timeout
     metrics = (args.metrics_host, args.metrics_port) if args.metrics_port is not None else None
+    watch = app_source_dirs(args.app_spec) if args.reload else None
     return Supervisor(
-        app, args.app_spec, app.settings, coordinator=not args.no_coordinator, metrics=metrics
+        app,
+        args.app_spec,
+        app.settings,
+        coordinator=not args.no_coordinator,
+        metrics=metrics,
+        watch=watch,
     ).run()
 
 
@@ -138,10 +194,33 @@ def cmd_status(args: argparse.Namespace) -> int:
     data = msgspec.to_builtins(info)
     if not args.payload:
         data.pop("payload", None)
+    if args.json:
+        _print_json(data)
+    else:
+        print(readable_job(data))
+    return 0
+
+
+def readable_job(data: dict[str, object]) -> str:
+    """`hivejobs status`: one field a line, times in UTC, and the error (a traceback) as the
+    text it is, indented below, every line escaped."""
+    error = data.pop("error", None)
+    result = data.pop("result", None)
+    payload = data.pop("payload", None) if "payload" in data else None
+    lines = [f"{key:<12} {escape('-' if value is None else value)}" for key, value in data.items()]
+    for title, value in (("payload", payload), ("result", result)):
+        if value is not None:
+            lines.append(f"{title:<12} {escape(msgspec.json.encode(value).decode())}")
+    if error:
+        lines.append("error:")
+        lines += [f"  {escape(line)}" for line in str(error).rstrip().split("\n")]
+    return "\n".join(lines)
+
+
+def _print_json(data: object) -> None:
     text = msgspec.json.format(msgspec.json.encode(data), indent=2).decode()
     # msgspec escapes control characters in strings, not format ones (U+202E): escape lines.
     print("\n".join(escape(line) for line in text.split("\n")))
-    return 0
 
 
 def cmd_jobs(args: argparse.Namespace) -> int:
@@ -151,7 +230,12 @@ def cmd_jobs(args: argparse.Namespace) -> int:
     )
     if listing:
         return _list_jobs(args)
-    rows = _app(args).store.type_counts()
+    app = _app(args)
+    rows = app.store.type_counts()
+    live = _live_pools(app)
+    if args.json:
+        _print_json([{**msgspec.to_builtins(r), "live_pools": live.get(r.name, 0)} for r in rows])
+        return 0
     header = (
         "type",
         "concurrency",
@@ -161,6 +245,7 @@ def cmd_jobs(args: argparse.Namespace) -> int:
         "running",
         "failed 1h",
         "succeeded 1h",
+        "live pools",
     )
     table: list[tuple[object, ...]] = [header]
     table += [
@@ -173,11 +258,21 @@ def cmd_jobs(args: argparse.Namespace) -> int:
             r.running,
             r.failed_last_hour,
             r.succeeded_last_hour,
+            live.get(r.name, 0) or "none: not processed",
         )
         for r in rows
     ]
     _print_table(table)
     return 0
+
+
+def _live_pools(app: App) -> dict[str, int]:
+    """Pool processes per type whose heartbeat is recent (a stale row is a dead process)."""
+    live: dict[str, int] = {}
+    for w in app.store.workers():
+        if w.role == "pool" and w.pool and w.heartbeat_age_s < app.settings.stuck_after_s:
+            live[w.pool] = live.get(w.pool, 0) + 1
+    return live
 
 
 def _list_jobs(args: argparse.Namespace) -> int:
@@ -201,6 +296,9 @@ def _list_jobs(args: argparse.Namespace) -> int:
 
 def cmd_workers(args: argparse.Namespace) -> int:
     rows = _app(args).store.workers()
+    if args.json:
+        _print_json(msgspec.to_builtins(rows))
+        return 0
     table: list[tuple[object, ...]] = [
         ("id", "host", "pid", "role", "pool", "started", "heartbeat age s", "running")
     ]
@@ -321,7 +419,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
 def cmd_dev(args: argparse.Namespace) -> int:
     from hivejobs.dev import dev_main
 
-    return dev_main(args.app_spec, args.data_dir, args.print_env, stop=args.stop)
+    return dev_main(
+        args.app_spec, args.data_dir, args.print_env, stop=args.stop, reload=args.reload
+    )
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -355,26 +455,56 @@ def build_parser() -> Parser:
     parser = Parser(
         prog="hivejobs",
         description="Durable jobs: Redis broker, Postgres truth.",
+        epilog=ENVIRONMENT + "\n\nexample:\n  hivejobs run myapp.jobs:app",
+        formatter_class=HelpFormatter,
         parents=[app_parent()],
     )
     parser.set_defaults(app=None)
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
+    parser.add_argument("--version", action="version", version=f"hivejobs {hivejobs_version()}")
+    sub = parser.add_subparsers(
+        dest="command", required=True, parser_class=Parser, metavar="COMMAND"
+    )
 
     def add(
         name: str, fn: Callable[[argparse.Namespace], int], help_: str, app_opt: bool = True
     ) -> Parser:
         parents = [app_parent()] if app_opt else []
-        p: Parser = sub.add_parser(name, help=help_, description=help_, parents=parents)
+        p: Parser = sub.add_parser(
+            name,
+            help=help_,
+            description=help_,
+            parents=parents,
+            epilog=ENVIRONMENT,
+            formatter_class=HelpFormatter,
+        )
         p.set_defaults(fn=fn)
         return p
 
     add("migrate", cmd_migrate, "create the database if missing and apply migrations")
     p = add("run", cmd_run, "run the worker supervisor (pools and coordinator)", False)
-    p.add_argument("app_spec", metavar="MODULE:APP")
+    p.add_argument(
+        "app_spec", metavar="MODULE:APP", help="the App to run: module path, colon, attribute"
+    )
     p.add_argument("--shutdown-timeout", type=float, help="seconds to finish jobs on SIGTERM")
     p.add_argument("--no-coordinator", action="store_true", help="run pools only")
     p.add_argument("--metrics-port", type=int, help="serve Prometheus /metrics on this port")
     p.add_argument("--metrics-host", default="127.0.0.1", help="its address (default loopback)")
+    p.add_argument(
+        "--log-level",
+        type=str.upper,
+        choices=["TRACE", "DEBUG", "INFO", "WARNING", "ERROR"],
+        help="lines from this level up (or HIVEJOBS_LOG_LEVEL; default INFO)",
+    )
+    p.add_argument(
+        "--log-format",
+        choices=["text", "json"],
+        help="text for people, json lines for log shippers (or HIVEJOBS_LOG_FORMAT)",
+    )
+    p.add_argument(
+        "--reload",
+        action="store_true",
+        help="restart the pools gracefully when the app's Python files change (watchfiles)",
+    )
     p = add("enqueue", cmd_enqueue, "enqueue one job; prints its id")
     p.add_argument("name")
     p.add_argument("payload", metavar="JSON")
@@ -383,13 +513,15 @@ def build_parser() -> Parser:
     p.add_argument("--delay", type=float, help="seconds before it may run")
     p.add_argument("--run-at", help="when it may run: ISO 8601 (UTC if no zone) or 10m, 2h")
     p.add_argument("--expires-at", help="not started by then: expired (ISO 8601 or 1h, 2d)")
-    p = add("status", cmd_status, "show one job")
-    p.add_argument("job_id")
+    p = add("status", cmd_status, "show one job (its error as text)")
+    p.add_argument("job_id", help="the id `enqueue` printed")
     p.add_argument("--payload", action="store_true", help="include the payload")
+    p.add_argument("--json", action="store_true", help="the job as one JSON document")
     p = add(
         "jobs",
         cmd_jobs,
-        "counts per job type; with filters (or --list), live and archived jobs, newest first",
+        "counts per job type (a type without a live pool is marked); with filters (or --list),"
+        " live and archived jobs, newest first",
     )
     p.add_argument("--list", action="store_true", help="list jobs even without a filter")
     p.add_argument(
@@ -402,7 +534,9 @@ def build_parser() -> Parser:
     p.add_argument("--until", help="... and before: ISO 8601 or a span back from now")
     p.add_argument("--limit", type=int, default=50, help="jobs per page (default 50)")
     p.add_argument("--after", help="the cursor printed after a full page: the next page")
-    add("workers", cmd_workers, "live worker processes and their heartbeats")
+    p.add_argument("--json", action="store_true", help="the counts as a JSON list")
+    p = add("workers", cmd_workers, "live worker processes and their heartbeats")
+    p.add_argument("--json", action="store_true", help="a JSON list instead of a table")
     add("cron", cmd_cron, "periodic schedules with their last and next tick (UTC)")
     p = add("cancel", cmd_cancel, "cancel a job (a running one is told to stop)")
     p.add_argument("job_id")
@@ -464,6 +598,9 @@ def build_parser() -> Parser:
         help="start the servers detached and print export lines for other shells",
     )
     p.add_argument("--stop", action="store_true", help="stop servers left by --print-env")
+    p.add_argument(
+        "--reload", action="store_true", help="restart the pools when the app's code changes"
+    )
     p = add("bench", cmd_bench, "load-test hivejobs on this machine", False)
     from hivejobs.bench import add_bench_arguments
 
@@ -523,6 +660,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     try:
         setup_logging("cli")
+        if not (sys.argv[1:] if argv is None else argv):
+            # No command: the usage and the command list, and exit 2 as for any bad usage.
+            print(build_parser().format_help(), file=sys.stderr, end="")
+            return 2
         args = build_parser().parse_args(argv)
         _check_text_arguments(args)
         code = int(args.fn(args))
@@ -540,3 +681,5 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     except Exception as exc:  # noqa: BLE001 - one line, never a traceback with values in it
         return _fail(1, _unexpected(exc))
+    finally:
+        _close_opened()

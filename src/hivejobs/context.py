@@ -24,7 +24,7 @@ class JobContext:
     a long handler should check it and raise `hivejobs.Interrupted` (or return) promptly.
     """
 
-    def __init__(self, job: ClaimedJob, app: App, broker: Broker) -> None:
+    def __init__(self, job: ClaimedJob, app: App, broker: Broker | None = None) -> None:
         self.job_id = job.id
         self.name = job.name
         self.attempt = job.attempt

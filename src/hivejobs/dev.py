@@ -78,7 +78,7 @@ class _Signals:
             signal.signal(sig, old)  # type: ignore[arg-type]
 
 
-def _run_worker(app_spec: str, env: dict[str, str], signals: _Signals) -> int:
+def _run_worker(app_spec: str, env: dict[str, str], signals: _Signals, reload: bool = False) -> int:
     """Migrate, then run the worker until it exits or we are told to stop."""
     migrate = subprocess.run(
         [*HIVEJOBS_COMMAND, "migrate", "--app", app_spec], env=env, check=False
@@ -89,7 +89,7 @@ def _run_worker(app_spec: str, env: dict[str, str], signals: _Signals) -> int:
     if signals.received():
         return 0
     worker = subprocess.Popen(
-        [*HIVEJOBS_COMMAND, "run", app_spec],
+        [*HIVEJOBS_COMMAND, "run", app_spec, *(["--reload"] if reload else [])],
         env=env,
         process_group=0,  # terminal Ctrl-C reaches us only; we forward one SIGTERM
         preexec_fn=parent_death_preexec(),  # no stray worker if we are SIGKILLed
@@ -104,9 +104,13 @@ def _run_worker(app_spec: str, env: dict[str, str], signals: _Signals) -> int:
         if signals.received() > forwarded:
             forwarded = signals.received()
             if forwarded == 1:
-                logger.info("stopping the worker (Ctrl-C again to kill it)")
+                logger.info("stopping the worker (Ctrl-C again to suspend running jobs now)")
                 worker.send_signal(signal.SIGTERM)
                 deadline = time.monotonic() + WORKER_STOP_TIMEOUT_S
+            elif forwarded == 2:
+                # The supervisor's "now": jobs are suspended (resumed next start), not killed.
+                logger.info("suspending running jobs now (Ctrl-C again to kill the worker)")
+                worker.send_signal(signal.SIGINT)
             else:
                 worker.kill()
         if deadline is not None and time.monotonic() > deadline:
@@ -132,6 +136,7 @@ def dev_main(
     print_env: bool,
     *,
     stop: bool = False,
+    reload: bool = False,
 ) -> int:
     """Run ``hivejobs dev [MODULE:APP] [--data-dir DIR] [--print-env] [--stop]``.
 
@@ -182,7 +187,7 @@ def dev_main(
                 print(export_lines(database_url, redis_url), flush=True)
             env = _child_env(database_url, redis_url)
             if app_spec:
-                return _run_worker(app_spec, env, signals)
+                return _run_worker(app_spec, env, signals, reload)
             print("# no MODULE:APP given: servers stay up until Ctrl-C", flush=True)
             return _wait_for_signal(servers, signals)
     finally:

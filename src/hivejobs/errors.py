@@ -167,3 +167,13 @@ class NotAnAncestor(HivejobsError):
             f"result_of() reads jobs that {me!r} runs after, directly or not ({listing})"
         )
         self.key = key
+
+
+class DrainIncomplete(HivejobsError):
+    """hivejobs.testing.drain ran its limit of attempts and jobs were still queued."""
+
+    def __init__(self, max_jobs: int) -> None:
+        super().__init__(
+            f"drain ran {max_jobs} attempts and jobs are still queued: a job that enqueues "
+            "itself forever? Raise max_jobs if this is expected"
+        )

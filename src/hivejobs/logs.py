@@ -11,8 +11,12 @@ import contextlib
 import os
 import sys
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from loguru import logger
+
+if TYPE_CHECKING:
+    from loguru import Record
 
 from hivejobs.config import scrub_known
 from hivejobs.errors import ConfigError
@@ -21,8 +25,10 @@ EXIT_THREAD_CRASHED = 70
 
 _TEXT_FORMAT = (
     "<green>{time:YYYY-MM-DD HH:mm:ss.SSS}</green> <level>{level: <7}</level> "
-    "<cyan>{extra[process]}</cyan> {message} <dim>{extra}</dim>"
+    "<cyan>{extra[process]}</cyan> {message}"
 )
+# Context every line of a process carries: the process column already says it.
+_SHOWN_ELSEWHERE = frozenset({"process", "worker_id", "hj_fields"})
 # The loguru handlers this process added (never anybody else's: a host app's sinks stay).
 _OUR_HANDLERS: list[int] = []
 _LEVELS = ("TRACE", "DEBUG", "INFO", "SUCCESS", "WARNING", "ERROR", "CRITICAL")
@@ -64,12 +70,49 @@ def setup_logging(process: str) -> None:
             _stderr_sink,
             level=level,
             serialize=serialize,
-            format="{message}" if serialize else _TEXT_FORMAT,
+            format="{message}" if serialize else _text_format,
             diagnose=False,
             backtrace=False,
             colorize=False if serialize else _is_tty(),
         )
     )
+
+
+def _text_format(record: Record) -> str:
+    """One short line: the fields a reader does not already see, floats rounded; the
+    traceback (if any) on the lines below. Not repeated: the process's own context, a job's
+    type and id once the message starts `type[id]`, the pool named in the process column,
+    and a float the message already shows."""
+    extra = record["extra"]
+    message = record["message"]
+    hidden = set(_SHOWN_ELSEWHERE)
+    if f"{extra.get('job_type')}[{extra.get('job_id')}]" in message:
+        hidden |= {"job_type", "job_id"}
+    if f"{extra.get('pool')}#" in str(extra.get("process", "")):
+        hidden.add("pool")
+    fields = {}
+    for key, value in extra.items():
+        if isinstance(value, float):
+            value = round(value, 3)
+            if f"{value}" in message:
+                continue
+        if key not in hidden:
+            fields[key] = value
+    # The fields are text we did not write: handed over in extra, never in the template.
+    extra["hj_fields"] = f" {fields}" if fields else ""
+    tail = "\n{exception}" if record["exception"] is not None else ""
+    return _TEXT_FORMAT + "<dim>{extra[hj_fields]}</dim>" + tail + "\n"
+
+
+def emit_banner(lines: list[str], fields: dict[str, object]) -> None:
+    """The start-up banner: plain lines on stderr for a person at a terminal, one record
+    with the same facts as fields for a log shipper (JSON). Shown from INFO down."""
+    if _LEVELS.index(log_level()) > _LEVELS.index("INFO"):
+        return
+    if os.environ.get("HIVEJOBS_LOG_FORMAT", "text") == "json":
+        logger.info("worker starting", **fields)
+    else:
+        _stderr_sink("".join(line + "\n" for line in lines))
 
 
 def _is_tty() -> bool:

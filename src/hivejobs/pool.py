@@ -15,25 +15,23 @@ import signal
 import socket
 import threading
 import time
-import traceback
 from dataclasses import dataclass, field
 
 import psycopg
 import redis
 from loguru import logger
 
-from hivejobs.app import App, Fail, JobType, Retry
+from hivejobs.app import App, JobType
 from hivejobs.broker import Broker, ControlMessage, Popped
 from hivejobs.capture import Captured, capturing
 from hivejobs.completer import Completer
 from hivejobs.config import Settings
 from hivejobs.context import JobContext
-from hivejobs.errors import Interrupted, PayloadInvalid, ResultTooLarge
+from hivejobs.executor import ended, execute, failed
 from hivejobs.failpoints import failpoint
 from hivejobs.logs import error_fields, fatal_on_error
 from hivejobs.metrics import Recorder
 from hivejobs.records import ClaimedJob, Completion, Outcome
-from hivejobs.serialization import encode_result, storable_text
 from hivejobs.store import Store
 from hivejobs.store.chains import ChainStore, looks_like_try_id
 
@@ -94,6 +92,10 @@ class Pool:
         self.reserved = 0  # claimed jobs not yet finished (waiting or running)
         self.stop_acquiring = threading.Event()
         self.shutting_down = threading.Event()
+        # SIGUSR1 from the supervisor (a second Ctrl-C or SIGTERM there): suspend running
+        # jobs now instead of waiting for them. Never raised by a repeated SIGTERM here (R10).
+        self.stop_now = threading.Event()
+        self.suspended = 0  # claims handed back by shutdown (for the stop line)
         self.recycle_reason: str | None = None
         # A job whose process died before runs alone, so a poison pill cannot take innocent
         # neighbours down with it again (their deaths would count against them).
@@ -126,6 +128,7 @@ class Pool:
         if threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGTERM, signal.SIGINT):
                 signal.signal(sig, self._on_stop_signal)
+            signal.signal(signal.SIGUSR1, self._on_stop_now_signal)
         self.completer.start()
         self.metrics.start()
         threads = [
@@ -150,6 +153,11 @@ class Pool:
     def _on_stop_signal(self, signum: int, _frame: object) -> None:
         # Heroku sends SIGTERM to every process, maybe several times: never escalate (R10).
         # No logging here: loguru's lock may be held by the interrupted frame.
+        self.stop_acquiring.set()
+
+    def _on_stop_now_signal(self, signum: int, _frame: object) -> None:
+        # No lock, no logging here (the interrupted frame may hold them): _wait_idle polls.
+        self.stop_now.set()
         self.stop_acquiring.set()
 
     def _shutdown(self) -> int:
@@ -183,17 +191,12 @@ class Pool:
             self.store.deregister_worker(self.worker_id)
         except psycopg.Error as exc:
             self.log.warning("could not remove worker row", **error_fields(exc))
-        self.log.info(
-            "pool stopped",
-            suspended=len(stragglers),
-            reason=self.recycle_reason,
-            completion_batches=self.completer.batches,
-            **self.counts,
-        )
+        self.log.info("pool stopped", suspended=self.suspended, reason=self.recycle_reason)
+        self.log.debug("pool counters", completion_batches=self.completer.batches, **self.counts)
         return EXIT_RELOAD if self.recycle_reason == "restart requested" else EXIT_RECYCLE
 
     def _wait_idle(self, until: float, watch: bool) -> None:
-        while time.monotonic() < until:
+        while time.monotonic() < until and not self.stop_now.is_set():
             self._drain_unstarted()
             with self.lock:
                 if not any(not r.abandoned for r in self.running.values()):
@@ -218,6 +221,7 @@ class Pool:
             # At-most-once and maybe started: fail it, never requeue.
             self.completer.submit(self._ended(job, "failed", "interrupted by shutdown"))
         else:
+            self.suspended += 1
             self.completer.submit(
                 Completion(id=job.id, claim_token=job.claim_token, outcome="suspend")
             )
@@ -423,6 +427,8 @@ class Pool:
             abandoned = entry.abandoned
         if not abandoned:
             failpoint("pool.before_completion_commit")
+            if completion.outcome == "suspend":
+                self.suspended += 1  # the handler stopped when told to
             self.completer.submit(completion)
         self._release_slot()
 
@@ -444,78 +450,23 @@ class Pool:
             self.lock.notify_all()
 
     def _execute(self, job: ClaimedJob, ctx: JobContext) -> Completion:
-        jt = self.jt
         started = time.monotonic()
-        try:
-            payload = jt.codec.decode(job.payload)
-            assert jt.handler is not None
-            result = jt.handler(ctx, payload)
-            encoded = encode_result(result)
-            if encoded is not None and len(encoded) > self.settings.max_result_bytes:
-                # A cut JSON document is not JSON: refuse the whole result, say why.
-                raise ResultTooLarge(len(encoded), self.settings.max_result_bytes)
-        except PayloadInvalid as exc:
-            # Schema drift will not fix itself on retry: fail for good, keep the pool alive.
-            ctx.logger.error("payload does not decode", error=str(exc))
-            return self._ended(job, "failed", str(exc))
-        except Fail as exc:
-            # The handler says another attempt cannot help: failed now, attempts left or not.
-            ctx.logger.error("job failed by its handler (Fail), not retried", **error_fields(exc))
-            return self._ended(job, "cancelled" if ctx.cancelled else "failed", f"Fail: {exc}")
-        except ResultTooLarge as exc:
-            return self._failed(job, ctx, str(exc), jt.backoff.delay_s(job.attempt))
-        except Retry as exc:
-            delay = exc.delay if exc.delay is not None else jt.backoff.delay_s(job.attempt)
-            return self._failed(job, ctx, f"Retry: {exc}", delay)
-        except BaseException as exc:  # noqa: BLE001 - any handler error ends this attempt
-            if isinstance(exc, Interrupted | SystemExit) or (
-                ctx.stop_requested and self.shutting_down.is_set()
-            ):
-                if self.shutting_down.is_set():
-                    # A stop is not an attempt, whatever exception the handler raised (R9).
-                    ctx.logger.info("attempt interrupted by shutdown")
-                    if job.delivery == "at_most_once":
-                        return self._ended(job, "failed", "interrupted by shutdown")
-                    return Completion(id=job.id, claim_token=job.claim_token, outcome="suspend")
-            text = "".join(traceback.format_exception(exc))
-            return self._failed(job, ctx, text, jt.backoff.delay_s(job.attempt))
-        elapsed = time.monotonic() - started
-        self.avg_run_s += (elapsed - self.avg_run_s) * 0.1
-        if jt.callback:
-            # The other service has the work now: the job stays running until its callback.
-            return Completion(
-                id=job.id,
-                claim_token=job.claim_token,
-                outcome="await_callback",
-                callback_timeout_s=jt.callback_timeout_s or 3600.0,
-            )
-        return Completion(
-            id=job.id, claim_token=job.claim_token, outcome="succeeded", result=encoded
+        completion = execute(
+            self.jt,
+            job,
+            ctx,
+            max_result_bytes=self.settings.max_result_bytes,
+            shutting_down=self.shutting_down.is_set,
         )
+        if completion.outcome == "succeeded":
+            self.avg_run_s += (time.monotonic() - started - self.avg_run_s) * 0.1
+        return completion
 
     def _failed(self, job: ClaimedJob, ctx: JobContext, error: str, delay: float) -> Completion:
-        error = storable_text(error, self.settings.max_result_bytes)
-        if ctx.cancelled:
-            return self._ended(job, "cancelled", error)
-        if job.attempt < job.attempts:
-            ctx.logger.warning(
-                "attempt failed, retry in {delay_s:.1f}s",
-                delay_s=delay,
-                error=error.strip().splitlines()[-1][:500],
-            )
-            return Completion(
-                id=job.id,
-                claim_token=job.claim_token,
-                outcome="retry",
-                error=error,
-                retry_delay_s=delay,
-            )
-        ctx.logger.error("job failed, no attempts left", error=error.strip().splitlines()[-1][:500])
-        return self._ended(job, "failed", error)
+        return failed(job, ctx, error, delay, self.settings.max_result_bytes)
 
     def _ended(self, job: ClaimedJob, outcome: Outcome, error: str) -> Completion:
-        error = storable_text(error, self.settings.max_result_bytes)
-        return Completion(id=job.id, claim_token=job.claim_token, outcome=outcome, error=error)
+        return ended(job, outcome, error, self.settings.max_result_bytes)
 
     # -- timeouts ----------------------------------------------------------------------
 

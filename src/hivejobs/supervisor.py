@@ -25,10 +25,11 @@ from loguru import logger
 from setproctitle import setproctitle
 
 from hivejobs.app import App
+from hivejobs.banner import banner
 from hivejobs.broker import Broker
 from hivejobs.config import Settings
 from hivejobs.coordinator.services import rescue_isolated
-from hivejobs.logs import error_fields, setup_logging
+from hivejobs.logs import emit_banner, error_fields, setup_logging
 from hivejobs.metrics import bump
 from hivejobs.store import Store, new_worker_id
 from hivejobs.store.schedules import ScheduleStore
@@ -37,12 +38,13 @@ from hivejobs.store.upkeep import set_type_retentions
 PR_SET_PDEATHSIG = 1
 EXIT_RELOAD = 75  # a pool asked for a reload (`hivejobs restart`): re-exec for new code
 RESTART_BACKOFF_MAX_S = 30.0
+WAITING_EVERY_S = 5.0  # how often a stopping supervisor says what it still waits for
 HEALTHY_AFTER_S = 3.0  # lived this long: it started fine, so a death is not a crash loop
 
 
 @dataclass
 class Child:
-    role: str  # "pool", "coordinator" or "metrics" (`--metrics-port`)
+    role: str  # "pool", "coordinator", "metrics" (`--metrics-port`) or "watcher" (--reload)
     pool: str | None
     slot: int
     pid: int = 0
@@ -64,6 +66,7 @@ class Supervisor:
         settings: Settings,
         coordinator: bool = True,
         metrics: tuple[str, int] | None = None,
+        watch: list[str] | None = None,
     ) -> None:
         self.app = app
         self.app_spec = app_spec
@@ -76,7 +79,12 @@ class Supervisor:
         self.metrics = metrics  # (host, port) of the /metrics child, if asked for
         if metrics is not None:
             self.children.append(Child("metrics", None, 0))
+        self.coordinator = coordinator
+        self.watch = watch or []
+        if self.watch:
+            self.children.append(Child("watcher", None, 0))
         self.stopping = False
+        self.stop_now = False  # a second Ctrl-C (or SIGTERM off Heroku): suspend jobs now
         self.reload = False
         self._wake_r, self._wake_w = os.pipe()
 
@@ -99,6 +107,7 @@ class Supervisor:
             broker.ping()
         finally:
             broker.close()
+        emit_banner(*banner(self.app, self.app_spec, self.settings, self.coordinator, self.watch))
         if not self.app.types:
             logger.warning("no job types registered in the app: only the coordinator runs")
         os.set_blocking(self._wake_w, False)
@@ -130,7 +139,12 @@ class Supervisor:
 
     def _on_signal(self, signum: int, _frame: object) -> None:
         if signum in (signal.SIGTERM, signal.SIGINT):
-            self.stopping = True  # a repeated TERM changes nothing (R10)
+            # A second Ctrl-C means "now". So does a second SIGTERM, except on Heroku, which
+            # sends TERM to every process, sometimes more than once: there it changes
+            # nothing (R10). "Now" still suspends, never fails, an at-least-once job.
+            if self.stopping and (signum == signal.SIGINT or "DYNO" not in os.environ):
+                self.stop_now = True
+            self.stopping = True
         elif signum == signal.SIGHUP:
             self.reload = True
 
@@ -179,6 +193,10 @@ class Supervisor:
         _die_with_parent()
         setproctitle(f"hivejobs {child.title} {self.app_spec}")
         setup_logging(child.title)
+        if child.role == "watcher":
+            from hivejobs.reload import watch_for_changes
+
+            return watch_for_changes(self.watch)
         if child.role == "coordinator":
             from hivejobs.coordinator import run_coordinator
 
@@ -217,7 +235,8 @@ class Supervisor:
             if os.WIFEXITED(status)
             else f"signal {os.WTERMSIG(status)}"
         )
-        if not clean and not (os.WIFEXITED(status) and os.WEXITSTATUS(status) == EXIT_RELOAD):
+        reload = os.WIFEXITED(status) and os.WEXITSTATUS(status) == EXIT_RELOAD
+        if not clean and not reload and child.role != "watcher":  # a watcher claims nothing
             self._release_claims([child.worker_id])
         if self.stopping:
             return
@@ -282,8 +301,19 @@ class Supervisor:
             if child.pid:
                 _kill(child.pid, signal.SIGTERM)
         deadline = time.monotonic() + self.settings.shutdown_timeout_s + 2.0
+        now_sent = False
+        next_report = time.monotonic()
         while any(c.pid for c in self.children) and time.monotonic() < deadline:
             self._reap()
+            if self.stop_now and not now_sent:
+                now_sent = True
+                logger.warning("second signal: suspending running jobs now")
+                for child in self.children:
+                    if child.pid and child.role == "pool":
+                        _kill(child.pid, signal.SIGUSR1)
+            if time.monotonic() >= next_report and not now_sent:
+                next_report = time.monotonic() + WAITING_EVERY_S
+                self._report_waiting(deadline - 2.0)
             self._sleep(min(0.2, deadline - time.monotonic()))
         stragglers = [c for c in self.children if c.pid]
         for child in stragglers:
@@ -299,6 +329,35 @@ class Supervisor:
             self._release_claims([c.worker_id for c in stragglers])
         logger.info("supervisor stopped")
         return 0
+
+    def _report_waiting(self, deadline: float) -> None:
+        """Say what the shutdown waits for: the running jobs of our pools, and how long."""
+        pools = [c.worker_id for c in self.children if c.pid and c.role == "pool"]
+        if not pools:
+            return
+        try:
+            store = Store(self.settings.database_url, max_size=1)
+            try:
+                running = store.running_of_workers(pools)
+            finally:
+                store.close()
+        except Exception as exc:  # noqa: BLE001 - only a report: the shutdown goes on
+            logger.debug("could not list running jobs", **error_fields(exc))
+            return
+        if not running:
+            return
+        shown = ", ".join(f"{name} {job_id[:8]}" for job_id, name in running[:5])
+        more = f" and {len(running) - 5} more" if len(running) > 5 else ""
+        logger.info(
+            MSG_WAITING,
+            left_s=max(0, round(deadline - time.monotonic())),
+            count=len(running),
+            jobs=shown + more,
+            hint="Ctrl-C again to suspend them now",
+        )
+
+
+MSG_WAITING = "waiting up to {left_s} s for {count} running job(s): {jobs}"
 
 
 def run_metrics_child(settings: Settings, host: str, port: int) -> int:

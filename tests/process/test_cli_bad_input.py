@@ -179,7 +179,7 @@ def test_status_json_escapes_format_characters(
     job_id = app.enqueue("untyped", {"note": "rtl\u202eoverride"})
     app.close()
     sql(database_url, "UPDATE hivejobs_job SET error = %s", ("err\u2028line\x1b[2J",))
-    done = hivejobs(["status", job_id, "--payload"], env)
+    done = hivejobs(["status", job_id, "--payload", "--json"], env)
     assert done.returncode == 0, done.stderr
     assert "\u202e" not in done.stdout and "\u2028" not in done.stdout and "\x1b" not in done.stdout
     data = json.loads(done.stdout)  # still valid JSON

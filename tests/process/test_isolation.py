@@ -200,7 +200,8 @@ def test_foreign_ids_are_dropped(
 ) -> None:
     """Ids of type `a` pushed into `b`'s list, directly or by a forged dispatch notification,
     are never claimed by `b`'s pool: dropped, logged once per list with the key, counted."""
-    inst = start_instance({"HJ_TYPES": "b"}, app_spec=APP)
+    # The pool's counters (foreign_ids) are a DEBUG line.
+    inst = start_instance({"HJ_TYPES": "b", "HIVEJOBS_LOG_LEVEL": "DEBUG"}, app_spec=APP)
     wait_until(lambda: pool_pids(database_url, "b"), what="pool b")
     key, forged_key = f"{redis_prefix}{{b}}:p0", f"{redis_prefix}{{b}}:p1"
     later = "now() + interval '1 hour'"  # out of the reconciler's reach

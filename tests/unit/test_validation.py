@@ -314,7 +314,6 @@ def run_cli(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str])
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        ((), "the following arguments are required: command"),
         (("frobnicate",), "invalid choice: 'frobnicate'"),
         (("enqueue", "resize"), "the following arguments are required: JSON"),
         (("enqueue", "resize", "{}", "--priority", "high"), "invalid int value: 'high'"),

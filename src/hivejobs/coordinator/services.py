@@ -213,9 +213,13 @@ class Reconciler:
                 failpoint("coord.mid_reconcile_batch")
                 after = (rows[-1][3], rows[-1][0])
         self.broker.set_boot_marker(marker)
-        logger.warning(
-            "Redis had no boot marker (flushed or restarted): restored queues", jobs=pushed
-        )
+        if pushed:
+            logger.warning(
+                "Redis had no boot marker (flushed or restarted): restored queues", jobs=pushed
+            )
+        else:
+            # A first start against an empty Redis looks the same and is no news.
+            logger.info("Redis had no boot marker: nothing queued to restore; marker set")
         return pushed
 
 

@@ -423,6 +423,24 @@ class Store:
                 return None
             return conn.execute(QUERIES[query], params).fetchall()
 
+    def running_of_workers(self, worker_ids: list[str]) -> list[tuple[str, str]]:
+        """(id, type) of the jobs these workers run, longest-running first (at most 100)."""
+        with self.connection() as conn:
+            rows = conn.execute(QUERIES["running_of_workers"], {"worker_ids": worker_ids})
+            return [(r[0], r[1]) for r in rows.fetchall()]
+
+    def promote_due_unleased(self, limit: int) -> list[tuple[Any, ...]]:
+        """promote_due without the coordinator's lease: for hivejobs.testing, where no
+        coordinator runs. (id, name, priority) of the jobs now queued."""
+        with self.connection() as conn:
+            return conn.execute(QUERIES["promote_due"], {"limit": limit}).fetchall()
+
+    def advance_scheduled_if_testing(self, every: bool) -> int:
+        """Make scheduled jobs due now (all, or only retries): hivejobs.testing.drain."""
+        with self.connection() as conn:
+            rows = conn.execute(QUERIES["advance_scheduled_if_testing"], {"every": every})
+            return len(rows.fetchall())
+
     def queued_page(
         self, queue: tuple[str, int], after: tuple[datetime, str] | None, limit: int
     ) -> list[tuple[Any, ...]]:

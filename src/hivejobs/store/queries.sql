@@ -459,3 +459,17 @@ RETURNING job_id;
 
 -- name: prune_unique
 DELETE FROM hivejobs_unique WHERE until < now();
+
+-- name: advance_scheduled_if_testing
+-- hivejobs.testing.drain(promote=...): jobs waiting in `scheduled` become due now, either
+-- every one or only retries waiting out their backoff (attempt > 0; a delayed enqueue has
+-- run no attempt yet). promote_due then queues them. Never called by a worker.
+UPDATE hivejobs_job SET run_at = now()
+ WHERE state = 'scheduled' AND run_at > now() AND (%(every)s OR attempt > 0)
+RETURNING id;
+
+-- name: running_of_workers
+-- What a stopping supervisor waits for: its pools' running jobs, longest-running first.
+SELECT id, name FROM hivejobs_job
+ WHERE worker_id = ANY(%(worker_ids)s::uuid[]) AND state = 'running'
+ ORDER BY started_at, id LIMIT 100;

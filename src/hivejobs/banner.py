@@ -1,0 +1,63 @@
+"""The worker's start-up banner: what this `hivejobs run` serves, with what, against which
+servers. Pure: builds lines and fields; logs.emit_banner prints them. Never shows a password
+(every URL goes through redact_url)."""
+
+from __future__ import annotations
+
+import os
+from importlib.metadata import PackageNotFoundError, version
+
+from hivejobs.app import App
+from hivejobs.config import Settings, redact_url
+
+
+def hivejobs_version() -> str:
+    try:
+        return version("hivejobs")
+    except PackageNotFoundError:  # run from a checkout that was never installed
+        return "unknown"
+
+
+def banner(
+    app: App, app_spec: str, settings: Settings, coordinator: bool, watching: list[str]
+) -> tuple[list[str], dict[str, object]]:
+    """Lines for a terminal and the same facts as fields for a JSON log."""
+    types = sorted(app.types.values(), key=lambda jt: jt.name)
+    width = max([len(jt.name) for jt in types] + [4])
+    lines = [
+        f"hivejobs {hivejobs_version()} · {app_spec} · pid {os.getpid()}",
+        f"  postgres     {redact_url(settings.database_url)}",
+        f"  redis        {redact_url(settings.redis_url)}",
+        f"  prefix       {settings.prefix}",
+        f"  coordinator  {'on' if coordinator else 'off (--no-coordinator)'}",
+    ]
+    if watching:
+        lines.append(f"  reload       on code change in {', '.join(watching)}")
+    lines.append(f"  job types    {len(types)}, pools {sum(jt.processes for jt in types)}")
+    for jt in types:
+        timeout = f", timeout {jt.timeout_s:g} s" if jt.timeout_s is not None else ""
+        procs = f" x {jt.processes} processes" if jt.processes > 1 else ""
+        lines.append(
+            f"    {jt.name:<{width}}  concurrency {jt.concurrency}{procs}, {jt.delivery},"
+            f" attempts {jt.attempts}{timeout}"
+        )
+    fields: dict[str, object] = {
+        "version": hivejobs_version(),
+        "app": app_spec,
+        "database_url": redact_url(settings.database_url),
+        "redis_url": redact_url(settings.redis_url),
+        "prefix": settings.prefix,
+        "coordinator": coordinator,
+        "reload": watching,
+        "job_types": {
+            jt.name: {
+                "concurrency": jt.concurrency,
+                "processes": jt.processes,
+                "delivery": jt.delivery,
+                "attempts": jt.attempts,
+                "timeout_s": jt.timeout_s,
+            }
+            for jt in types
+        },
+    }
+    return lines, fields
