@@ -115,7 +115,7 @@ class App:
         database_url: str | None = None,
         redis_url: str | None = None,
         prefix: str | None = None,
-        **settings: float | int,
+        **settings: float | int | str,
     ) -> None:
         self.settings: Settings = settings_from_env(database_url, redis_url, prefix, **settings)
         self.types: dict[str, JobType] = {}
@@ -273,7 +273,7 @@ class App:
             self.resolve_backends()
             with self._lock:
                 if self._store is None:
-                    store = Store(self.settings.database_url)
+                    store = Store(self.settings.database_url, pooled=self.settings.pgbouncer)
                     store.check_schema()
                     self._store = store
         return self._store
@@ -301,7 +301,7 @@ class App:
 
         self.resolve_backends()
         create_database_if_missing(self.settings.database_url)
-        store = Store(self.settings.database_url)
+        store = Store(self.settings.database_url, pooled=self.settings.pgbouncer)
         try:
             return store.migrate()
         finally:

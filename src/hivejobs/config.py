@@ -16,6 +16,10 @@ from hivejobs.errors import ConfigError
 DEFAULT_DATABASE_URL = "postgresql://127.0.0.1:5432/hivejobs"
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 PREFIX_RE = re.compile(r"^[A-Za-z0-9_.\-:]{1,64}$")
+# redis(s)+sentinel://host:port,host:port/mastername and redis(s)+cluster://host:port,...
+# are opened by broker_client.py with redis-py's Sentinel and RedisCluster.
+REDIS_SCHEMES: tuple[str, ...] = ("redis", "rediss", "unix")
+REDIS_SCHEMES += ("redis+sentinel", "rediss+sentinel", "redis+cluster", "rediss+cluster")
 
 
 class Settings(msgspec.Struct, kw_only=True):
@@ -46,6 +50,11 @@ class Settings(msgspec.Struct, kw_only=True):
     archive_retention_s: float = 7 * 24 * 3600.0
     # A drained hot table (a few live rows) bigger than this is vacuumed and reindexed.
     compact_above_bytes: float = 16 * 1024 * 1024
+    # Postgres is reached through a transaction-mode pooler (PgBouncer): no startup options,
+    # no prepared statements, session settings per transaction (docs/scaling.md).
+    pgbouncer: bool = False
+    # A direct (not pooled) URL for the coordinator's LISTEN; empty: database_url.
+    listen_database_url: str = ""
 
     def __post_init__(self) -> None:
         if not PREFIX_RE.match(self.prefix):
@@ -58,7 +67,7 @@ class Settings(msgspec.Struct, kw_only=True):
             raise ConfigError("max_payload_bytes must be positive")
         for url, schemes in (
             (self.database_url, ("postgresql", "postgres")),
-            (self.redis_url, ("redis", "rediss", "unix")),
+            (self.redis_url, REDIS_SCHEMES),
         ):
             scheme = urlsplit(url).scheme
             if scheme not in schemes:
@@ -79,20 +88,21 @@ def settings_from_env(
     database_url: str | None = None,
     redis_url: str | None = None,
     prefix: str | None = None,
-    **overrides: float | int,
+    **overrides: float | int | str,
 ) -> Settings:
     """Arguments win over HIVEJOBS_* variables, which win over DATABASE_URL/REDIS_URL."""
     db = database_url or os.environ.get("HIVEJOBS_DATABASE_URL") or os.environ.get("DATABASE_URL")
     rd = redis_url or os.environ.get("HIVEJOBS_REDIS_URL") or os.environ.get("REDIS_URL")
     source = "explicit" if db and rd else "default"
-    kwargs: dict[str, float | int] = {}
+    kwargs: dict[str, float | int | str] = {}
     for field in Settings.__struct_fields__:
-        if field in ("database_url", "redis_url", "prefix"):
+        if field in ("database_url", "redis_url", "prefix", *_BACKEND_FIELDS):
             continue
         value = env_float("HIVEJOBS_" + field.upper())
         if value is not None:
             kwargs[field] = int(value) if field in _INT_FIELDS else value
     kwargs.update(overrides)
+    kwargs = {**backend_settings_from_env(), **kwargs}
     try:
         return Settings(
             database_url=db or DEFAULT_DATABASE_URL,
@@ -106,6 +116,21 @@ def settings_from_env(
 
 
 _INT_FIELDS = {"max_payload_bytes", "poison_pill_after"}
+_BACKEND_FIELDS = ("pgbouncer", "listen_database_url")
+
+
+def backend_settings_from_env() -> dict[str, bool | str]:
+    """HIVEJOBS_PGBOUNCER (1/true/yes) and HIVEJOBS_LISTEN_DATABASE_URL, when set."""
+    found: dict[str, bool | str] = {}
+    flag = os.environ.get("HIVEJOBS_PGBOUNCER", "").strip().lower()
+    if flag:
+        if flag not in ("1", "true", "yes", "0", "false", "no"):
+            raise ConfigError(f"HIVEJOBS_PGBOUNCER={flag!r} should be 1 or 0")
+        found["pgbouncer"] = flag in ("1", "true", "yes")
+    listen = os.environ.get("HIVEJOBS_LISTEN_DATABASE_URL", "")
+    if listen:
+        found["listen_database_url"] = listen
+    return found
 
 
 def with_database(url: str, dbname: str) -> str:

@@ -60,6 +60,7 @@ class Pool:
             settings.database_url,
             max_size=3,
             session={"synchronous_commit": "off"} if self.async_commit else None,
+            pooled=settings.pgbouncer,
         )
         self.broker = Broker(settings)
         self.completer = Completer(self.store, self.broker, self._forget)

@@ -70,7 +70,7 @@ class Supervisor:
         setup_logging("supervisor")
         setproctitle(f"hivejobs supervisor {self.app_spec}")
         self.app.resolve_backends()  # before forking: children inherit the chosen URLs
-        store = Store(self.settings.database_url, max_size=1)
+        store = Store(self.settings.database_url, max_size=1, pooled=self.settings.pgbouncer)
         try:
             store.check_schema()
             store.upsert_job_types([jt.info() for jt in self.app.types.values()])
@@ -212,7 +212,7 @@ class Supervisor:
         """R8: a child we saw die cannot finish its jobs; release them now, not after
         stuck_after. A short-lived pool: nothing stays open across the next fork."""
         try:
-            store = Store(self.settings.database_url, max_size=1)
+            store = Store(self.settings.database_url, max_size=1, pooled=self.settings.pgbouncer)
             try:
                 requeued, failed = store.rescue_workers(worker_ids, self.settings.poison_pill_after)
             finally:

@@ -28,6 +28,8 @@ from hivejobs.failpoints import failpoint
 from hivejobs.store import Store, connect
 from hivejobs.store.enqueue import parse_dispatch
 
+GUARD_RECHECK_S = 10.0  # a coordinator refusing to lead looks again this often
+
 
 class Coordinator:
     def __init__(self, settings: Settings, worker_id: str) -> None:
@@ -41,7 +43,12 @@ class Coordinator:
             settings.database_url,
             max_size=2,
             session={"idle_in_transaction_session_timeout": str(idle_ms), "lock_timeout": "2000"},
+            pooled=settings.pgbouncer,
         )
+        # Without that guard a paused leader would block every follower: such a coordinator
+        # never leads (it says why, and checks again now and then).
+        self._guard_checked_at: float | None = None
+        self._guard_missing: list[str] = []
         self.broker = Broker(settings)
         self.elector = Elector(self.store, worker_id, settings)
         self.promoter = Promoter(self.store, self.broker)
@@ -65,7 +72,8 @@ class Coordinator:
         )
         last_beat = 0.0
         while not self.stop.is_set():
-            self.elector.tick()
+            if self._stall_guard_in_force():
+                self.elector.tick()
             if time.monotonic() - last_beat > self.settings.heartbeat_s:
                 last_beat = time.monotonic()
                 self._guard("heartbeat", self._heartbeat)
@@ -77,6 +85,27 @@ class Coordinator:
         self.elector.resign()
         self._guard("deregister", lambda: self.store.deregister_worker(self.worker_id))
         return 0
+
+    def _stall_guard_in_force(self) -> bool:
+        now = time.monotonic()
+        if self._guard_checked_at is None or (
+            self._guard_missing and now - self._guard_checked_at > GUARD_RECHECK_S
+        ):
+            try:
+                missing = self.store.session_not_in_force()
+            except psycopg.Error as exc:
+                logger.warning("could not check the stall guard", error=repr(exc))
+                return False
+            self._guard_checked_at = now
+            if missing and missing != self._guard_missing:
+                logger.error(
+                    "this coordinator will not lead: its stall guard is not in force in its "
+                    "transactions (a paused leader would block every follower); behind a "
+                    "pooler set HIVEJOBS_PGBOUNCER=1, or let the role have these settings",
+                    missing=missing,
+                )
+            self._guard_missing = missing
+        return not self._guard_missing
 
     def _heartbeat(self) -> None:
         if not self.store.heartbeat(self.worker_id):  # declared dead while we were away
@@ -129,7 +158,14 @@ class Coordinator:
         timeout = 0.0 if busy else self.settings.promote_interval_s
         try:
             if self._listen is None:
-                self._listen = connect(self.settings.database_url)
+                url = listen_url(self.settings)
+                if url is None:
+                    # LISTEN through a transaction-mode pooler hears nothing: tick on time.
+                    # Transactional enqueues wait for the reconciler, chain hops for the
+                    # periodic traversal (docs/scaling.md: set HIVEJOBS_LISTEN_DATABASE_URL).
+                    self.stop.wait(timeout)
+                    return
+                self._listen = connect(url)
                 self._listen.execute("LISTEN hivejobs_dispatch")
                 self._listen.execute("LISTEN hivejobs_chain")
             entries: list[tuple[str, str, int]] = []
@@ -178,6 +214,14 @@ class Coordinator:
                 # A forged or garbled notification: skip it alone, keep the rest of the batch.
                 logger.warning("dispatch notification skipped", error=str(exc))
         return woken
+
+
+def listen_url(settings: Settings) -> str | None:
+    """Where the coordinator LISTENs: its own direct URL if given, else the database URL
+    unless that is a transaction-mode pooler (None: no session to listen on)."""
+    if settings.listen_database_url:
+        return settings.listen_database_url
+    return None if settings.pgbouncer else settings.database_url
 
 
 def run_coordinator(settings: Settings, worker_id: str) -> int:

@@ -45,6 +45,12 @@ from hivejobs.store.enqueue import (
     run_plan,
 )
 from hivejobs.store.migrate import apply_migrations, check_schema
+from hivejobs.store.pooling import (
+    configure_for,
+    connect_kwargs,
+    pooler_refused,
+    settings_not_in_force,
+)
 from hivejobs.store.sql import load_queries
 
 Conn = psycopg.Connection[Any]
@@ -53,12 +59,17 @@ Conn = psycopg.Connection[Any]
 QUERIES = load_queries("queries.sql")
 
 
-def connect(url: str, **kwargs: Any) -> Conn:
-    """A plain autocommit connection, with a clear error when the server does not answer."""
+def connect(url: str, pooled: bool = False, **kwargs: Any) -> Conn:
+    """A plain autocommit connection, with a clear error when the server does not answer.
+    `pooled`: through a transaction-mode pooler (no prepared statements)."""
+    kwargs = {**connect_kwargs(pooled, None), **kwargs}
     try:
-        return psycopg.connect(url, autocommit=True, connect_timeout=5, **kwargs)
+        return psycopg.connect(url, **kwargs)
     except psycopg.OperationalError as exc:
         reason = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
+        refused = pooler_refused(reason)
+        if refused is not None:
+            raise refused from None
         if "does not exist" in reason and "database" in reason:
             reason += " (run `hivejobs migrate`, which creates it)"
         raise ConnectionFailed("Postgres", redact_url(url), reason) from None
@@ -91,16 +102,26 @@ class Store:
     """A connection pool plus one method per statement."""
 
     def __init__(
-        self, url: str, max_size: int = 4, min_size: int = 1, session: dict[str, str] | None = None
+        self,
+        url: str,
+        max_size: int = 4,
+        min_size: int = 1,
+        session: dict[str, str] | None = None,
+        pooled: bool = False,
     ) -> None:
-        """`session`: Postgres settings for every connection (sent at connect, no round trip)."""
+        """`session`: Postgres settings for every connection: sent at connect (no round trip)
+        or, `pooled` (a transaction-mode pooler), set at the start of each transaction the
+        store opens (store/pooling.py); statements outside a transaction go without them."""
         self.url = url
-        connect(url).close()  # fail fast with a clear message
-        kwargs: dict[str, Any] = {"autocommit": True, "connect_timeout": 5}
-        if session:
-            kwargs["options"] = " ".join(f"-c {k}={v}" for k, v in session.items())
+        self.pooled = pooled
+        self.session = dict(session or {})
+        kwargs = connect_kwargs(pooled, session)
+        connect(url, **kwargs).close()  # fail fast with a clear message
+        connection_class, configure = configure_for(pooled, session)
         self._pool: ConnectionPool[Conn] = ConnectionPool(
             url,
+            connection_class=connection_class,
+            configure=configure,
             min_size=min_size,
             max_size=max_size,
             kwargs=kwargs,
@@ -336,11 +357,20 @@ class Store:
 
     def lease_acquire(self, holder: str, ttl_s: float) -> int | None:
         """The term when we hold the lease after this call, else None."""
-        with self.connection() as conn:
+        # In a transaction of its own: behind a pooler, that is where lock_timeout is set.
+        with self.connection() as conn, conn.transaction():
             row = conn.execute(
                 QUERIES["lease_acquire"], {"holder": holder, "ttl_s": ttl_s}
             ).fetchone()
         return None if row is None else int(row[0])
+
+    def session_not_in_force(self) -> list[str]:
+        """The session settings this store asked for that a transaction of its own does not
+        have (`name=found, wanted value`); empty when all are in force."""
+        if not self.session:
+            return []
+        with self.connection() as conn:
+            return settings_not_in_force(conn, self.session)
 
     def lease_resign(self, holder: str) -> None:
         with self.connection() as conn:
@@ -389,8 +419,12 @@ class Store:
         CONCURRENTLY rebuilds the indexes (VACUUM only marks their pages reusable). Both run
         online, beside enqueues and claims, on a connection of their own without the
         coordinator's lock timeout; leftovers of an interrupted earlier run are dropped."""
-        options = f"-c statement_timeout={int(timeout_s * 1000)}"
-        with connect(self.url, options=options) as conn:
+        # Behind a pooler no statement_timeout: a session SET would outlive us on a server
+        # connection that other clients get next, and VACUUM cannot run in a transaction.
+        options = (
+            {} if self.pooled else {"options": f"-c statement_timeout={int(timeout_s * 1000)}"}
+        )
+        with connect(self.url, self.pooled, **options) as conn:
             for (name,) in conn.execute(QUERIES["invalid_hot_indexes"]).fetchall():
                 conn.execute(
                     psycopg.sql.SQL("DROP INDEX CONCURRENTLY IF EXISTS {}").format(

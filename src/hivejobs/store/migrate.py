@@ -31,31 +31,35 @@ def latest_version() -> int:
 
 
 def apply_migrations(conn: psycopg.Connection[object]) -> list[str]:
-    """Apply what is pending; return the file names applied (empty when up to date)."""
+    """Apply what is pending; return the file names applied (empty when up to date).
+
+    The lock is the migration transaction's own (pg_advisory_xact_lock): released by its
+    commit or rollback, so behind a transaction-mode pooler it can never stay behind on a
+    server connection that other clients get next. Each transaction re-reads the version
+    under the lock, so concurrent migrates apply each file once."""
     conn.autocommit = True
-    conn.execute("SELECT pg_advisory_lock(%s)", (_LOCK_KEY,))
-    try:
-        conn.execute(
-            "CREATE TABLE IF NOT EXISTS hivejobs_schema_version ("
-            " version integer PRIMARY KEY, name text NOT NULL,"
-            " applied_at timestamptz NOT NULL DEFAULT now())"
-        )
-        row = conn.execute("SELECT coalesce(max(version), 0) FROM hivejobs_schema_version")
-        current = row.fetchone()[0]  # type: ignore[index]
-        applied = []
-        for version, name, sql in migration_files():
-            if version <= current:
-                continue
-            with conn.transaction():
-                conn.execute(sql.encode())
-                conn.execute(
-                    "INSERT INTO hivejobs_schema_version (version, name) VALUES (%s, %s)",
-                    (version, name),
-                )
-            applied.append(name)
-        return applied
-    finally:
-        conn.execute("SELECT pg_advisory_unlock(%s)", (_LOCK_KEY,))
+    applied: list[str] = []
+    files = migration_files()
+    while True:
+        with conn.transaction():
+            conn.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK_KEY,))
+            conn.execute(
+                "CREATE TABLE IF NOT EXISTS hivejobs_schema_version ("
+                " version integer PRIMARY KEY, name text NOT NULL,"
+                " applied_at timestamptz NOT NULL DEFAULT now())"
+            )
+            row = conn.execute("SELECT coalesce(max(version), 0) FROM hivejobs_schema_version")
+            current = row.fetchone()[0]  # type: ignore[index]
+            pending = [(v, name, sql) for v, name, sql in files if v > current]
+            if not pending:
+                return applied
+            version, name, sql = pending[0]
+            conn.execute(sql.encode())
+            conn.execute(
+                "INSERT INTO hivejobs_schema_version (version, name) VALUES (%s, %s)",
+                (version, name),
+            )
+        applied.append(name)
 
 
 def check_schema(conn: psycopg.Connection[Any]) -> None:
