@@ -170,13 +170,14 @@ class Coordinator:
                 self._listen.execute("LISTEN hivejobs_chain")
             entries: list[tuple[str, str, int]] = []
             notes = self._listen.notifies(timeout=timeout, stop_after=1000)
-            woken = self._collect(notes, entries, stop_at_wake=True)
-            if woken:
+            woken = self._collect(notes, entries, stop_at_first=True)
+            if woken or entries:
                 # A chain try finished (or a chain came, or was stopped): traverse now, this
-                # is the hop latency between a job and its successor. One pass serves every
-                # wake-up already here, so collect those first.
+                # is the hop latency between a job and its successor; a transactional
+                # enqueue committed: push it now, this is its pickup latency. One pass
+                # serves every notification already here, so collect those first.
                 notes = self._listen.notifies(timeout=0.0, stop_after=1000)
-                self._collect(notes, entries, stop_at_wake=False)
+                woken = self._collect(notes, entries, stop_at_first=False) or woken
             if not leader:
                 # Followers keep no wake-ups: a new leader starts with a full search anyway.
                 self._chain_hints.clear()
@@ -193,10 +194,11 @@ class Coordinator:
         self,
         notes: Iterable[psycopg.Notify],
         entries: list[tuple[str, str, int]],
-        stop_at_wake: bool,
+        stop_at_first: bool,
     ) -> bool:
         """Sort notifications into dispatch entries and chain wake-ups; True if a chain
-        wake-up came (with `stop_at_wake`, stop there: the caller traverses before waiting)."""
+        wake-up came (with `stop_at_first`, stop after the first notification: the caller
+        acts on it before waiting again)."""
         woken = False
         for note in notes:
             if note.channel == "hivejobs_chain":
@@ -205,14 +207,14 @@ class Coordinator:
                 else:
                     self._chains_due = True
                 woken = True
-                if stop_at_wake:
-                    break
-                continue
-            try:
-                entries.extend(parse_dispatch(note.payload))
-            except ValueError as exc:
-                # A forged or garbled notification: skip it alone, keep the rest of the batch.
-                logger.warning("dispatch notification skipped", error=str(exc))
+            else:
+                try:
+                    entries.extend(parse_dispatch(note.payload))
+                except ValueError as exc:
+                    # A forged or garbled notification: skip it alone, keep the rest.
+                    logger.warning("dispatch notification skipped", error=str(exc))
+            if stop_at_first:
+                break
         return woken
 
 

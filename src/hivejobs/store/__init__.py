@@ -357,8 +357,7 @@ class Store:
 
     def lease_acquire(self, holder: str, ttl_s: float) -> int | None:
         """The term when we hold the lease after this call, else None."""
-        # In a transaction of its own: behind a pooler, that is where lock_timeout is set.
-        with self.connection() as conn, conn.transaction():
+        with self.connection() as conn:
             row = conn.execute(
                 QUERIES["lease_acquire"], {"holder": holder, "ttl_s": ttl_s}
             ).fetchone()

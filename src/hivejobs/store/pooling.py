@@ -12,23 +12,62 @@ Never changes a setting outside a transaction, and never touches a caller's conn
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, Self, cast
 
 import psycopg
 import psycopg.sql
 from psycopg import Transaction
+from psycopg.abc import Params, Query
 from psycopg.pq import TransactionStatus
+from psycopg.rows import Row
 
 from hivejobs.errors import ConfigError
 
 
+class LocalSettingsCursor(psycopg.Cursor[Row]):
+    """Outside a transaction, sends the settings with each statement, so that they are in
+    force for it as they would be in a direct session: the coordinator's lock_timeout on
+    a lease attempt, the pool's synchronous_commit on a claim."""
+
+    def execute(
+        self,
+        query: Query,
+        params: Params | None = None,
+        *,
+        prepare: bool | None = None,
+        binary: bool | None = None,
+    ) -> Self:
+        # Forwarded as received: psycopg's own overloads already checked the arguments.
+        run = cast(Callable[..., Self], super().execute)
+        conn = self.connection
+        if (
+            isinstance(conn, LocalSettingsConnection)
+            and conn.local_settings
+            and conn.autocommit
+            and conn.info.transaction_status == TransactionStatus.IDLE
+        ):
+            # One flight, one implicit transaction: in a pipeline, statements up to the Sync
+            # share it, so set_config(..., is_local) holds for the statement and ends with
+            # it (BEGIN and COMMIT would be two more round trips). Results are read after.
+            with conn.pipeline():
+                psycopg.Cursor(conn).execute(conn.local_settings)
+                run(query, params, prepare=prepare, binary=binary)
+            return self
+        return run(query, params, prepare=prepare, binary=binary)
+
+
 class LocalSettingsConnection(psycopg.Connection[Any]):
     """A connection whose outermost transactions start with `local_settings` (a SELECT of
-    set_config calls, or empty). Owned by one pool; set once by the pool's configure."""
+    set_config calls, or empty), and whose statements outside a transaction each run in
+    one (LocalSettingsCursor). Owned by one pool; set once by the pool's configure."""
 
     local_settings: bytes = b""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.cursor_factory = LocalSettingsCursor
 
     @contextmanager
     def transaction(
@@ -37,7 +76,7 @@ class LocalSettingsConnection(psycopg.Connection[Any]):
         outer = self.info.transaction_status == TransactionStatus.IDLE
         with super().transaction(savepoint_name, force_rollback) as tx:
             if outer and self.local_settings:
-                self.execute(self.local_settings)
+                psycopg.Cursor(self).execute(self.local_settings)
             yield tx
 
 
