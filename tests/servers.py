@@ -37,7 +37,11 @@ class PgBouncer:
     transactions. Forwards every database to the shared Postgres; `pool_size` server
     connections per (database, user)."""
 
-    def __init__(self, upstream_port: int = 5432, pool_size: int = 4) -> None:
+    def __init__(
+        self, upstream_port: int = 5432, pool_size: int = 4, ignore_options: bool = False
+    ) -> None:
+        """`ignore_options`: drop startup `options` silently instead of refusing them (a
+        common workaround that loses every setting sent that way)."""
         self.folder = _own_folder("hj-pgbouncer-")
         self.port = free_port()
         users = ("postgres", "root")
@@ -57,6 +61,7 @@ class PgBouncer:
             "max_client_conn = 500\n"
             f"admin_users = {', '.join(users)}\n"
             f"logfile = {self.folder / 'pgbouncer.log'}\n"
+            f"ignore_startup_parameters = {'options' if ignore_options else ''}\n"
             f"pidfile = {self.folder / 'pgbouncer.pid'}\n"
         )
         self.proc = subprocess.Popen(

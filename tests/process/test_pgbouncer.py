@@ -122,6 +122,34 @@ def test_stall_guard_and_migration_lock_through_pgbouncer(
     assert locks[0][0] == 0
 
 
+def test_coordinator_without_its_stall_guard_refuses_to_lead(
+    start_instance: Callable[..., Instance], database_url: str
+) -> None:
+    """A pooler that drops startup options silently, not declared: the coordinator's
+    lock_timeout and idle_in_transaction_session_timeout are not in force, so it never
+    takes the lease and says why."""
+    careless = PgBouncer(ignore_options=True)
+    try:
+        session = {"lock_timeout": "2000"}
+        store = Store(careless.url(database_url), session=session)
+        try:
+            assert store.session_not_in_force() == ["lock_timeout='0', wanted '2000'"]
+        finally:
+            store.close()
+        inst = start_instance(
+            {"HIVEJOBS_DATABASE_URL": careless.url(database_url), "HJ_TYPES": "alo"}
+        )
+        wait_until(lambda: "will not lead" in inst.log_text(), what="the refusal")
+        assert "idle_in_transaction_session_timeout" in inst.log_text()
+        assert "HIVEJOBS_PGBOUNCER=1" in inst.log_text()
+        assert (
+            sql(database_url, "SELECT count(*) FROM hivejobs_leader WHERE holder IS NOT NULL")[0][0]
+            == 0
+        )
+    finally:
+        careless.stop()
+
+
 def starts_ns(ledger_dir: Path) -> dict[str, int]:
     return {p[1]: int(p[4]) for p in read_ledger(ledger_dir) if p[0] == "start"}
 
