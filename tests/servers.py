@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+import redis
 
 from tests.harness import free_port, wait_until
 
@@ -112,3 +113,187 @@ class PgBouncer:
                 self.proc.kill()
                 self.proc.wait(10)
         shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def _redis_answers(port: int, **kwargs: Any) -> bool:
+    client = redis.Redis(port=port, socket_timeout=1, **kwargs)
+    try:
+        return bool(client.ping())
+    except redis.RedisError:
+        return False
+    finally:
+        client.close()
+
+
+class RedisProcess:
+    """One redis-server (or sentinel) of the test's own: its config file, its port."""
+
+    def __init__(self, folder: Path, name: str, lines: list[str], sentinel: bool = False):
+        self.folder = folder
+        self.port = free_port()
+        self.conf = folder / f"{name}.conf"
+        self.conf.write_text(
+            "\n".join(
+                [
+                    f"port {self.port}",
+                    "bind 127.0.0.1",
+                    f"dir {folder}",
+                    'save ""',
+                    "appendonly no",
+                    *lines,
+                ]
+            )
+            + "\n"
+        )
+        self.sentinel = sentinel
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.start()
+
+    def start(self, wait: bool = True) -> None:
+        args = ["redis-server", str(self.conf)] + (["--sentinel"] if self.sentinel else [])
+        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        if wait:
+            wait_until(lambda: _redis_answers(self.port), timeout=10, what="redis to answer")
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+
+
+class RedisSentinelSet:
+    """A master, a replica and three sentinels (quorum 2), failover after 1 s down."""
+
+    SERVICE = "hjmaster"
+
+    def __init__(self, folder: Path) -> None:
+        folder.mkdir(parents=True, exist_ok=True)
+        self.master = RedisProcess(folder, "master", [])
+        self.replica = RedisProcess(folder, "replica", [f"replicaof 127.0.0.1 {self.master.port}"])
+        self.sentinels = [
+            RedisProcess(
+                folder,
+                f"sentinel{i}",
+                [
+                    f"sentinel monitor {self.SERVICE} 127.0.0.1 {self.master.port} 2",
+                    f"sentinel down-after-milliseconds {self.SERVICE} 1000",
+                    f"sentinel failover-timeout {self.SERVICE} 4000",
+                ],
+                sentinel=True,
+            )
+            for i in range(3)
+        ]
+        wait_until(self._replica_synced, timeout=15, what="the replica to sync")
+        wait_until(self._sentinels_see_replica, timeout=15, what="sentinels to see it all")
+
+    @property
+    def url(self) -> str:
+        hosts = ",".join(f"127.0.0.1:{s.port}" for s in self.sentinels)
+        return f"redis+sentinel://{hosts}/{self.SERVICE}/0"
+
+    def _replica_synced(self) -> bool:
+        client = redis.Redis(port=self.replica.port, socket_timeout=1)
+        try:
+            info = client.info("replication")
+            return info.get("master_link_status") == "up"
+        except redis.RedisError:
+            return False
+        finally:
+            client.close()
+
+    def _sentinels_see_replica(self) -> bool:
+        for s in self.sentinels:
+            client = redis.Redis(port=s.port, socket_timeout=1)
+            try:
+                master = client.sentinel_master(self.SERVICE)
+                if int(master.get("num-slaves", 0)) < 1:
+                    return False
+                if int(master.get("num-other-sentinels", 0)) < 2:
+                    return False
+            except redis.RedisError:
+                return False
+            finally:
+                client.close()
+        return True
+
+    def master_port(self) -> int | None:
+        """The port the sentinels name as master now."""
+        client = redis.Redis(port=self.sentinels[0].port, socket_timeout=1)
+        try:
+            addr = client.execute_command("SENTINEL", "GET-MASTER-ADDR-BY-NAME", self.SERVICE)
+            return int(addr[1])
+        except (redis.RedisError, TypeError, IndexError):
+            return None
+        finally:
+            client.close()
+
+    def stop(self) -> None:
+        for proc in [*self.sentinels, self.replica, self.master]:
+            proc.kill()
+
+
+class RedisClusterSet:
+    """Three masters, no replicas, made with `redis-cli --cluster create`."""
+
+    def __init__(self, folder: Path) -> None:
+        folder.mkdir(parents=True, exist_ok=True)
+        self.nodes = [
+            RedisProcess(
+                folder,
+                f"node{i}",
+                [
+                    "cluster-enabled yes",
+                    f"cluster-config-file nodes{i}.conf",
+                    "cluster-node-timeout 2000",
+                ],
+            )
+            for i in range(3)
+        ]
+        subprocess.run(
+            [
+                "redis-cli",
+                "--cluster",
+                "create",
+                *[f"127.0.0.1:{n.port}" for n in self.nodes],
+                "--cluster-replicas",
+                "0",
+                "--cluster-yes",
+            ],
+            check=True,
+            capture_output=True,
+            timeout=30,
+        )
+        wait_until(self._ok, timeout=20, what="cluster_state:ok")
+
+    @property
+    def url(self) -> str:
+        return "redis+cluster://" + ",".join(f"127.0.0.1:{n.port}" for n in self.nodes)
+
+    def _ok(self) -> bool:
+        for n in self.nodes:
+            client = redis.Redis(port=n.port, socket_timeout=1)
+            try:
+                if client.cluster("info").get("cluster_state") != "ok":
+                    return False
+            except redis.RedisError:
+                return False
+            finally:
+                client.close()
+        return True
+
+    def node_of(self, key: str) -> RedisProcess:
+        """The master that serves `key`'s slot."""
+        client = redis.Redis(port=self.nodes[0].port, socket_timeout=1)
+        try:
+            slot = int(client.cluster("keyslot", key))
+            for start, end, master, *_ in client.cluster("slots"):
+                if start <= slot <= end:
+                    port = int(master[1])
+                    return next(n for n in self.nodes if n.port == port)
+        finally:
+            client.close()
+        raise AssertionError(f"no node serves {key}")
+
+    def stop(self) -> None:
+        for n in self.nodes:
+            n.kill()

@@ -27,6 +27,7 @@ import redis
 import redis.asyncio
 from loguru import logger
 
+from hivejobs.broker_client import AsyncClient, Client, async_client, sync_client
 from hivejobs.config import Settings, redact_url
 from hivejobs.errors import ConnectionFailed
 from hivejobs.records import PRIORITIES
@@ -50,7 +51,7 @@ class Broker:
         self.prefix = settings.prefix
         self.block_s = settings.pop_block_s
         self.url = settings.redis_url
-        self.redis = redis.Redis.from_url(
+        self.redis: Client = sync_client(
             settings.redis_url,
             socket_timeout=settings.redis_socket_timeout_s,
             socket_connect_timeout=settings.redis_socket_timeout_s,
@@ -165,7 +166,7 @@ class AsyncBroker:
 
     def __init__(self, settings: Settings) -> None:
         self.prefix = settings.prefix
-        self.redis = redis.asyncio.Redis.from_url(
+        self.redis: AsyncClient = async_client(
             settings.redis_url,
             socket_timeout=settings.redis_socket_timeout_s,
             socket_connect_timeout=settings.redis_socket_timeout_s,
