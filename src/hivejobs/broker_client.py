@@ -48,11 +48,8 @@ class Target:
     def __init__(self, url: str) -> None:
         scheme, sep, rest = url.partition("://")
         base, _, self.kind = scheme.partition("+")
-        if not sep or base not in ("redis", "rediss", "unix") or self.kind not in (
-            "",
-            "sentinel",
-            "cluster",
-        ):
+        kinds = ("", "sentinel", "cluster")
+        if not sep or base not in ("redis", "rediss", "unix") or self.kind not in kinds:
             raise ConfigError(
                 "a Redis URL starts with redis://, rediss://, unix://, redis+sentinel:// "
                 "or redis+cluster://"
@@ -130,9 +127,7 @@ def async_client(url: str, **options: Any) -> AsyncClient:
         return master
     if target.kind == "cluster":
         return redis.asyncio.cluster.RedisCluster(
-            startup_nodes=[
-                redis.asyncio.cluster.ClusterNode(h, p) for h, p in target.hosts
-            ],
+            startup_nodes=[redis.asyncio.cluster.ClusterNode(h, p) for h, p in target.hosts],
             **target.kwargs,
             **options,
         )
