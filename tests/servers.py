@@ -16,7 +16,7 @@ from typing import Any
 import psycopg
 import redis
 
-from tests.harness import free_port, wait_until
+from tests.harness import PostgresServer, free_port, wait_until
 
 
 def _as_postgres(cmd: list[str]) -> list[str]:
@@ -128,9 +128,17 @@ def _redis_answers(port: int, **kwargs: Any) -> bool:
 class RedisProcess:
     """One redis-server (or sentinel) of the test's own: its config file, its port."""
 
-    def __init__(self, folder: Path, name: str, lines: list[str], sentinel: bool = False):
+    def __init__(
+        self,
+        folder: Path,
+        name: str,
+        lines: list[str],
+        sentinel: bool = False,
+        wait: bool = True,
+    ) -> None:
+        """`wait`: until it answers on `port` (False: TLS only, port 0)."""
         self.folder = folder
-        self.port = free_port()
+        self.port = free_port() if wait else 0
         self.conf = folder / f"{name}.conf"
         self.conf.write_text(
             "\n".join(
@@ -147,7 +155,7 @@ class RedisProcess:
         )
         self.sentinel = sentinel
         self.proc: subprocess.Popen[bytes] | None = None
-        self.start()
+        self.start(wait)
 
     def start(self, wait: bool = True) -> None:
         args = ["redis-server", str(self.conf)] + (["--sentinel"] if self.sentinel else [])
@@ -297,3 +305,131 @@ class RedisClusterSet:
     def stop(self) -> None:
         for n in self.nodes:
             n.kill()
+
+
+class ThrowawayCA:
+    """A certificate authority made for one test (openssl), a server certificate for
+    127.0.0.1/localhost and a client certificate whose CN is `client_cn`."""
+
+    def __init__(self, folder: Path, client_cn: str = "postgres") -> None:
+        self.folder = folder
+        folder.mkdir(parents=True, exist_ok=True)
+        self.ca = folder / "ca.crt"
+        self._openssl(
+            "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+            "-keyout", str(folder / "ca.key"), "-out", str(self.ca), "-subj", "/CN=hj test CA",
+        )  # fmt: skip
+        self.server_cert, self.server_key = self._issue("server", "127.0.0.1", server=True)
+        self.client_cert, self.client_key = self._issue("client", client_cn, server=False)
+
+    def _openssl(self, *args: str) -> None:
+        subprocess.run(["openssl", *args], check=True, capture_output=True, timeout=60)
+
+    def _issue(self, name: str, cn: str, server: bool) -> tuple[Path, Path]:
+        key, csr, crt = (self.folder / f"{name}.{ext}" for ext in ("key", "csr", "crt"))
+        ext = self.folder / f"{name}.ext"
+        ext.write_text(
+            "subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth\n"
+            if server
+            else "extendedKeyUsage=clientAuth\n"
+        )
+        self._openssl(
+            "req", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(csr),
+            "-subj", f"/CN={cn}",
+        )  # fmt: skip
+        self._openssl(
+            "x509", "-req", "-in", str(csr), "-CA", str(self.ca),
+            "-CAkey", str(self.folder / "ca.key"), "-CAcreateserial", "-days", "1",
+            "-out", str(crt), "-extfile", str(ext),
+        )  # fmt: skip
+        os.chmod(key, 0o600)
+        return crt, key
+
+
+class TlsRedis:
+    """redis-server answering on TLS only (port 0), client certificates required, the
+    default user off and one ACL user: any command that works came over TLS as that user."""
+
+    USER, PASSWORD = "hjapp", "hj-s3cret"
+
+    def __init__(self, folder: Path, ca: ThrowawayCA) -> None:
+        folder.mkdir(parents=True, exist_ok=True)
+        self.ca = ca
+        self.proc = RedisProcess(
+            folder,
+            "tls",
+            [
+                f"tls-port {free_port()}",
+                f"tls-cert-file {ca.server_cert}",
+                f"tls-key-file {ca.server_key}",
+                f"tls-ca-cert-file {ca.ca}",
+                "tls-auth-clients yes",
+                "user default off",
+                f"user {self.USER} on >{self.PASSWORD} ~* &* +@all",
+            ],
+            wait=False,
+        )
+        self.port = int(
+            next(
+                line.split()[1]
+                for line in self.proc.conf.read_text().splitlines()
+                if line.startswith("tls-port")
+            )
+        )
+        wait_until(lambda: self._answers(), timeout=10, what="TLS redis to answer")
+
+    def _answers(self) -> bool:
+        client = redis.Redis.from_url(self.url, socket_timeout=1)
+        try:
+            return bool(client.ping())
+        except redis.RedisError:
+            return False
+        finally:
+            client.close()
+
+    @property
+    def url(self) -> str:
+        return (
+            f"rediss://{self.USER}:{self.PASSWORD}@127.0.0.1:{self.port}/0"
+            f"?ssl_ca_certs={self.ca.ca}&ssl_certfile={self.ca.client_cert}"
+            f"&ssl_keyfile={self.ca.client_key}"
+        )
+
+    def stop(self) -> None:
+        self.proc.kill()
+
+
+def tls_postgres(ca: ThrowawayCA) -> tuple[PostgresServer, str]:
+    """A Postgres of the test's own that takes TCP connections over TLS with a client
+    certificate only (pg_hba `hostssl ... cert`, plain TCP rejected); returns it and a
+    `sslmode=verify-full` URL template with `{db}` for the database name."""
+    server = PostgresServer()
+    files = {}
+    for name, src in (
+        ("server.crt", ca.server_cert),
+        ("server.key", ca.server_key),
+        ("ca.crt", ca.ca),
+    ):
+        dst = server.dir / name
+        shutil.copy(src, dst)
+        os.chmod(dst, 0o600)
+        if os.geteuid() == 0:
+            shutil.chown(dst, "postgres", "postgres")
+        files[name] = dst
+    with open(server.data / "postgresql.conf", "a") as conf:
+        conf.write(
+            f"ssl = on\nssl_cert_file = '{files['server.crt']}'\n"
+            f"ssl_key_file = '{files['server.key']}'\nssl_ca_file = '{files['ca.crt']}'\n"
+        )
+    (server.data / "pg_hba.conf").write_text(
+        "local all all trust\n"
+        "hostssl all all 127.0.0.1/32 cert\n"
+        "host all all 127.0.0.1/32 reject\n"
+        "host all all ::1/128 reject\n"
+    )
+    server.restart_fast()
+    url = (
+        f"postgresql://postgres@127.0.0.1:{server.port}/{{db}}?sslmode=verify-full"
+        f"&sslrootcert={ca.ca}&sslcert={ca.client_cert}&sslkey={ca.client_key}"
+    )
+    return server, url
