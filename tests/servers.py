@@ -253,6 +253,8 @@ class RedisClusterSet:
                     "cluster-enabled yes",
                     f"cluster-config-file nodes{i}.conf",
                     "cluster-node-timeout 2000",
+                    # The bus port defaults to port + 10000, past 65535 for a high free port.
+                    f"cluster-port {free_port()}",
                 ],
             )
             for i in range(3)
