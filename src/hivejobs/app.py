@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import math
 import random
 import re
@@ -19,8 +20,9 @@ import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, get_args
 
+import msgspec
 import psycopg
 import redis
 from loguru import logger
@@ -38,14 +40,26 @@ from hivejobs.errors import (
     ConnectionFailed,
     InvalidArgument,
     InvalidJobType,
+    JobDuplicate,
     JobIdConflict,
     JobNotFinished,
     JobNotFound,
+    PayloadInvalid,
     UnknownJobType,
 )
 from hivejobs.failpoints import failpoint
 from hivejobs.integrations import adriver_connection, driver_connection
-from hivejobs.records import PRIORITIES, Delivery, Inserted, JobInfo, JobTypeInfo, NewJob
+from hivejobs.records import (
+    PRIORITIES,
+    Delivery,
+    Inserted,
+    JobInfo,
+    JobState,
+    JobTypeInfo,
+    NewJob,
+    UniqueClaim,
+)
+from hivejobs.schedules import Schedule, check_cron
 from hivejobs.serialization import PayloadCodec, decode_json, payload_type_of
 from hivejobs.store import Store
 from hivejobs.store.enqueue import Push, owns_transaction
@@ -58,6 +72,9 @@ if TYPE_CHECKING:
 NAME_RE = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
 MAX_DELAY_S = 366 * 24 * 3600.0
 Handler = Callable[..., object]
+# A failed or cancelled job can be enqueued again at once, as Oban does by default.
+UNIQUE_STATES = ("scheduled", "queued", "running", "succeeded")
+_canonical = msgspec.json.Encoder(order="deterministic")  # key order does not make a new key
 F = TypeVar("F", bound=Handler)
 
 
@@ -83,6 +100,27 @@ class Backoff:
         return float(raw * random.uniform(0.8, 1.2))
 
 
+@dataclass(frozen=True)
+class Unique:
+    """A job type's unique window: while it lasts (from enqueue), a job whose key matches a
+    job in one of `states` is not stored again; the existing job's id is returned, or
+    JobDuplicate raised. The key is the type and the payload (or the `by` fields of it)."""
+
+    window_s: float
+    by: tuple[str, ...] | None
+    states: tuple[str, ...]
+    on_duplicate: str  # "return" | "raise"
+
+    def claim(self, name: str, payload: bytes) -> UniqueClaim:
+        value = decode_json(payload)
+        if self.by is not None:
+            if not isinstance(value, dict):
+                raise PayloadInvalid(name, "unique_by needs a JSON object payload")
+            value = {field: value.get(field) for field in self.by}
+        digest = hashlib.sha256(_canonical.encode(value)).hexdigest()
+        return UniqueClaim(key=f"{name}:{digest}", window_s=self.window_s, states=self.states)
+
+
 @dataclass
 class JobType:
     name: str
@@ -95,6 +133,7 @@ class JobType:
     backoff: Backoff
     priority: int
     codec: PayloadCodec = field(repr=False)
+    unique: Unique | None = None
 
     def info(self) -> JobTypeInfo:
         return JobTypeInfo(
@@ -119,6 +158,7 @@ class App:
     ) -> None:
         self.settings: Settings = settings_from_env(database_url, redis_url, prefix, **settings)
         self.types: dict[str, JobType] = {}
+        self.schedules: dict[str, Schedule] = {}
         self._store: Store | None = None
         self._broker: Broker | None = None
         self._pusher: Pusher | None = None
@@ -140,20 +180,77 @@ class App:
         timeout: float | None = None,
         backoff: Backoff | None = None,
         priority: int = 0,
+        cron: str | None = None,
+        tz: str = "UTC",
+        catch_up: bool = False,
+        unique_for: float | None = None,
+        unique_by: Sequence[str] | None = None,
+        unique_states: Sequence[str] = UNIQUE_STATES,
+        on_duplicate: str = "return",
     ) -> Callable[[F], F]:
-        """Register a handler `fn(ctx, payload)` as job type `name`."""
+        """Register a handler `fn(ctx, payload)` as job type `name`.
+
+        `cron` also runs it periodically with a `None` payload (see `periodic`).
+        `unique_for` seconds: a job whose payload (or its `unique_by` fields) matches a job
+        of this type enqueued within that window and still in one of `unique_states` is not
+        stored again; `enqueue` returns the existing id (or raises JobDuplicate with
+        `on_duplicate="raise"`). Enforced by a Postgres primary key, so racing enqueuers on
+        many machines store one job."""
         jt = self._validated_type(
             name, concurrency, processes, attempts, delivery, timeout, priority
         )
+        if cron is not None:
+            check_cron(cron, tz)
+        if unique_for is not None:
+            jt.unique = _checked_unique(unique_for, unique_by, unique_states, on_duplicate)
 
         def register(fn: F) -> F:
             jt.handler = fn
             jt.backoff = backoff or Backoff()
             jt.codec = PayloadCodec(name, payload_type_of(fn), self.settings.max_payload_bytes)
             self.types[name] = jt
+            if cron is not None:
+                self.periodic(name, cron, tz=tz, catch_up=catch_up)
             return fn
 
         return register
+
+    def periodic(
+        self,
+        job_type: str,
+        cron: str,
+        payload: object = None,
+        *,
+        name: str | None = None,
+        tz: str = "UTC",
+        catch_up: bool = False,
+        priority: int | None = None,
+    ) -> None:
+        """Enqueue a job of `job_type` at every tick of `cron` (5 fields, or 6 with seconds
+        last), read in time zone `tz`. The active coordinator enqueues exactly one job per
+        tick across the fleet. Ticks missed while no coordinator ran are skipped, or all
+        enqueued with `catch_up=True`. `name` (default: the job type) identifies the
+        schedule; declare several per type under different names."""
+        jt = self.types.get(job_type)
+        if jt is None:
+            raise UnknownJobType(job_type, sorted(self.types))
+        key = job_type if name is None else name
+        if not NAME_RE.match(key):
+            raise InvalidJobType(f"schedule name {key!r} must be 1-64 letters, digits, _.-")
+        if key in self.schedules:
+            raise InvalidJobType(f"schedule {key!r} is declared twice")
+        check_cron(cron, tz)
+        prio = jt.priority if priority is None else priority
+        _check_priority(prio)
+        self.schedules[key] = Schedule(
+            name=key,
+            job_type=job_type,
+            cron=cron,
+            tz=tz,
+            payload=jt.codec.encode(payload),
+            priority=prio,
+            catch_up=catch_up,
+        )
 
     def _validated_type(
         self,
@@ -354,10 +451,11 @@ class App:
             # On an error the job is not acknowledged; if the connection died during COMMIT
             # it may be stored: enqueue again with the same id to be sure (idempotent).
             inserted = self.store.insert_job(job, id is not None, raw)
-        if _created(job, inserted) and own:
+        job_id, created = _outcome(jt, job, inserted)
+        if created and own:
             failpoint("enqueue.after_commit_before_push")
             self.pusher.submit(job.name, job.priority, [job.id])
-        return job.id
+        return job_id
 
     async def aenqueue(
         self,
@@ -380,10 +478,11 @@ class App:
         backends = await self.async_backends()
         with self._postgres_errors():
             inserted = await backends.store.insert_job(job, id is not None, raw)
-        if _created(job, inserted) and own:
+        job_id, created = _outcome(jt, job, inserted)
+        if created and own:
             failpoint("enqueue.after_commit_before_push")
             await self._apush(backends, [(job.id, job.name, job.priority)])
-        return job.id
+        return job_id
 
     def enqueue_many(
         self,
@@ -587,16 +686,18 @@ def _new_job(
 ) -> NewJob:
     """Check the options and encode the payload: bad input raises before any write."""
     prio = _checked_options(jt, job_id, priority, delay, run_at, expires_at)
+    encoded = jt.codec.encode(payload)
     return NewJob(
         id=job_id or str(uuid.uuid4()),
         name=jt.name,
         priority=prio,
         attempts=jt.attempts,
         delivery=jt.delivery,
-        payload=jt.codec.encode(payload),
+        payload=encoded,
         delay_s=delay,
         run_at=run_at,
         expires_at=expires_at,
+        unique=None if jt.unique is None else jt.unique.claim(jt.name, encoded),
     )
 
 
@@ -608,6 +709,11 @@ def _new_jobs(
     expires_at: datetime | None,
 ) -> list[NewJob]:
     """Every payload checked first: one bad one stores nothing."""
+    if jt.unique is not None:
+        raise InvalidArgument(
+            f"job type {jt.name!r} is unique: enqueue its jobs one by one (enqueue_many "
+            "stores with COPY, which cannot take unique keys)"
+        )
     batch = list(payloads)
     if not batch:
         return []
@@ -615,17 +721,41 @@ def _new_jobs(
     return [_new_job(jt, p, None, prio, delay, None, expires_at) for p in batch]
 
 
-def _created(job: NewJob, inserted: Inserted) -> bool:
-    """True when this call stored a queued job whose id is to be dispatched now.
+def _outcome(jt: JobType, job: NewJob, inserted: Inserted) -> tuple[str, bool]:
+    """The id `enqueue` returns, and whether this call stored a queued job to dispatch now.
 
     An existing id with the same type and payload is an idempotent retry; with another, a
-    conflict (unless the job finished and was pruned meanwhile)."""
+    conflict (unless the job finished and was pruned meanwhile). A duplicate in a unique
+    window returns the key's job, or raises."""
+    if inserted.state == "duplicate":
+        if jt.unique is not None and jt.unique.on_duplicate == "raise":
+            raise JobDuplicate(jt.name, inserted.id)
+        return inserted.id, False
     if not inserted.created:
         if inserted.name != job.name or inserted.payload != job.payload:
             if inserted.state != "gone":
                 raise JobIdConflict(job.id)
-        return False
-    return inserted.state == "queued"
+        return job.id, False
+    return job.id, inserted.state == "queued"
+
+
+def _checked_unique(
+    window_s: float, by: Sequence[str] | None, states: Sequence[str], on_duplicate: str
+) -> Unique:
+    if isinstance(window_s, bool) or not isinstance(window_s, int | float):
+        raise InvalidJobType(f"unique_for must be seconds, not {type(window_s).__name__}")
+    if not (0 < window_s <= MAX_DELAY_S):  # also refuses NaN
+        raise InvalidJobType(
+            f"unique_for must be between 0 and {MAX_DELAY_S:.0f} s, not {window_s}"
+        )
+    unknown = [st for st in states if st not in get_args(JobState)]
+    if unknown or not states or isinstance(states, str):
+        raise InvalidJobType(f"unique_states must be job states from {get_args(JobState)}")
+    if by is not None and (isinstance(by, str) or not all(isinstance(f, str) for f in by)):
+        raise InvalidJobType("unique_by must be a list of payload field names")
+    if on_duplicate not in ("return", "raise"):
+        raise InvalidJobType(f"on_duplicate must be 'return' or 'raise', not {on_duplicate!r}")
+    return Unique(float(window_s), None if by is None else tuple(by), tuple(states), on_duplicate)
 
 
 def _job_info(job_id: str, row: dict[str, Any] | None) -> JobInfo:

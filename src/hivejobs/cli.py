@@ -161,6 +161,26 @@ def cmd_workers(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_cron(args: argparse.Namespace) -> int:
+    """Periodic schedules as the fleet declared them, with their last and next tick."""
+    from hivejobs.schedules import next_tick
+    from hivejobs.store.schedules import ScheduleStore
+
+    schedules = ScheduleStore(_app(args).store)
+    now = schedules.now()
+    table: list[tuple[object, ...]] = [
+        ("schedule", "type", "cron", "tz", "catch up", "last tick", "next tick")
+    ]
+    for s in schedules.states():
+        last = s.last_tick.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S") if s.last_tick else "-"
+        upcoming = next_tick(s, now).strftime("%Y-%m-%d %H:%M:%S")
+        table.append(
+            (s.name, s.job_type, s.cron, s.tz, "yes" if s.catch_up else "no", last, upcoming)
+        )
+    _print_table(table)
+    return 0
+
+
 def cmd_cancel(args: argparse.Namespace) -> int:
     done = _app(args).cancel(args.job_id)
     print("cancelled" if done else "already finished")
@@ -267,6 +287,7 @@ def build_parser() -> Parser:
     p.add_argument("--payload", action="store_true", help="include the payload")
     add("jobs", cmd_jobs, "counts per job type")
     add("workers", cmd_workers, "live worker processes and their heartbeats")
+    add("cron", cmd_cron, "periodic schedules with their last and next tick (UTC)")
     p = add("cancel", cmd_cancel, "cancel a job (a running one is told to stop)")
     p.add_argument("job_id")
     p = add("replay", cmd_replay, "enqueue a finished job again; prints the new id")

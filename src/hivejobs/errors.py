@@ -71,6 +71,17 @@ class InvalidArgument(HivejobsError):
     """An enqueue option (id, priority, delay, run_at, expires_at) is out of range."""
 
 
+class JobDuplicate(HivejobsError):
+    """A unique job type refused a duplicate in its window (`on_duplicate="raise"`)."""
+
+    def __init__(self, name: str, existing_id: str) -> None:
+        super().__init__(
+            f"a {name!r} job with the same unique key exists ({existing_id!r}) within the "
+            "type's unique window"
+        )
+        self.existing_id = existing_id
+
+
 class JobIdConflict(HivejobsError):
     def __init__(self, job_id: str) -> None:
         super().__init__(

@@ -39,6 +39,16 @@ class NewJob(msgspec.Struct, frozen=True, kw_only=True):
     delay_s: float | None
     run_at: datetime | None
     expires_at: datetime | None
+    unique: UniqueClaim | None = None
+
+
+class UniqueClaim(msgspec.Struct, frozen=True, kw_only=True):
+    """A unique window to take before inserting: one job per key while it lasts and the
+    key's job is in one of `states`."""
+
+    key: str
+    window_s: float
+    states: tuple[str, ...]
 
 
 class Inserted(msgspec.Struct, frozen=True):

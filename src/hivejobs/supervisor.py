@@ -27,6 +27,7 @@ from hivejobs.broker import Broker
 from hivejobs.config import Settings
 from hivejobs.logs import setup_logging
 from hivejobs.store import Store, new_worker_id
+from hivejobs.store.schedules import ScheduleStore
 
 PR_SET_PDEATHSIG = 1
 EXIT_RELOAD = 75  # a pool asked for a reload (`hivejobs restart`): re-exec for new code
@@ -74,6 +75,7 @@ class Supervisor:
         try:
             store.check_schema()
             store.upsert_job_types([jt.info() for jt in self.app.types.values()])
+            ScheduleStore(store).declare(list(self.app.types), list(self.app.schedules.values()))
         finally:
             store.close()
         if not self.app.types:

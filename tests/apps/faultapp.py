@@ -117,3 +117,8 @@ def _poison(ctx: JobContext, payload: dict[str, str]) -> str:
 
 register("poison", concurrency=4, attempts=3, timeout=1.0, backoff=Backoff(base_s=0.1))(_poison)
 register("poison_amo", concurrency=2, delivery="at_most_once", timeout=1.0)(_poison)
+
+
+if os.environ.get("HJ_CRON") and (not SELECTED or "alo" in SELECTED):
+    # A periodic schedule for the cron tests: one `alo` job per tick, missed ticks caught up.
+    app.periodic("alo", os.environ["HJ_CRON"], {"ms": 1}, name="tick", catch_up=True)

@@ -22,6 +22,7 @@ from hivejobs.broker import Broker
 from hivejobs.chains.traverser import Traverser
 from hivejobs.config import Settings
 from hivejobs.coordinator.elector import Elector
+from hivejobs.coordinator.scheduler import Scheduler
 from hivejobs.coordinator.services import Compactor, Gauges, Promoter, Reconciler, Rescuer
 from hivejobs.errors import ConnectionFailed
 from hivejobs.failpoints import failpoint
@@ -57,6 +58,7 @@ class Coordinator:
         self.gauges = Gauges(self.store)
         self.compactor = Compactor(self.store, settings)
         self.traverser = Traverser(self.store, self.broker)
+        self.scheduler = Scheduler(self.store, self.broker)
         self._chains_due = True  # look for chain work at once (chains_to_traverse)
         self._chain_hints: set[str] = set()  # chains a wake-up named: traverse just these
         self.stop = threading.Event()
@@ -128,6 +130,8 @@ class Coordinator:
             only = None if full else self._chain_hints
             self._chains_due, self._chain_hints = False, set()
             self._guard("traverse", lambda: self._traverse(lease, only))
+        if self._every("schedule", min(1.0, s.coordinator_interval_s)):
+            self._guard("schedule", lambda: self.scheduler.run_once(lease))
         if self._every("promote", s.promote_interval_s):
             self._guard("promote", lambda: self.promoter.run_once(lease))
         if self._every("rescue", s.coordinator_interval_s):

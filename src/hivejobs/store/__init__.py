@@ -164,9 +164,11 @@ class Store:
                 return _insert_own(own, job, explicit_id)
         if owns_transaction(conn):
             return _insert_own(conn, job, explicit_id)
-        # A generated id is one INSERT; a caller's id may take three statements, undone
-        # together if one fails so that the caller's transaction stays usable.
-        with caller_savepoint(conn) if explicit_id else nullcontext():
+        # A generated id is one INSERT; a caller's id or a unique window may take several
+        # statements, undone together if one fails so that the caller's transaction stays
+        # usable.
+        single = not explicit_id and job.unique is None
+        with nullcontext() if single else caller_savepoint(conn):
             return run_plan(conn, enqueue_plan(job, explicit_id, in_caller=True))
 
     def insert_many(self, jobs: Sequence[NewJob], conn: Conn | None = None) -> list[Push]:
@@ -436,6 +438,7 @@ class Store:
     def prune_archive(self, retention_s: float) -> int:
         with self.connection() as conn:
             cur = conn.execute(QUERIES["prune_archive"], {"retention_s": retention_s})
+            conn.execute(QUERIES["prune_unique"])  # unique windows that have passed
             return cur.rowcount
 
 
@@ -446,10 +449,10 @@ def _text(value: str | None) -> str | None:
 
 def _insert_own(conn: Conn, job: NewJob, explicit_id: bool) -> Inserted:
     """The enqueue as its own transaction (the store's connection, or an autocommit one)."""
-    if not explicit_id:  # one statement: atomic on its own in autocommit
+    if not explicit_id and job.unique is None:  # one statement: atomic on its own
         return run_plan(conn, insert_plan(job, False))
     with conn.transaction():
-        return run_plan(conn, insert_plan(job, True))
+        return run_plan(conn, enqueue_plan(job, explicit_id, in_caller=False))
 
 
 def new_worker_id() -> str:

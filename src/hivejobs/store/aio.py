@@ -81,7 +81,7 @@ class AsyncStore:
                 return await _insert_own(own, job, explicit_id)
         if owns_transaction(conn):
             return await _insert_own(conn, job, explicit_id)
-        if not explicit_id:
+        if not explicit_id and job.unique is None:
             return await arun_plan(conn, enqueue_plan(job, False, in_caller=True))
         async with acaller_savepoint(conn):
             return await arun_plan(conn, enqueue_plan(job, True, in_caller=True))
@@ -122,10 +122,10 @@ class AsyncStore:
 
 
 async def _insert_own(conn: AsyncConn, job: NewJob, explicit_id: bool) -> Inserted:
-    if not explicit_id:  # one statement: atomic on its own in autocommit
+    if not explicit_id and job.unique is None:  # one statement: atomic on its own
         return await arun_plan(conn, insert_plan(job, False))
     async with conn.transaction():
-        return await arun_plan(conn, insert_plan(job, True))
+        return await arun_plan(conn, enqueue_plan(job, explicit_id, in_caller=False))
 
 
 async def _copy_jobs(conn: AsyncConn, jobs: list[NewJob]) -> list[Push]:

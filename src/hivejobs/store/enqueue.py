@@ -24,7 +24,7 @@ import psycopg
 from psycopg.pq import TransactionStatus
 
 from hivejobs.errors import InvalidArgument
-from hivejobs.records import Inserted, NewJob
+from hivejobs.records import Inserted, NewJob, UniqueClaim
 from hivejobs.store.sql import load_queries
 
 QUERIES = load_queries("queries.sql")
@@ -72,12 +72,38 @@ def insert_plan(job: NewJob, explicit_id: bool) -> Steps[Inserted]:
 
 
 def enqueue_plan(job: NewJob, explicit_id: bool, in_caller: bool) -> Steps[Inserted]:
-    """The insert, and in the caller's transaction the NOTIFY that dispatches it on commit
-    (on the store's own connection the caller pushes the id to Redis instead)."""
+    """The unique window (if any), the insert, and in the caller's transaction the NOTIFY
+    that dispatches it on commit (on the store's own connection the caller pushes instead).
+
+    A duplicate in a unique window comes back as `state="duplicate"` with the id of the job
+    that holds the key."""
+    if job.unique is not None:
+        owner_id = yield from unique_plan(job, job.unique)
+        if owner_id is not None:
+            return Inserted(owner_id, job.name, "duplicate", job.priority, b"", False)
     inserted = yield from insert_plan(job, explicit_id)
     if in_caller and inserted.created and inserted.state == "queued":
         yield from notify_plan([(job.id, job.name, job.priority)])
     return inserted
+
+
+def unique_plan(job: NewJob, unique: UniqueClaim) -> Steps[str | None]:
+    """Take the job's unique key; None when taken, else the id of the job that holds it."""
+    params = {"key": unique.key, "id": job.id, "window_s": unique.window_s}
+    if (yield QUERIES["take_unique_key"], params) is not None:
+        return None
+    owner = yield QUERIES["unique_owner"], {"key": unique.key}
+    if owner is not None and owner[1] in unique.states:
+        return str(owner[0])
+    # The holder ended outside the covered states (or was pruned): the key is free.
+    if owner is not None:
+        taken = yield QUERIES["take_over_unique_key"], {**params, "owner": owner[0]}
+        if taken is not None:
+            return None
+    again = yield QUERIES["unique_owner"], {"key": unique.key}
+    if again is None:  # its window passed and the row was pruned meanwhile: start over
+        return (yield from unique_plan(job, unique))
+    return str(again[0])
 
 
 def notify_plan(pushes: Sequence[Push]) -> Steps[None]:

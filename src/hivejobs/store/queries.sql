@@ -339,3 +339,32 @@ SELECT i.indexrelid::regclass::text FROM pg_index i
 -- name: db_now
 -- The database clock, which every time in the schema is judged on.
 SELECT now();
+
+-- name: take_unique_key
+-- One job per key while the window lasts. The primary key makes racing enqueuers wait for
+-- each other; the loser sees the winner's row (a conflict re-reads the latest version) and
+-- takes nothing. Only the row's own columns decide here: a subquery would read the
+-- statement's older snapshot, in which the winner's job does not exist yet.
+INSERT INTO hivejobs_unique (key, job_id, until)
+VALUES (%(key)s, %(id)s, now() + %(window_s)s * interval '1 second')
+ON CONFLICT (key) DO UPDATE SET job_id = EXCLUDED.job_id, until = EXCLUDED.until
+ WHERE hivejobs_unique.until <= now()
+RETURNING job_id;
+
+-- name: unique_owner
+-- Read in a new snapshot, after take_unique_key waited for any racing winner to commit.
+SELECT u.job_id, coalesce(j.state, a.state) AS state
+  FROM hivejobs_unique u
+  LEFT JOIN hivejobs_job j ON j.id = u.job_id
+  LEFT JOIN hivejobs_archive a ON a.id = u.job_id
+ WHERE u.key = %(key)s;
+
+-- name: take_over_unique_key
+-- The key's job ended in a state the window does not cover (failed, say): take the key,
+-- unless another enqueuer took it first (its job_id is no longer the one we saw).
+UPDATE hivejobs_unique SET job_id = %(id)s, until = now() + %(window_s)s * interval '1 second'
+ WHERE key = %(key)s AND job_id = %(owner)s
+RETURNING job_id;
+
+-- name: prune_unique
+DELETE FROM hivejobs_unique WHERE until < now();

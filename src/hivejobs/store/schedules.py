@@ -1,0 +1,83 @@
+"""Schedule statements (schedule_queries.sql): declare, list, and enqueue due ticks.
+
+Part of store/: decides nothing. The coordinator's Scheduler hands in the jobs of the ticks
+it computed; they are written, with the tick reached, in one transaction under the lease.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+from typing import TYPE_CHECKING
+
+from psycopg.rows import class_row
+
+from hivejobs.records import NewJob
+from hivejobs.schedules import Schedule, ScheduleState
+from hivejobs.store.enqueue import Push, insert_plan, run_plan
+from hivejobs.store.sql import load_queries
+
+if TYPE_CHECKING:
+    from hivejobs.store import Store
+
+QUERIES = load_queries("schedule_queries.sql")
+LEASE_HOLD = load_queries("queries.sql")["lease_hold"]
+
+
+class ScheduleStore:
+    """The schedule table, over the Store's connection pool."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    def declare(self, job_types: Sequence[str], schedules: Sequence[Schedule]) -> None:
+        """What an app declares at `hivejobs run`: its schedules replace the earlier ones of
+        its own job types (a schedule removed from the code stops)."""
+        with self.store.connection() as conn, conn.transaction():
+            conn.execute(
+                QUERIES["drop_undeclared_schedules"],
+                {"job_types": list(job_types), "names": [s.name for s in schedules]},
+            )
+            for s in schedules:
+                conn.execute(
+                    QUERIES["upsert_schedule"],
+                    {
+                        "name": s.name,
+                        "job_type": s.job_type,
+                        "cron": s.cron,
+                        "tz": s.tz,
+                        "payload": s.payload,
+                        "priority": s.priority,
+                        "catch_up": s.catch_up,
+                    },
+                )
+
+    def states(self) -> list[ScheduleState]:
+        with self.store.connection() as conn:
+            cur = conn.cursor(row_factory=class_row(ScheduleState))
+            return cur.execute(QUERIES["list_schedules"]).fetchall()
+
+    def now(self) -> datetime:
+        with self.store.connection() as conn:
+            return conn.execute(QUERIES["db_now"]).fetchone()[0]  # type: ignore[index,no-any-return]
+
+    def enqueue_ticks_if_leader(
+        self, lease: tuple[str, int], state: ScheduleState, jobs: Sequence[NewJob], tick: datetime
+    ) -> list[Push] | None:
+        """Insert the ticks' jobs and advance the schedule to `tick`, atomically, while the
+        lease holds; None when it does not. Nothing is written when another coordinator moved
+        the schedule on since `state` was read (its next pass recomputes)."""
+        with self.store.connection() as conn, conn.transaction():
+            held = conn.execute(LEASE_HOLD, {"holder": lease[0], "term": lease[1]}).fetchone()
+            if held is None:
+                return None
+            row = conn.execute(QUERIES["lock_schedule"], {"name": state.name}).fetchone()
+            if row is None or row[0] != state.last_tick:
+                return []
+            pushes: list[Push] = []
+            for job in jobs:
+                inserted = run_plan(conn, insert_plan(job, explicit_id=True))
+                if inserted.created and inserted.state == "queued":
+                    pushes.append((job.id, job.name, job.priority))
+            conn.execute(QUERIES["advance_schedule"], {"name": state.name, "tick": tick})
+            return pushes
