@@ -90,9 +90,7 @@ def test_a_failed_job_or_a_passed_window_frees_the_key(
     assert sql(database_url, "SELECT count(*) FROM hivejobs_unique")[0][0] == 0
 
 
-def test_unique_in_the_callers_transaction(
-    make_app: Callable[..., App], database_url: str
-) -> None:
+def test_unique_in_the_callers_transaction(make_app: Callable[..., App], database_url: str) -> None:
     app = make(make_app)
     with psycopg.connect(database_url) as conn:
         dropped = app.enqueue("sync_user", {"a": 1}, conn=conn)

@@ -22,6 +22,7 @@ from hivejobs.broker import Broker
 from hivejobs.chains.traverser import Traverser
 from hivejobs.config import Settings
 from hivejobs.coordinator.elector import Elector
+from hivejobs.coordinator.pruner import Pruner
 from hivejobs.coordinator.scheduler import Scheduler
 from hivejobs.coordinator.services import Compactor, Gauges, Promoter, Reconciler, Rescuer
 from hivejobs.errors import ConnectionFailed
@@ -30,6 +31,9 @@ from hivejobs.store import Store, connect
 from hivejobs.store.enqueue import parse_dispatch
 
 GUARD_RECHECK_S = 10.0  # a coordinator refusing to lead looks again this often
+# A pass runs until the archive is caught up (coordinator/pruner.py): a short interval only
+# matters when a pass ended early (lease lost, or the 50 s cap while far behind).
+PRUNE_EVERY_S = 10.0
 
 
 class Coordinator:
@@ -56,6 +60,7 @@ class Coordinator:
         self.rescuer = Rescuer(self.store, self.broker, settings)
         self.reconciler = Reconciler(self.store, self.broker)
         self.gauges = Gauges(self.store)
+        self.pruner = Pruner(self.store, settings.archive_retention_s)
         self.compactor = Compactor(self.store, settings)
         self.traverser = Traverser(self.store, self.broker)
         self.scheduler = Scheduler(self.store, self.broker)
@@ -140,8 +145,8 @@ class Coordinator:
             self._guard("reconcile", lambda: self.reconciler.run_once(lease))
         if self._every("gauges", max(5.0, s.coordinator_interval_s)):
             self._guard("gauges", self.gauges.run_once)
-        if self._every("prune", 60.0):
-            self._guard("prune", lambda: self.store.prune_archive(s.archive_retention_s))
+        if self._every("prune", PRUNE_EVERY_S):
+            self.pruner.start(lambda: self.elector.term == lease[1])
         if self._every("compact", max(10.0, s.coordinator_interval_s)):
             self._guard("compact", lambda: self.compactor.run_once(self.gauges.in_flight))
 
