@@ -20,7 +20,7 @@ import msgspec
 from hivejobs.bench import scenarios
 from hivejobs.bench.environment import BenchEnvironment
 
-SCENARIOS = ("enqueue", "throughput", "latency", "chain", "backlog")
+SCENARIOS = ("enqueue", "throughput", "latency", "chain", "backlog", "prune")
 DEFAULT_SCENARIOS = "enqueue,throughput,latency"
 
 
@@ -153,6 +153,10 @@ def run_scenarios(env: BenchEnvironment, opts: BenchOptions) -> dict[str, Any]:
                 ),
             )
         )
+    if "prune" in opts.scenarios:
+        from hivejobs.bench.prune import prune_scenario
+
+        plan.append(("prune", lambda: prune_scenario(env, opts.backlog_jobs)))
     runs: dict[str, list[scenarios.Figures]] = {}
     started = time.perf_counter()
     for name, fn in plan:
@@ -204,7 +208,7 @@ def format_report(report: dict[str, Any]) -> str:
     med = report["medians"]
     ceil = med.get("ceilings", {})
     rows = [("figure", "median", "vs this machine's ceiling")]
-    for name in ("ceilings", "enqueue", "throughput", "latency", "chain", "backlog"):
+    for name in ("ceilings", "enqueue", "throughput", "latency", "chain", "backlog", "prune"):
         figures = med.get(name, {})
         for key, value in figures.items():
             rows.append((key, f"{value:,.1f}", _fraction(key, value, ceil) or _drift(key, figures)))
