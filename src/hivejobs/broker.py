@@ -7,6 +7,10 @@ Keys (all under the prefix, default ``hivejobs:``):
   ``{prefix}boot``                  string, set by the coordinator after a full restore; missing
                                   means Redis was flushed or restarted empty (R1).
   ``{prefix}control``               pub/sub channel: cancel/stop/restart messages to pools.
+  ``{prefix}wake``                  pub/sub channel: chain ids whose try just finished, from
+                                  pools to the coordinator, when Postgres LISTEN is out of
+                                  reach (a transaction-mode pooler, no listen URL). A hint:
+                                  the periodic traversal finds the same work.
 
 Everything here may fail or lose data; Postgres is the truth, so callers treat a Redis error
 as latency, never as loss. Imports nothing of ours but config.
@@ -150,6 +154,13 @@ class Broker:
 
     def publish_control(self, message: ControlMessage) -> None:
         self.redis.publish(self.control_channel, msgspec.json.encode(message))
+
+    @property
+    def wake_channel(self) -> str:
+        return f"{self.prefix}wake"
+
+    def publish_wake(self, chain_ids: Iterable[str]) -> None:
+        self.redis.publish(self.wake_channel, ",".join(sorted(set(chain_ids))))
 
     def decode_control(self, raw: bytes) -> ControlMessage | None:
         try:

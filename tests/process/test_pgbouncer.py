@@ -290,6 +290,32 @@ def test_run_through_pgbouncer(
         assert p50(measured["pooled"]) <= 2 * p50(measured["direct"]) + 0.002, measured
 
 
+def test_chain_hops_over_redis_without_a_listen_url(
+    pgbouncer: PgBouncer,
+    make_app: Callable[..., App],
+    start_instance: Callable[..., Instance],
+    database_url: str,
+    ledger_dir: Path,
+) -> None:
+    """No direct URL for LISTEN: pools announce finished chain tries over Redis, so a hop
+    does not wait for the periodic traversal (slowed to 3 s here)."""
+    start_instance(
+        {
+            "HIVEJOBS_DATABASE_URL": pgbouncer.url(database_url),
+            "HIVEJOBS_PGBOUNCER": "1",
+            "HIVEJOBS_COORDINATOR_INTERVAL_S": "3",
+        },
+        app_spec="tests.apps.chainapp:app",
+    )
+    app = fleet_app(make_app, database_url, ["step"], pgbouncer=True)
+    app.settings.database_url = pgbouncer.url(database_url)
+    began = time.monotonic()
+    hop = chain_hops(app, ledger_dir, "over-redis")
+    print(f"\nchain hop p50 without a listen URL {p50(hop) * 1000:.1f} ms")
+    assert p50(hop) < 0.3
+    assert time.monotonic() - began < 6  # the first step did not wait for a 3 s pass either
+
+
 def test_leader_failover_through_pgbouncer(
     pgbouncer: PgBouncer,
     make_app: Callable[..., App],

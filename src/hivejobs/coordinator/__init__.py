@@ -69,6 +69,7 @@ class Coordinator:
         self.stop = threading.Event()
         self._due: dict[str, float] = {}
         self._listen: psycopg.Connection[object] | None = None
+        self._wake: redis.client.PubSub | None = None  # Redis wake-ups, without a LISTEN
 
     def run(self) -> int:
         if threading.current_thread() is threading.main_thread():
@@ -169,10 +170,10 @@ class Coordinator:
             if self._listen is None:
                 url = listen_url(self.settings)
                 if url is None:
-                    # LISTEN through a transaction-mode pooler hears nothing: tick on time.
-                    # Transactional enqueues wait for the reconciler, chain hops for the
-                    # periodic traversal (docs/scaling.md: set HIVEJOBS_LISTEN_DATABASE_URL).
-                    self.stop.wait(timeout)
+                    # LISTEN through a transaction-mode pooler hears nothing: pools announce
+                    # finished chain tries over Redis instead; transactional enqueues wait
+                    # for the reconciler (docs/scaling.md: HIVEJOBS_LISTEN_DATABASE_URL).
+                    self._wait_for_redis_wake(leader, timeout)
                     return
                 self._listen = connect(url)
                 self._listen.execute("LISTEN hivejobs_dispatch")
@@ -196,8 +197,24 @@ class Coordinator:
             logger.warning("dispatch listener failed", error=repr(exc))
             if self._listen is not None:
                 self._listen.close()
-            self._listen = None
+            if self._wake is not None:
+                self._wake.close()
+            self._listen, self._wake = None, None
             self.stop.wait(timeout)
+
+    def _wait_for_redis_wake(self, leader: bool, timeout: float) -> None:
+        if self._wake is None:
+            wake = self.broker.redis.pubsub(  # type: ignore[no-untyped-call]
+                ignore_subscribe_messages=True
+            )
+            wake.subscribe(self.broker.wake_channel)
+            self._wake = wake
+        message = self._wake.get_message(timeout=timeout)
+        while message is not None:
+            # One pass serves every wake-up already here.
+            if leader and isinstance(message.get("data"), bytes):
+                self._chain_hints.update(filter(None, message["data"].decode().split(",")))
+            message = self._wake.get_message(timeout=0.0)
 
     def _collect(
         self,
