@@ -214,7 +214,7 @@ class RedisSentinelSet:
             client = redis.Redis(port=s.port, socket_timeout=1)
             try:
                 master = client.sentinel_master(self.SERVICE)
-                if int(master.get("num-slaves", 0)) < 1:
+                if not isinstance(master, dict) or int(master.get("num-slaves", 0)) < 1:
                     return False
                 if int(master.get("num-other-sentinels", 0)) < 2:
                     return False
@@ -228,8 +228,8 @@ class RedisSentinelSet:
         """The port the sentinels name as master now."""
         client = redis.Redis(port=self.sentinels[0].port, socket_timeout=1)
         try:
-            addr = client.execute_command("SENTINEL", "GET-MASTER-ADDR-BY-NAME", self.SERVICE)
-            return int(addr[1])
+            addr = client.sentinel_get_master_addr_by_name(self.SERVICE)
+            return int(addr[1]) if isinstance(addr, (list, tuple)) else None
         except (redis.RedisError, TypeError, IndexError):
             return None
         finally:

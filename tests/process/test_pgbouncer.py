@@ -15,6 +15,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -337,17 +338,17 @@ def test_leader_failover_through_pgbouncer(
     alo = app.enqueue_many("alo", [{"ms": 5}] * 1000)
     amo = app.enqueue_many("amo", [{"ms": 5}] * 300)
     delayed = [app.enqueue("alo", {"ms": 1}, delay=1 + i / 50) for i in range(200)]
-    stalls = []
+    stalls: list[float] = []
+
+    def taken_over(pid: int) -> bool:
+        return leader_pid(database_url)[0] not in (0, pid)
+
     for sig in (signal.SIGKILL, signal.SIGSTOP):
         pid, _ = wait_until(lambda: leader_pid(database_url), what="a leader")
         os.kill(pid, sig)
         began = time.monotonic()
         try:
-            wait_until(
-                lambda p=pid: leader_pid(database_url)[0] not in (0, p),
-                timeout=12,
-                what="takeover",
-            )
+            wait_until(partial(taken_over, pid), timeout=12, what="takeover")
         finally:
             if sig == signal.SIGSTOP:
                 os.kill(pid, signal.SIGCONT)
