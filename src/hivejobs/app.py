@@ -160,6 +160,7 @@ class App:
         self.types: dict[str, JobType] = {}
         self.schedules: dict[str, Schedule] = {}
         self._store: Store | None = None
+        self._read_store: Store | None = None
         self._broker: Broker | None = None
         self._pusher: Pusher | None = None
         self.embedded: EmbeddedServers | None = None
@@ -376,6 +377,20 @@ class App:
         return self._store
 
     @property
+    def read_store(self) -> Store:
+        """The store listings and dashboards read from: HIVEJOBS_READ_DATABASE_URL (e.g. a
+        replica, which may lag) when set, else the primary's."""
+        if not self.settings.read_database_url:
+            return self.store
+        if self._read_store is None:
+            with self._lock:
+                if self._read_store is None:
+                    self._read_store = Store(
+                        self.settings.read_database_url, max_size=2, pooled=self.settings.pgbouncer
+                    )
+        return self._read_store
+
+    @property
     def pusher(self) -> Pusher:
         if self._pusher is None:
             with self._lock:
@@ -413,6 +428,9 @@ class App:
         if self._store is not None:
             self._store.close()
             self._store = None
+        if self._read_store is not None:
+            self._read_store.close()
+            self._read_store = None
         if self._broker is not None:
             self._broker.close()
             self._broker = None

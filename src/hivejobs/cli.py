@@ -110,7 +110,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_jobs(args: argparse.Namespace) -> int:
-    rows = _app(args).store.type_counts()
+    rows = _app(args).read_store.type_counts()
     header = (
         "type",
         "concurrency",
@@ -140,7 +140,7 @@ def cmd_jobs(args: argparse.Namespace) -> int:
 
 
 def cmd_workers(args: argparse.Namespace) -> int:
-    rows = _app(args).store.workers()
+    rows = _app(args).read_store.workers()
     table: list[tuple[object, ...]] = [
         ("id", "host", "pid", "role", "pool", "started", "heartbeat age s", "running")
     ]

@@ -55,6 +55,9 @@ class Settings(msgspec.Struct, kw_only=True):
     pgbouncer: bool = False
     # A direct (not pooled) URL for the coordinator's LISTEN; empty: database_url.
     listen_database_url: str = ""
+    # Listings and dashboards (status, workers, chain lists) read here, e.g. a replica;
+    # empty: database_url. Never used for a read that decides a write.
+    read_database_url: str = ""
 
     def __post_init__(self) -> None:
         if not PREFIX_RE.match(self.prefix):
@@ -116,20 +119,22 @@ def settings_from_env(
 
 
 _INT_FIELDS = {"max_payload_bytes", "poison_pill_after"}
-_BACKEND_FIELDS = ("pgbouncer", "listen_database_url")
+_BACKEND_FIELDS = ("pgbouncer", "listen_database_url", "read_database_url")
 
 
 def backend_settings_from_env() -> dict[str, bool | str]:
-    """HIVEJOBS_PGBOUNCER (1/true/yes) and HIVEJOBS_LISTEN_DATABASE_URL, when set."""
+    """HIVEJOBS_PGBOUNCER (1/true/yes), HIVEJOBS_LISTEN_DATABASE_URL and
+    HIVEJOBS_READ_DATABASE_URL, when set."""
     found: dict[str, bool | str] = {}
     flag = os.environ.get("HIVEJOBS_PGBOUNCER", "").strip().lower()
     if flag:
         if flag not in ("1", "true", "yes", "0", "false", "no"):
             raise ConfigError(f"HIVEJOBS_PGBOUNCER={flag!r} should be 1 or 0")
         found["pgbouncer"] = flag in ("1", "true", "yes")
-    listen = os.environ.get("HIVEJOBS_LISTEN_DATABASE_URL", "")
-    if listen:
-        found["listen_database_url"] = listen
+    for field in ("listen_database_url", "read_database_url"):
+        url = os.environ.get("HIVEJOBS_" + field.upper(), "")
+        if url:
+            found[field] = url
     return found
 
 

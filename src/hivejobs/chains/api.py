@@ -166,4 +166,4 @@ def job_log(app: App, request_id: str) -> list[JobLogEntry]:
 
 
 def list_chains(app: App, limit: int = 50) -> list[ChainSummary]:
-    return [ChainSummary(**row) for row in ChainStore(app.store).list_chains(limit)]
+    return [ChainSummary(**row) for row in ChainStore(app.read_store).list_chains(limit)]
