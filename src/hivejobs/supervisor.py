@@ -51,6 +51,21 @@ class Child:
         return f"pool {self.pool}#{self.slot}" if self.role == "pool" else "coordinator"
 
 
+# Postgres connections each process may hold at most (the pools are bounded): a pool process
+# its Store (3) and its App's (4: handlers' enqueues, chain context); the coordinator its
+# Store (2), its LISTEN (1) and a compaction's (1); the supervisor 1, while it starts or
+# releases a dead child's claims.
+POOL_PROCESS_CONNECTIONS = 3 + 4
+COORDINATOR_CONNECTIONS = 2 + 1 + 1
+SUPERVISOR_CONNECTIONS = 1
+
+
+def postgres_connections_max(children: list[Child]) -> int:
+    """The most Postgres connections this instance can open, reported at start."""
+    per_role = {"pool": POOL_PROCESS_CONNECTIONS, "coordinator": COORDINATOR_CONNECTIONS}
+    return SUPERVISOR_CONNECTIONS + sum(per_role.get(c.role, 0) for c in children)
+
+
 class Supervisor:
     def __init__(
         self, app: App, app_spec: str, settings: Settings, coordinator: bool = True
@@ -88,6 +103,7 @@ class Supervisor:
             "supervisor started",
             app=self.app_spec,
             pools={jt.name: jt.processes for jt in self.app.types.values()},
+            postgres_connections_max=postgres_connections_max(self.children),
         )
         for child in self.children:
             self._spawn(child)
