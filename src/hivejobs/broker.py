@@ -13,7 +13,8 @@ Keys (all under the prefix, default ``hivejobs:``):
                                   the periodic traversal finds the same work.
 
 Everything here may fail or lose data; Postgres is the truth, so callers treat a Redis error
-as latency, never as loss. Imports nothing of ours but config.
+as latency, never as loss. Imports nothing of ours but config and broker_client (which
+opens the client for a single server, Sentinel or Cluster).
 """
 
 from __future__ import annotations
