@@ -1,7 +1,10 @@
 """hivejobs: a durable job runtime for Python services (Redis broker, Postgres truth).
 
-Public API only.
+Public API only. Imported by a web app, hivejobs is a library and stays silent: its log
+lines are disabled here, and `hivejobs` commands (or the host app) enable them.
 """
+
+from loguru import logger
 
 from hivejobs.app import App, Backoff, Retry
 from hivejobs.chains import Chain, ChainInfo, JobRef
@@ -26,6 +29,8 @@ from hivejobs.errors import (
     UnknownJobType,
 )
 from hivejobs.records import JobInfo, JobState
+
+logger.disable("hivejobs")
 
 __all__ = [
     "App",

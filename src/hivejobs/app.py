@@ -12,7 +12,6 @@ import contextlib
 import hashlib
 import math
 import random
-import re
 import threading
 import time
 import unicodedata
@@ -33,11 +32,10 @@ from hivejobs.config import (
     DEFAULT_DATABASE_URL,
     DEFAULT_REDIS_URL,
     Settings,
-    redact_url,
+    remember_secrets,
     settings_from_env,
 )
 from hivejobs.errors import (
-    ConnectionFailed,
     InvalidArgument,
     InvalidJobType,
     JobDuplicate,
@@ -49,7 +47,9 @@ from hivejobs.errors import (
 )
 from hivejobs.failpoints import failpoint
 from hivejobs.integrations import adriver_connection, driver_connection
+from hivejobs.logs import error_fields
 from hivejobs.records import (
+    JOB_TYPE_NAME_RE,
     PRIORITIES,
     Delivery,
     Inserted,
@@ -61,7 +61,7 @@ from hivejobs.records import (
 )
 from hivejobs.schedules import Schedule, check_cron
 from hivejobs.serialization import PayloadCodec, decode_json, payload_type_of
-from hivejobs.store import Store
+from hivejobs.store import Store, connection_failed
 from hivejobs.store.enqueue import Push, owns_transaction
 
 if TYPE_CHECKING:
@@ -69,7 +69,10 @@ if TYPE_CHECKING:
     from hivejobs.embedded import EmbeddedServers
     from hivejobs.records import ChainStatus, ChainSummary, JobLogEntry
 
-NAME_RE = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
+NAME_RE = JOB_TYPE_NAME_RE
+# Unicode categories refused in ids: controls, format characters (RTL override, zero-width),
+# line and paragraph separators, and lone surrogates (undecodable bytes; not storable).
+_BAD_ID_CATEGORIES = frozenset({"Cc", "Cf", "Zl", "Zp", "Cs"})
 MAX_DELAY_S = 366 * 24 * 3600.0
 Handler = Callable[..., object]
 # A failed or cancelled job can be enqueued again at once, as Oban does by default.
@@ -236,7 +239,7 @@ class App:
         if jt is None:
             raise UnknownJobType(job_type, sorted(self.types))
         key = job_type if name is None else name
-        if not NAME_RE.match(key):
+        if not NAME_RE.fullmatch(key):
             raise InvalidJobType(f"schedule name {key!r} must be 1-64 letters, digits, _.-")
         if key in self.schedules:
             raise InvalidJobType(f"schedule {key!r} is declared twice")
@@ -263,7 +266,7 @@ class App:
         timeout: float | None,
         priority: int,
     ) -> JobType:
-        if not NAME_RE.match(name):
+        if not isinstance(name, str) or not NAME_RE.fullmatch(name):
             raise InvalidJobType(f"job type name {name!r} must be 1-64 letters, digits, _.-")
         if name in self.types:
             raise InvalidJobType(f"job type {name!r} is registered twice")
@@ -338,8 +341,7 @@ class App:
         try:
             yield
         except psycopg.OperationalError as exc:
-            url = redact_url(self.settings.database_url)
-            raise ConnectionFailed("Postgres", url, str(exc).strip() or repr(exc)) from None
+            raise connection_failed(self.settings.database_url, exc) from None
 
     # -- connections -------------------------------------------------------------------
 
@@ -363,6 +365,7 @@ class App:
             self.settings.database_url = chosen.database_url
             self.settings.redis_url = chosen.redis_url
             self.settings.backend_source = chosen.source
+            remember_secrets(chosen.database_url, chosen.redis_url)
             self.embedded = chosen.embedded
 
     @property
@@ -565,7 +568,7 @@ class App:
                 "job stored but push to Redis failed; the coordinator will dispatch it",
                 job_type=name,
                 jobs=len(ids),
-                error=repr(exc),
+                **error_fields(exc),
             )
 
     async def _apush(self, backends: AsyncBackends, pushes: Sequence[Push]) -> None:
@@ -579,7 +582,7 @@ class App:
                 "job stored but push to Redis failed; the coordinator will dispatch it",
                 job_type=name,
                 jobs=len(pushes),
-                error=f"{type(exc).__name__}: {exc}",
+                **error_fields(exc),
             )
 
     async def async_backends(self) -> AsyncBackends:
@@ -596,9 +599,11 @@ class App:
     # -- reads and user actions --------------------------------------------------------
 
     def get_job(self, job_id: str) -> JobInfo:
+        _check_id(job_id)
         return _job_info(job_id, self.store.get_row(job_id))
 
     async def aget_job(self, job_id: str) -> JobInfo:
+        _check_id(job_id)
         backends = await self.async_backends()
         with self._postgres_errors():
             return _job_info(job_id, await backends.store.get_row(job_id))
@@ -606,6 +611,7 @@ class App:
     def cancel(self, job_id: str) -> bool:
         """Cancel a waiting job now, or tell a running one to stop (it ends `cancelled`
         unless it succeeds first). False when the job has already finished."""
+        _check_id(job_id)
         outcome = self.store.cancel(job_id)
         if outcome is None:
             self.get_job(job_id)  # raises JobNotFound for unknown ids
@@ -617,7 +623,7 @@ class App:
                 logger.warning(
                     "cancel stored but not broadcast; the job ends cancelled if it fails",
                     job_id=job_id,
-                    error=repr(exc),
+                    **error_fields(exc),
                 )
         return True
 
@@ -779,8 +785,8 @@ def _checked_unique(
 def _job_info(job_id: str, row: dict[str, Any] | None) -> JobInfo:
     if row is None:
         raise JobNotFound(job_id)
-    row["payload"] = decode_json(bytes(row["payload"]))
-    row["result"] = decode_json(bytes(row["result"]) if row["result"] else None)
+    row["payload"] = decode_json(bytes(row["payload"]), row["name"])
+    row["result"] = decode_json(bytes(row["result"]) if row["result"] else None, row["name"])
     return JobInfo(**row)
 
 
@@ -796,8 +802,14 @@ def _check_priority(priority: int) -> None:
         raise InvalidArgument(f"priority must be an integer 0-9 (0 runs first), not {priority!r}")
 
 
-def _check_id(job_id: str) -> None:
+def _check_id(job_id: object) -> None:
+    """For enqueue and every lookup: a job id Postgres can store and a terminal can show."""
     if not isinstance(job_id, str) or not 1 <= len(job_id) <= MAX_ID_LENGTH:
-        raise InvalidArgument(f"job id must be a string of 1-{MAX_ID_LENGTH} characters")
-    if any(unicodedata.category(ch) == "Cc" for ch in job_id):
-        raise InvalidArgument(f"job id {job_id!r} contains control characters")
+        raise InvalidArgument(
+            f"job id must be a string of 1-{MAX_ID_LENGTH} characters, not {job_id!r:.80}"
+        )
+    if any(unicodedata.category(ch) in _BAD_ID_CATEGORIES for ch in job_id):
+        raise InvalidArgument(
+            f"job id {job_id!r} contains control characters (or invisible format or "
+            "separator characters, or bytes that are not UTF-8)"
+        )

@@ -33,7 +33,7 @@ import redis.asyncio
 from loguru import logger
 
 from hivejobs.broker_client import AsyncClient, Client, async_client, sync_client
-from hivejobs.config import Settings, redact_url
+from hivejobs.config import Settings, redact_url, scrub, url_secrets
 from hivejobs.errors import ConnectionFailed
 from hivejobs.records import PRIORITIES
 
@@ -49,6 +49,23 @@ class ControlMessage(msgspec.Struct, frozen=True, kw_only=True):
 
 
 _control_decoder = msgspec.json.Decoder(ControlMessage)
+
+
+class KeyRefused(redis.ResponseError):
+    """Redis refused a command on one of our keys (e.g. WRONGTYPE: someone SET a list key).
+    The message names the key; a redis-py error alone does not."""
+
+    def __init__(self, key: str, exc: Exception, keys: int = 1) -> None:
+        more = f" (and {keys - 1} other keys)" if keys > 1 else ""
+        super().__init__(f"{key}{more}: {exc}")
+        self.key = key
+
+
+class Popped(msgspec.Struct, frozen=True):
+    """Ids one pop took, and the list they came from (a BLMPOP takes from one list)."""
+
+    key: str
+    ids: list[str]
 
 
 class Broker:
@@ -72,7 +89,8 @@ class Broker:
         try:
             self.redis.ping()
         except redis.RedisError as exc:
-            raise ConnectionFailed("Redis", redact_url(self.url), str(exc)) from None
+            reason = scrub(str(exc).strip() or type(exc).__name__, url_secrets(self.url))
+            raise ConnectionFailed("Redis", redact_url(self.url), reason) from None
 
     # -- keys --------------------------------------------------------------------------
 
@@ -84,6 +102,10 @@ class Broker:
         if keys is None:
             keys = self._keys[name] = [self.queue_key(name, p) for p in PRIORITIES]
         return keys
+
+    def queue_keys_glob(self, name: str) -> str:
+        """All lists of one type, as a pattern: for logs about a pop, which names no key."""
+        return f"{self.prefix}{{{name}}}:p*"
 
     @property
     def boot_key(self) -> str:
@@ -109,18 +131,27 @@ class Broker:
             # a pipeline, which the enqueuing process pays under its GIL.
             ((key, ids),) = groups.items()
             if len(ids) <= chunk:
-                self.redis.rpush(key, *ids)
+                try:
+                    self.redis.rpush(key, *ids)
+                except redis.ResponseError as exc:
+                    raise KeyRefused(key, exc) from None
                 return len(ids)
-        pushed = 0
+        keys: list[str] = []
+        sizes: list[int] = []
         with self.redis.pipeline(transaction=False) as pipe:
             for key, ids in groups.items():
                 for start in range(0, len(ids), chunk):
                     pipe.rpush(key, *ids[start : start + chunk])
-                    pushed += len(ids[start : start + chunk])
-            pipe.execute()
-        return pushed
+                    keys.append(key)
+                    sizes.append(len(ids[start : start + chunk]))
+            # A list that refuses (a wrong-typed key) fails alone; the others are pushed.
+            replies = pipe.execute(raise_on_error=False)
+        failed = [(k, r) for k, r in zip(keys, replies, strict=True) if isinstance(r, Exception)]
+        if failed:
+            raise KeyRefused(failed[0][0], failed[0][1], len({k for k, _ in failed}))
+        return sum(sizes)
 
-    def pop(self, name: str, count: int, block_s: float | None = None) -> list[str]:
+    def pop(self, name: str, count: int, block_s: float | None = None) -> Popped:
         """Block up to block_s for ids of one type, highest priority (0) first."""
         keys = self.queue_keys(name)
         reply = self.redis.blmpop(
@@ -131,17 +162,32 @@ class Broker:
             count=count,
         )
         if not reply:
-            return []
+            return Popped("", [])
+        key: bytes = reply[0]  # type: ignore[assignment]
         raw_ids: list[bytes] = reply[1]  # type: ignore[assignment]
-        return [clean for raw in raw_ids if (clean := _clean_id(raw)) is not None]
+        ids = [clean for raw in raw_ids if (clean := _clean_id(raw)) is not None]
+        return Popped(key.decode(errors="replace"), ids)
 
-    def queue_lengths(self, names: Iterable[str]) -> dict[tuple[str, int], int]:
+    def queue_lengths(
+        self, names: Iterable[str]
+    ) -> tuple[dict[tuple[str, int], int], dict[str, redis.ResponseError]]:
+        """Lengths of each type's lists, and the keys whose length Redis refused (a key of
+        the wrong type): one bad key leaves every other list's length known."""
         pairs = [(n, p) for n in names for p in PRIORITIES]
         with self.redis.pipeline(transaction=False) as pipe:
             for n, p in pairs:
                 pipe.llen(self.queue_key(n, p))
-            lengths = pipe.execute()
-        return {pair: int(length) for pair, length in zip(pairs, lengths, strict=True)}
+            replies = pipe.execute(raise_on_error=False)
+        lengths: dict[tuple[str, int], int] = {}
+        refused: dict[str, redis.ResponseError] = {}
+        for (n, p), reply in zip(pairs, replies, strict=True):
+            if isinstance(reply, redis.ResponseError):
+                refused[self.queue_key(n, p)] = reply
+            elif isinstance(reply, Exception):
+                raise reply
+            else:
+                lengths[(n, p)] = int(reply)
+        return lengths, refused
 
     # -- boot marker -------------------------------------------------------------------
 
@@ -246,7 +292,8 @@ class Pusher:
                 logger.warning(
                     "jobs stored but push to Redis failed; the coordinator will dispatch them",
                     jobs=len(entries),
-                    error=repr(exc),
+                    error=str(exc),
+                    error_type=type(exc).__name__,
                 )
             with self._cond:
                 self._pending -= len(batch)

@@ -13,9 +13,13 @@ from collections.abc import Callable, Sequence
 from datetime import UTC
 
 import msgspec
+import psycopg
+import redis
+from loguru import logger
 
 from hivejobs.app import App
-from hivejobs.config import redact_url
+from hivejobs.config import positive_seconds, redact_url, scrub_known
+from hivejobs.display import escape
 from hivejobs.errors import (
     ChainInvalid,
     ConfigError,
@@ -27,6 +31,8 @@ from hivejobs.errors import (
     PayloadTooLarge,
     UnknownJobType,
 )
+from hivejobs.logs import error_text
+from hivejobs.serialization import decode_any
 
 USAGE_ERRORS = (
     ChainInvalid,
@@ -81,20 +87,19 @@ def cmd_migrate(args: argparse.Namespace) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     from hivejobs.supervisor import Supervisor
 
+    # Checked before the app is imported: a NaN here would SIGKILL every pool on SIGTERM.
+    timeout = args.shutdown_timeout
+    if timeout is not None:
+        timeout = positive_seconds("--shutdown-timeout", timeout)
     app = load_app(args.app_spec)
-    if args.shutdown_timeout is not None:
-        if args.shutdown_timeout <= 0:
-            raise UsageError("--shutdown-timeout must be positive")
-        app.settings.shutdown_timeout_s = args.shutdown_timeout
+    if timeout is not None:
+        app.settings.shutdown_timeout_s = timeout
     return Supervisor(app, args.app_spec, app.settings, coordinator=not args.no_coordinator).run()
 
 
 def cmd_enqueue(args: argparse.Namespace) -> int:
     app = _app(args)
-    try:
-        payload = msgspec.json.decode(args.payload)
-    except msgspec.DecodeError as exc:
-        raise PayloadInvalid(args.name, f"not valid JSON: {exc}") from None
+    payload = decode_any(args.payload, lambda detail: PayloadInvalid(args.name, detail))
     job_id = app.enqueue(args.name, payload, id=args.id, priority=args.priority, delay=args.delay)
     print(job_id)
     return 0
@@ -105,7 +110,9 @@ def cmd_status(args: argparse.Namespace) -> int:
     data = msgspec.to_builtins(info)
     if not args.payload:
         data.pop("payload", None)
-    print(msgspec.json.format(msgspec.json.encode(data), indent=2).decode())
+    text = msgspec.json.format(msgspec.json.encode(data), indent=2).decode()
+    # msgspec escapes control characters in strings, not format ones (U+202E): escape lines.
+    print("\n".join(escape(line) for line in text.split("\n")))
     return 0
 
 
@@ -196,6 +203,7 @@ def cmd_restart(args: argparse.Namespace) -> int:
     from hivejobs.broker import ControlMessage
 
     app = _app(args)
+    app.broker.ping()  # ConnectionFailed (redacted URL) rather than a redis-py traceback
     app.broker.publish_control(ControlMessage(action="restart", pool=args.pool))
     print("restart requested")
     return 0
@@ -253,9 +261,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def _print_table(rows: Sequence[Sequence[object]]) -> None:
-    widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
-    for row in rows:
-        print("  ".join(str(v).ljust(w) for v, w in zip(row, widths, strict=True)).rstrip())
+    """Every cell escaped: names, hosts and texts come from users and handlers."""
+    cells = [[escape(v) for v in row] for row in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(cells[0]))]
+    for row in cells:
+        print("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip())
 
 
 def build_parser() -> Parser:
@@ -324,21 +334,72 @@ def build_parser() -> Parser:
     return parser
 
 
+def _check_text_arguments(args: argparse.Namespace) -> None:
+    """Arguments are decoded with surrogateescape: bytes that are not UTF-8 become lone
+    surrogates, which neither Postgres nor JSON can carry. Refuse them here (a file name is
+    only opened, so it may be any bytes)."""
+    for name, value in vars(args).items():
+        if name == "file" or not isinstance(value, str):
+            continue
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            shown = value.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+            option = name.replace("_", "-")
+            raise UsageError(f"{option} {escape(shown)!r} is not valid UTF-8") from None
+
+
+def _unexpected(exc: BaseException) -> str:
+    """One line for an error we did not raise on purpose; the traceback at DEBUG level."""
+    logger.opt(exception=exc).debug("unexpected error")
+    if isinstance(exc, psycopg.Error):
+        return f"Postgres error: {exc}"
+    if isinstance(exc, redis.RedisError):
+        return f"Redis error: {error_text(exc)}"
+    return (
+        f"unexpected {error_text(exc)} (a bug: please report it; "
+        "HIVEJOBS_LOG_LEVEL=DEBUG shows the traceback)"
+    )
+
+
+def _fail(code: int, message: str) -> int:
+    try:
+        one_line = " ".join(escape(line) for line in message.strip().split("\n"))
+        print(f"hivejobs: {scrub_known(one_line)}", file=sys.stderr)
+    except (BrokenPipeError, ValueError):
+        pass
+    return code
+
+
+def _stdout_gone() -> int:
+    """The reader of our output went away (`hivejobs jobs | head -1`): not an error of ours.
+    Point stdout at /dev/null so that the interpreter's final flush stays quiet, and exit as
+    a process killed by SIGPIPE would (128 + 13), which pipelines expect."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return 141
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     from hivejobs.logs import setup_logging
 
-    setup_logging("cli")
     try:
+        setup_logging("cli")
         args = build_parser().parse_args(argv)
-        return int(args.fn(args))
+        _check_text_arguments(args)
+        code = int(args.fn(args))
+        sys.stdout.flush()  # inside the try: a closed pipe is handled below
+        return code
+    except BrokenPipeError:
+        return _stdout_gone()
     except UsageError as exc:
-        print(f"hivejobs: {exc}", file=sys.stderr)
-        return 2
+        return _fail(2, str(exc))
     except USAGE_ERRORS as exc:
-        print(f"hivejobs: {exc}", file=sys.stderr)
-        return 2
+        return _fail(2, str(exc))
     except HivejobsError as exc:
-        print(f"hivejobs: {exc}", file=sys.stderr)
-        return 1
+        return _fail(1, str(exc))
     except KeyboardInterrupt:
         return 130
+    except Exception as exc:  # noqa: BLE001 - one line, never a traceback with values in it
+        return _fail(1, _unexpected(exc))

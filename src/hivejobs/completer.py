@@ -2,7 +2,9 @@
 
 Worker threads hand Completions over; this thread writes whatever has accumulated while the
 previous batch was committing. The writes are fenced by claim token, so retrying a batch
-after an ambiguous commit (connection lost during COMMIT) is safe.
+after an ambiguous commit (connection lost during COMMIT) is safe. A completion that cannot
+be written (its data, not the connection) is isolated by splitting the batch: it never holds
+up the others, and never kills the process.
 """
 
 from __future__ import annotations
@@ -11,17 +13,27 @@ import queue
 import threading
 import time
 from collections.abc import Callable
+from typing import Any, TypeVar
 
 import psycopg
 import redis
 from loguru import logger
 
 from hivejobs.broker import Broker
-from hivejobs.logs import fatal_on_error
+from hivejobs.logs import error_fields, fatal_on_error
 from hivejobs.records import Completion
-from hivejobs.store import Store
+from hivejobs.serialization import storable_text
+from hivejobs.store import Store, is_data_error
 
 MAX_BATCH = 500
+T = TypeVar("T")
+
+MSG_BATCH_RETRY = "completion batch failed, retrying"
+MSG_UNWRITABLE = "completion cannot be written; failing its job with the reason"
+MSG_ARCHIVED_DUPLICATE = (
+    "job id already in the archive: the archived record is kept, the live duplicate removed"
+)
+MSG_ABANDONED = "job cannot be finished in Postgres: left running until this process exits"
 
 
 class Completer:
@@ -30,6 +42,7 @@ class Completer:
         store: Store,
         broker: Broker,
         on_written: Callable[[list[Completion]], None] | None = None,
+        max_error_bytes: int = 1024 * 1024,
     ) -> None:
         self.store = store
         self.broker = broker
@@ -40,8 +53,10 @@ class Completer:
         self._thread = threading.Thread(
             target=fatal_on_error(self._run), name="completer", daemon=True
         )
+        self.max_error_bytes = max_error_bytes
         self.fenced_out = 0
         self.batches = 0
+        self.unwritable = 0  # completions that could not be written as they were
 
     def start(self) -> None:
         self._thread.start()
@@ -86,48 +101,71 @@ class Completer:
                 self._pending -= len(batch)
                 self._idle.notify_all()
 
-    def _write_unwritable(self, item: Completion, exc: Exception) -> None:
-        logger.error(
-            "completion cannot be written; failing the job", job_id=item.id, error=repr(exc)
-        )
-        if item.outcome != "failed":
-            self._write(
-                [
-                    Completion(
-                        id=item.id,
-                        claim_token=item.claim_token,
-                        outcome="failed",
-                        error=f"completion could not be stored: {exc!r}",
-                    )
-                ]
-            )
-
     def _write(self, batch: list[Completion]) -> None:
-        delay = 0.05
-        while True:
-            try:
-                with self.store.connection() as conn:
-                    written, requeued = self.store.finish(batch, conn)
-                break
-            except (psycopg.DataError, psycopg.ProgrammingError) as exc:
-                # Not a connection problem: retrying the same batch would fail for ever.
-                # Write one by one; a completion that cannot be written fails its job.
-                if len(batch) > 1:
-                    for item in batch:
-                        self._write([item])
-                    return
+        """Write a batch; a batch that cannot be written is split until the completions that
+        cannot be written are alone, so that one job's data never holds up another's."""
+        try:
+            written, requeued = self._commit(batch)
+        except Exception as exc:  # noqa: BLE001 - _commit raised a data error, never a lost link
+            if len(batch) > 1:
+                middle = len(batch) // 2
+                self._write(batch[:middle])
+                self._write(batch[middle:])
+            else:
                 self._write_unwritable(batch[0], exc)
-                return
-            except psycopg.Error as exc:
-                # Fenced writes are idempotent: retrying after an unknown outcome is safe.
-                logger.warning(
-                    "completion batch failed, retrying",
-                    jobs=len(batch),
-                    error=repr(exc),
-                    retry_in_s=delay,
-                )
-                time.sleep(delay)
-                delay = min(delay * 2, 2.0)
+            return
+        self._written(batch, written, requeued)
+
+    def _commit(self, batch: list[Completion]) -> tuple[int, list[tuple[Any, ...]]]:
+        """One transaction for the batch, retried until it commits (see _retrying)."""
+
+        def finish() -> tuple[int, list[tuple[Any, ...]]]:
+            with self.store.connection() as conn:
+                return self.store.finish(batch, conn)
+
+        return _retrying(finish, len(batch))
+
+    def _write_unwritable(self, item: Completion, exc: Exception) -> None:
+        """One completion that cannot be written: fail its job with a storable error that
+        says why; if even that cannot be written, its id is already archived (the archived
+        record wins), or as a last resort the claim is let go so it blocks nothing here."""
+        self.unwritable += 1
+        log = logger.bind(job_id=item.id, outcome=item.outcome)
+        log.error(MSG_UNWRITABLE, **error_fields(exc))
+        failure = Completion(
+            id=item.id,
+            claim_token=item.claim_token,
+            outcome="failed",
+            error=storable_text(
+                f"completion ({item.outcome}) could not be stored: "
+                f"{type(exc).__name__}: {exc}\n{item.error or ''}",
+                self.max_error_bytes,
+            ),
+        )
+        try:
+            written, requeued = self._commit([failure])
+        except Exception as again:  # noqa: BLE001 - a data error again: the row itself
+            exc = again
+        else:
+            self._written([failure], written, requeued)
+            return
+        try:
+            dropped = _retrying(
+                lambda: self.store.drop_archived_duplicate_if_running(item.id, item.claim_token), 1
+            )
+        except Exception as again:  # noqa: BLE001 - a data error: nothing more to try
+            dropped, exc = False, again
+        if dropped:
+            log.error(MSG_ARCHIVED_DUPLICATE)
+        else:
+            # Nothing we can write: stop tracking it, the rescue of this process ends it.
+            log.critical(MSG_ABANDONED, **error_fields(exc))
+        if self.on_written is not None:
+            self.on_written([item])
+
+    def _written(
+        self, batch: list[Completion], written: int, requeued: list[tuple[Any, ...]]
+    ) -> None:
         self.batches += 1
         if self.on_written is not None:
             self.on_written(batch)
@@ -145,5 +183,21 @@ class Completer:
                 logger.warning(
                     "requeued jobs not pushed; the reconciler will",
                     jobs=len(queued),
-                    error=repr(exc),
+                    **error_fields(exc),
                 )
+
+
+def _retrying(write: Callable[[], T], jobs: int) -> T:
+    """Run a write until it commits. Connection and server failures are retried with
+    backoff: the writes are fenced by claim token, so retrying after an unknown outcome is
+    safe. A data error (is_data_error) is raised at once: retrying would fail again."""
+    delay = 0.05
+    while True:
+        try:
+            return write()
+        except psycopg.Error as exc:
+            if is_data_error(exc):
+                raise
+            logger.warning(MSG_BATCH_RETRY, jobs=jobs, retry_in_s=delay, **error_fields(exc))
+            time.sleep(delay)
+            delay = min(delay * 2, 2.0)

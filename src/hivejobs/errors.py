@@ -67,6 +67,17 @@ class PayloadTooLarge(HivejobsError):
         )
 
 
+class ResultTooLarge(HivejobsError):
+    """A handler returned more than max_result_bytes: the attempt fails instead (a truncated
+    JSON document would not be JSON)."""
+
+    def __init__(self, size: int, limit: int) -> None:
+        super().__init__(
+            f"result of {size} bytes exceeds max_result_bytes ({limit}); store large data "
+            "elsewhere and return a reference"
+        )
+
+
 class InvalidArgument(HivejobsError):
     """An enqueue option (id, priority, delay, run_at, expires_at) is out of range."""
 

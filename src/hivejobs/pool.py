@@ -2,8 +2,9 @@
 
 The fetcher pops as many ids as there are free slots (one BLMPOP), claims them in one UPDATE
 by primary key, and hands the claimed jobs to runner threads; finished attempts go to the
-Completer. One heartbeat per process. Never runs a job it has not claimed in Postgres, and
-never writes the end of a claim without its claim token.
+Completer. While the Completer lags, the fetcher stops claiming (claim_room: backpressure).
+One heartbeat per process. Never runs a job it has not claimed in Postgres or a job of
+another type, and never writes the end of a claim without its claim token.
 """
 
 from __future__ import annotations
@@ -22,21 +23,31 @@ import redis
 from loguru import logger
 
 from hivejobs.app import App, JobType, Retry
-from hivejobs.broker import Broker
+from hivejobs.broker import Broker, Popped
 from hivejobs.completer import Completer
 from hivejobs.config import Settings
 from hivejobs.context import JobContext
-from hivejobs.errors import Interrupted, PayloadInvalid
+from hivejobs.errors import Interrupted, PayloadInvalid, ResultTooLarge
 from hivejobs.failpoints import failpoint
-from hivejobs.logs import fatal_on_error
+from hivejobs.logs import error_fields, fatal_on_error
 from hivejobs.records import ClaimedJob, Completion, Outcome
-from hivejobs.serialization import encode_result
+from hivejobs.serialization import encode_result, storable_text
 from hivejobs.store import Store
 
 EXIT_RECYCLE = 0  # a clean exit the supervisor answers with an immediate restart
 EXIT_RELOAD = 75  # `hivejobs restart`: the supervisor re-execs itself to load new code
 PREFETCH = 64
 PREFETCH_BELOW_S = 0.005
+MSG_FOREIGN_ID = (
+    "foreign job id dropped: a job of another type was in this pool's list (logged once per"
+    " list; counted in foreign_ids)"
+)
+# Backpressure (issue 21): finished attempts whose completion is not yet written, per runner
+# thread, that a pool may hold beside a full set of claims in hand. A runner slot frees when
+# a job finishes running, not when its completion is written, so without this bound a lagging
+# completer let claims run far ahead: rows stood `running` by the ten thousand, and finished
+# work that lives only in this process's memory is lost work if it dies.
+UNWRITTEN_PER_RUNNER = 2
 
 
 @dataclass
@@ -66,8 +77,12 @@ class Pool:
         # No LISTEN session behind a pooler without a listen URL: chain hops are announced
         # over Redis instead (coordinator.listen_url).
         self.wake_over_redis = settings.pgbouncer and not settings.listen_database_url
-        self.completer = Completer(self.store, self.broker, self._forget)
-        self.held: dict[str, int] = {}  # claims not yet finished in Postgres: id -> token
+        self.completer = Completer(
+            self.store, self.broker, self._forget, max_error_bytes=settings.max_result_bytes
+        )
+        # Claims not yet finished in Postgres (waiting, running, or finished and not yet
+        # written): id -> token. The fetcher keeps it within claim_room() (backpressure).
+        self.held: dict[str, int] = {}
         self.claim_lock = threading.Lock()
         self.work: queue.SimpleQueue[ClaimedJob | None] = queue.SimpleQueue()
         self.running: dict[str, Running] = {}
@@ -86,7 +101,16 @@ class Pool:
         self.prefetch = PREFETCH if jt.delivery == "at_least_once" else 0
         self.avg_run_s = 1.0  # pessimistic until measured
         self.last_heartbeat_ok = time.monotonic()
-        self.counts = {"pops": 0, "claim_statements": 0, "claimed": 0}  # logged at exit
+        # Logged at exit. foreign_ids: ids of other types found in our lists (dropped);
+        # paused_for_completions: fetcher passes held back by backpressure.
+        self.counts = {
+            "pops": 0,
+            "claim_statements": 0,
+            "claimed": 0,
+            "foreign_ids": 0,
+            "paused_for_completions": 0,
+        }
+        self.foreign_keys: set[str] = set()  # lists a foreign id was found in (logged once)
         self.log = logger.bind(pool=jt.name, worker_id=worker_id)
 
     # -- lifecycle ---------------------------------------------------------------------
@@ -152,7 +176,7 @@ class Pool:
         try:
             self.store.deregister_worker(self.worker_id)
         except psycopg.Error as exc:
-            self.log.warning("could not remove worker row", error=repr(exc))
+            self.log.warning("could not remove worker row", **error_fields(exc))
         self.log.info(
             "pool stopped",
             suspended=len(stragglers),
@@ -194,12 +218,31 @@ class Pool:
 
     # -- fetcher -----------------------------------------------------------------------
 
+    def claim_room(self) -> int:
+        """How many ids the fetcher may claim now; called with `self.lock` held.
+
+        Two bounds. Slots: claims in hand (waiting or running) stay within concurrency, plus
+        the prefetch for short at-least-once jobs. Backpressure: every claim not yet written
+        in Postgres (`held`: in hand or finished and unwritten) stays within
+        (UNWRITTEN_PER_RUNNER x concurrency) + prefetch. Every claim in hand may end up
+        unwritten, so finished-but-unwritten completions never exceed that number, nor do
+        this pool's `running` rows; when the completer lags, claiming stops until it writes
+        (its callback, _forget, wakes the fetcher). With the slots full, the second bound
+        only cuts a claim while more than `concurrency` completions wait to be written: a
+        healthy completer writes a few at a time.
+        """
+        extra = self.prefetch if self.avg_run_s < PREFETCH_BELOW_S else 0
+        slots = self.jt.concurrency + extra - self.reserved
+        unwritten_room = UNWRITTEN_PER_RUNNER * self.jt.concurrency + extra - len(self.held)
+        if unwritten_room < slots and slots > 0:
+            self.counts["paused_for_completions"] += int(unwritten_room <= 0)
+        return min(slots, unwritten_room)
+
     def _fetcher(self) -> None:
         backoff = 0.05
         while not self.stop_acquiring.is_set():
             with self.lock:
-                extra = self.prefetch if self.avg_run_s < PREFETCH_BELOW_S else 0
-                free = self.jt.concurrency + extra - self.reserved
+                free = self.claim_room()
                 if free <= 0 or self.isolating:
                     self.lock.wait(0.5)
                     continue
@@ -208,21 +251,27 @@ class Pool:
                 self.stop_acquiring.wait(0.2)
                 continue
             try:
-                ids = self.broker.pop(self.jt.name, free)
+                popped = self.broker.pop(self.jt.name, free)
                 self.counts["pops"] += 1
-                if ids:
-                    self._claim(ids)
+                if popped.ids:
+                    self._claim(popped)
                 backoff = 0.05
             except (redis.RedisError, psycopg.Error) as exc:
-                self.log.warning("fetch failed, retrying", error=repr(exc), retry_in_s=backoff)
+                self.log.warning(
+                    "fetch failed, retrying",
+                    keys=self.broker.queue_keys_glob(self.jt.name),
+                    retry_in_s=backoff,
+                    **error_fields(exc),
+                )
                 self.stop_acquiring.wait(backoff)
                 backoff = min(backoff * 2, 2.0)
 
-    def _claim(self, ids: list[str]) -> None:
+    def _claim(self, popped: Popped) -> None:
+        ids = popped.ids
         with self.claim_lock:
             try:
                 with self.store.connection() as conn:
-                    jobs = self.store.claim_queued(ids, self.worker_id, conn)
+                    jobs = self.store.claim_queued(ids, self.worker_id, conn, name=self.jt.name)
             except psycopg.Error as exc:
                 failure: psycopg.Error | None = exc
             else:
@@ -243,6 +292,25 @@ class Pool:
             self.reserved += len(jobs)
         for job in jobs:
             self.work.put(job)
+        if len(jobs) < len(ids):
+            claimed = {j.id for j in jobs}
+            self._drop_foreign(popped.key, [i for i in ids if i not in claimed])
+
+    def _drop_foreign(self, key: str, unclaimed: list[str]) -> None:
+        """Ids we popped but did not claim are mostly duplicates (already claimed or done);
+        those of another type's live jobs were pushed into our list by mistake or malice.
+        The claim never takes them (it matches our type); drop them, count them, and log the
+        first of each list. Their own type's reconciler dispatches them."""
+        foreign = self.store.foreign_ids(unclaimed, self.jt.name)
+        if not foreign:
+            return
+        self.counts["foreign_ids"] += len(foreign)
+        if key not in self.foreign_keys:
+            self.foreign_keys.add(key)
+            job_id, name = foreign[0]
+            self.log.warning(
+                MSG_FOREIGN_ID, key=key, job_id=job_id, job_type=name, jobs=len(foreign)
+            )
 
     def _release_ambiguous(self, ids: list[str]) -> None:
         """The claim's COMMIT outcome is unknown: put back what we may hold but never ran."""
@@ -366,10 +434,15 @@ class Pool:
             assert jt.handler is not None
             result = jt.handler(ctx, payload)
             encoded = encode_result(result)
+            if encoded is not None and len(encoded) > self.settings.max_result_bytes:
+                # A cut JSON document is not JSON: refuse the whole result, say why.
+                raise ResultTooLarge(len(encoded), self.settings.max_result_bytes)
         except PayloadInvalid as exc:
             # Schema drift will not fix itself on retry: fail for good, keep the pool alive.
             ctx.logger.error("payload does not decode", error=str(exc))
             return self._ended(job, "failed", str(exc))
+        except ResultTooLarge as exc:
+            return self._failed(job, ctx, str(exc), jt.backoff.delay_s(job.attempt))
         except Retry as exc:
             delay = exc.delay if exc.delay is not None else jt.backoff.delay_s(job.attempt)
             return self._failed(job, ctx, f"Retry: {exc}", delay)
@@ -392,6 +465,7 @@ class Pool:
         )
 
     def _failed(self, job: ClaimedJob, ctx: JobContext, error: str, delay: float) -> Completion:
+        error = storable_text(error, self.settings.max_result_bytes)
         if ctx.cancelled:
             return self._ended(job, "cancelled", error)
         if job.attempt < job.attempts:
@@ -411,6 +485,7 @@ class Pool:
         return self._ended(job, "failed", error)
 
     def _ended(self, job: ClaimedJob, outcome: Outcome, error: str) -> Completion:
+        error = storable_text(error, self.settings.max_result_bytes)
         return Completion(id=job.id, claim_token=job.claim_token, outcome=outcome, error=error)
 
     # -- timeouts ----------------------------------------------------------------------
@@ -459,7 +534,7 @@ class Pool:
                 if self.async_commit:
                     self._release_untracked_claims()
             except (psycopg.Error, redis.RedisError) as exc:
-                self.log.warning("heartbeat failed", error=repr(exc))
+                self.log.warning("heartbeat failed", **error_fields(exc))
             time.sleep(self.settings.heartbeat_s)
 
     def _control(self) -> None:
@@ -474,7 +549,7 @@ class Pool:
                     if msg is not None:
                         self._on_control(msg["data"])
             except redis.RedisError as exc:
-                self.log.debug("control channel lost, resubscribing", error=repr(exc))
+                self.log.debug("control channel lost, resubscribing", **error_fields(exc))
                 time.sleep(0.5)
 
     def _on_control(self, raw: bytes) -> None:

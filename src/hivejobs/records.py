@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from datetime import datetime
 from typing import Literal
 
@@ -14,6 +15,8 @@ Delivery = Literal["at_least_once", "at_most_once"]
 Outcome = Literal["succeeded", "failed", "retry", "cancelled", "suspend"]
 
 PRIORITIES = range(10)  # 0 runs first; the default.
+# A job type's name; fullmatch, never `$` (which also matches before a trailing newline).
+JOB_TYPE_NAME_RE = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
 
 
 class JobTypeInfo(msgspec.Struct, frozen=True, kw_only=True):
@@ -83,6 +86,15 @@ class Completion(msgspec.Struct, frozen=True, kw_only=True):
     error: str | None = None
     result: bytes | None = None
     retry_delay_s: float = 0.0
+
+
+class Rescued(msgspec.Struct, frozen=True, kw_only=True):
+    """What one rescue of dead processes' claims did."""
+
+    requeued: list[tuple[str, str, int]]  # (id, type, priority) to push to Redis
+    failed: int
+    # Claims whose id was already archived: the archived record won, the live row is gone.
+    archived_duplicates: list[str]
 
 
 class JobInfo(msgspec.Struct, frozen=True, kw_only=True):

@@ -3,7 +3,9 @@ children with backoff, and shut down on SIGTERM without losing work.
 
 Holds no Postgres or Redis connection while it forks (children open their own). When a child
 dies abnormally its claims are released at once (R8): at-least-once jobs requeued with the
-attempt counted, at-most-once jobs failed "worker lost".
+attempt counted, at-most-once jobs failed "worker lost". Each pool leads its own process
+group, which is ended when the pool exits: nothing a handler started (holding the pool's
+inherited Postgres and Redis sockets) outlives its pool.
 """
 
 from __future__ import annotations
@@ -17,7 +19,6 @@ import sys
 import time
 from dataclasses import dataclass
 
-import psycopg
 import redis
 from loguru import logger
 from setproctitle import setproctitle
@@ -25,7 +26,8 @@ from setproctitle import setproctitle
 from hivejobs.app import App
 from hivejobs.broker import Broker
 from hivejobs.config import Settings
-from hivejobs.logs import setup_logging
+from hivejobs.coordinator.services import rescue_isolated
+from hivejobs.logs import error_fields, setup_logging
 from hivejobs.store import Store, new_worker_id
 from hivejobs.store.schedules import ScheduleStore
 
@@ -93,6 +95,13 @@ class Supervisor:
             ScheduleStore(store).declare(list(self.app.types), list(self.app.schedules.values()))
         finally:
             store.close()
+        # Redis too, as Postgres above: a wrong password or a stopped Redis is one clear
+        # error now (exit 1, the URL redacted), not a warning per pool and per second.
+        broker = Broker(self.settings)
+        try:
+            broker.ping()
+        finally:
+            broker.close()
         if not self.app.types:
             logger.warning("no job types registered in the app: only the coordinator runs")
         os.set_blocking(self._wake_w, False)
@@ -150,11 +159,15 @@ class Supervisor:
         if pid == 0:  # child
             code = 1
             try:
+                if child.role == "pool":
+                    _own_group(0)
                 code = self._child_main(child)
             except BaseException as exc:  # noqa: BLE001 - a child must never return into the loop
                 logger.opt(exception=exc).error("child crashed", role=child.role)
             finally:
                 os._exit(code)
+        if child.role == "pool":
+            _own_group(pid)  # in both processes: whichever runs first, the group exists
         child.pid = pid
         logger.info(
             "started child", role=child.role, pool=child.pool, pid=pid, worker_id=child.worker_id
@@ -181,12 +194,17 @@ class Supervisor:
     def _reap(self) -> None:
         while True:
             try:
-                pid, status = os.waitpid(-1, os.WNOHANG)
+                # Look before reaping: an unreaped pool still holds its pid, so its process
+                # group id cannot have been reused when we end the group below.
+                info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
             except ChildProcessError:
                 return
-            if pid == 0:
+            if info is None or info.si_pid == 0:
                 return
-            child = next((c for c in self.children if c.pid == pid), None)
+            child = next((c for c in self.children if c.pid == info.si_pid), None)
+            if child is not None and child.role == "pool":
+                _end_group(info.si_pid)
+            pid, status = os.waitpid(info.si_pid, 0)
             if child is None:
                 continue
             child.pid = 0
@@ -232,22 +250,28 @@ class Supervisor:
         try:
             store = Store(self.settings.database_url, max_size=1, pooled=self.settings.pgbouncer)
             try:
-                requeued, failed = store.rescue_workers(worker_ids, self.settings.poison_pill_after)
+                rescued = rescue_isolated(store, worker_ids, self.settings.poison_pill_after)
             finally:
                 store.close()
-        except (psycopg.Error, Exception) as exc:  # noqa: BLE001 - the coordinator will rescue
-            logger.warning("could not release a dead child's jobs", error=repr(exc))
+        except Exception as exc:  # noqa: BLE001 - the coordinator will rescue
+            logger.warning("could not release a dead child's jobs", **error_fields(exc))
             return
-        if requeued:
+        if rescued is None:  # no lease was asked for: cannot happen
+            return
+        if rescued.requeued:
             broker = Broker(self.settings)
             try:
-                broker.push_many([(r[0], r[1], r[2]) for r in requeued])
+                broker.push_many(rescued.requeued)
             except redis.RedisError as exc:
-                logger.warning("released jobs not pushed; the reconciler will", error=repr(exc))
+                logger.warning("released jobs not pushed; the reconciler will", **error_fields(exc))
             finally:
                 broker.close()
-        if requeued or failed:
-            logger.warning("released jobs of a dead child", requeued=len(requeued), failed=failed)
+        if rescued.requeued or rescued.failed:
+            logger.warning(
+                "released jobs of a dead child",
+                requeued=len(rescued.requeued),
+                failed=rescued.failed,
+            )
 
     # -- shutdown ----------------------------------------------------------------------
 
@@ -264,6 +288,8 @@ class Supervisor:
         for child in stragglers:
             logger.error("child did not stop in time: killing it", pid=child.pid)
             _kill(child.pid, signal.SIGKILL)
+            if child.role == "pool":
+                _end_group(child.pid)
             try:
                 os.waitpid(child.pid, 0)
             except ChildProcessError:
@@ -279,6 +305,27 @@ def _kill(pid: int, sig: int) -> None:
         os.kill(pid, sig)
     except OSError as exc:
         if exc.errno != errno.ESRCH:
+            raise
+
+
+def _own_group(pid: int) -> None:
+    """A pool leads its own process group, which holds whatever its handlers start: the
+    group can be ended with the pool (_end_group). PDEATHSIG kills only the pool itself."""
+    try:
+        os.setpgid(pid, pid)
+    except OSError as exc:
+        # The other side of the fork already did it, or the child is already gone.
+        if exc.errno not in (errno.EACCES, errno.ESRCH, errno.EPERM):
+            raise
+
+
+def _end_group(pgid: int) -> None:
+    """A pool exited (or is being killed): end what its handlers started, which would keep
+    its title and its inherited Postgres and Redis sockets."""
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except OSError as exc:
+        if exc.errno not in (errno.ESRCH, errno.EPERM):
             raise
 
 

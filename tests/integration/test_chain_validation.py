@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from collections.abc import Callable
@@ -116,6 +117,7 @@ def test_json_chain_round_trip_and_cli(
         "HIVEJOBS_PREFIX": redis_prefix,
         "HIVEJOBS_APP": "tests.apps.chainapp:app",
         "PATH": "/usr/bin:/bin",
+        "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)]),  # this checkout's code
     }
 
     def cli(*args: str) -> subprocess.CompletedProcess[str]:

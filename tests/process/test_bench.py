@@ -11,6 +11,7 @@ import pytest
 import redis
 
 from hivejobs.cli import main
+from hivejobs.pool import PREFETCH, UNWRITTEN_PER_RUNNER
 from tests.harness import REDIS_URL, ROOT, sql
 
 
@@ -112,3 +113,43 @@ def test_small_bench_writes_json_and_leaves_nothing_behind(admin_url: str, tmp_p
     assert set(client.scan_iter(match="hivejobs-bench:*")) == keys_before
     assert client.get("user:data") == b"kept"
     client.delete("user:data")
+
+
+def test_stale_stats_scenario_drains_under_three_statistics_states(
+    admin_url: str, tmp_path: Path
+) -> None:
+    out = tmp_path / "stale.json"
+    server = admin_url.rsplit("/", 1)[0] + "/postgres"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "hivejobs",
+            "bench",
+            "--scenarios",
+            "stale-stats",
+            "--stale-stats-jobs",
+            "300",
+            "--database-url",
+            server,
+            "--redis-url",
+            REDIS_URL,
+            "--json",
+            str(out),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert proc.returncode == 0, proc.stderr
+    figures = json.loads(out.read_text())["medians"]["stale-stats"]
+    assert len(json.loads(out.read_text())["runs"]["stale-stats"]) == 1  # one run, not --repeats
+    for state in ("none", "empty", "full"):
+        assert figures[f"stale_stats_{state}_per_s"] > 0
+        assert figures[f"stale_stats_{state}_buffers_per_job"] > 0
+        # Never more running rows than the pools' backpressure allows (2 processes x 8).
+        bound = 2 * (UNWRITTEN_PER_RUNNER * 8 + PREFETCH)
+        assert figures[f"stale_stats_{state}_most_running"] <= bound
+    assert 0 < figures["stale_stats_slowest_vs_fastest"] <= 1
+    assert figures["stale_stats_autovacuum_on"] in (0.0, 1.0)

@@ -131,7 +131,9 @@ def test_serves_sql_and_redis_reuses_and_restarts(data_dir: Path) -> None:
     with start_embedded(data_dir) as servers:
         cold = time.monotonic() - t0
         assert servers.owned and not servers.reused
-        assert servers.database_url.startswith("postgresql://postgres@127.0.0.1:")
+        # Issue 18: a password of the data dir's own, never trust for every local user.
+        assert servers.database_url.startswith("postgresql://postgres:")
+        assert "@127.0.0.1:" in servers.database_url
         if os.geteuid() == 0:
             assert uid_of(servers.postgres_pid) != 0  # Postgres refuses root: runs as nobody
         with psycopg.connect(servers.database_url, autocommit=True) as conn:
@@ -184,7 +186,10 @@ def test_no_server_outlives_a_killed_parent(data_dir: Path, sig: int) -> None:
     pids = json.loads(Lines(child).next())
     # A connected client keeps a backend process: it too must go.
     port = json.loads((data_dir / "servers.json").read_text())["postgres"]["port"]
-    conn = psycopg.connect(f"host=127.0.0.1 port={port} user=postgres dbname=hivejobs")
+    password = json.loads((data_dir / "credentials.json").read_text())["postgres"]
+    conn = psycopg.connect(
+        f"host=127.0.0.1 port={port} user=postgres password={password} dbname=hivejobs"
+    )
     everything = descendants(pids["postgres"]) | {pids["valkey"]}
     assert len(everything) > 3 and all(alive(p) for p in everything)
 

@@ -10,6 +10,7 @@ import pytest
 from hivejobs import JobContext, PayloadInvalid, PayloadTooLarge
 from hivejobs.serialization import (
     PayloadCodec,
+    decode_any,
     decode_json,
     encode_result,
     payload_type_of,
@@ -122,10 +123,47 @@ def test_untyped_decode_returns_plain_json() -> None:
     assert untyped().decode(b'{"a":[1,2.5,null]}') == {"a": [1, 2.5, None]}
 
 
-def test_encode_json_text_for_the_cli() -> None:
-    assert typed().encode_json_text('{"height": 2, "width": 1}') == b'{"width":1,"height":2}'
+def test_json_text_for_the_cli() -> None:
+    def error(detail: str) -> PayloadInvalid:
+        return PayloadInvalid("resize", detail)
+
+    value = decode_any('{"height": 2, "width": 1}', error)
+    assert typed().encode(value) == b'{"width":1,"height":2}'
     with pytest.raises(PayloadInvalid, match="not valid JSON"):
-        typed().encode_json_text("{width: 1}")
+        decode_any("{width: 1}", error)
+
+
+def test_json_nested_too_deep_is_invalid_not_a_recursion_error() -> None:
+    """Issue 18: JSON nested 2,000 deep raised RecursionError through the CLI and the API."""
+
+    def error(detail: str) -> PayloadInvalid:
+        return PayloadInvalid("resize", detail)
+
+    with pytest.raises(PayloadInvalid, match="nested too deeply"):
+        decode_any("[" * 2000 + "]" * 2000, error)
+    deep: list[object] = []
+    for _ in range(100_000):
+        deep = [deep]
+    with pytest.raises(PayloadInvalid, match="nested too deeply"):
+        untyped().encode(deep)
+    # A stored payload that deep fails at once as invalid (the pool fails such a job for
+    # good), instead of a RecursionError that was retried as an ordinary failure.
+    with pytest.raises(PayloadInvalid, match="stored payload does not decode"):
+        untyped().decode(b"[" * 100_000 + b"]" * 100_000)
+
+
+@pytest.mark.parametrize("number", [float("nan"), float("inf"), -float("inf")])
+def test_nan_and_infinity_are_refused_not_stored_as_null(number: float) -> None:
+    """Issue 18: msgspec writes NaN as null, silently changing the payload."""
+    with pytest.raises(PayloadInvalid, match="NaN and infinity"):
+        untyped().encode({"a": [1, {"b": number}]})
+    assert untyped().encode({"a": None, "b": 1.5}) == b'{"a":null,"b":1.5}'
+
+
+def test_text_that_is_not_unicode_is_a_payload_error() -> None:
+    """A lone surrogate (undecodable bytes from os.listdir or argv) raised UnicodeEncodeError."""
+    with pytest.raises(PayloadInvalid, match="not valid Unicode"):
+        untyped().encode({"file": b"caf\xe9".decode("utf-8", "surrogateescape")})
 
 
 def test_results_encode_and_decode() -> None:

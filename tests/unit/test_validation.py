@@ -241,7 +241,7 @@ def test_numeric_settings_from_env_and_kwargs(monkeypatch: pytest.MonkeyPatch) -
     assert (s.heartbeat_s, s.max_payload_bytes, s.stuck_after_s) == (2.5, 2048, 9.0)
     assert settings_from_env(heartbeat_s=1.0).heartbeat_s == 1.0  # kwargs beat the env
     monkeypatch.setenv("HIVEJOBS_HEARTBEAT_S", "often")
-    with pytest.raises(ConfigError, match="HIVEJOBS_HEARTBEAT_S='often' is not a number"):
+    with pytest.raises(ConfigError, match="HIVEJOBS_HEARTBEAT_S='often' must be a finite"):
         settings_from_env()
 
 

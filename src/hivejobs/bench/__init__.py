@@ -20,7 +20,7 @@ import msgspec
 from hivejobs.bench import scenarios
 from hivejobs.bench.environment import BenchEnvironment
 
-SCENARIOS = ("enqueue", "throughput", "latency", "chain", "backlog", "prune")
+SCENARIOS = ("enqueue", "throughput", "latency", "chain", "backlog", "stale-stats", "prune")
 DEFAULT_SCENARIOS = "enqueue,throughput,latency"
 
 
@@ -35,6 +35,7 @@ class BenchOptions(msgspec.Struct, kw_only=True):
     work_ms: float
     repeats: int
     backlog_jobs: int
+    stale_stats_jobs: int
 
 
 def add_bench_arguments(p: argparse.ArgumentParser) -> None:
@@ -52,6 +53,12 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--work-ms", type=float, default=0.0, help="simulated work per job")
     p.add_argument("--repeats", type=int, default=3, help="runs per scenario (median)")
     p.add_argument("--backlog-jobs", type=int, default=1_000_000)
+    p.add_argument(
+        "--stale-stats-jobs",
+        type=int,
+        default=200_000,
+        help="backlog drained under each planner-statistics state (stale-stats)",
+    )
     p.add_argument("--json", metavar="FILE", help="write machine-readable results")
     p.add_argument("--plot", metavar="FILE.png", help="latency and throughput plot")
     p.add_argument("--database-url", help="server to bench on (a new database is made)")
@@ -69,7 +76,7 @@ def parse_options(args: argparse.Namespace) -> BenchOptions:
         raise UsageError(
             f"unknown scenario {unknown or chosen}: choose from {', '.join(SCENARIOS)}"
         )
-    for name in ("jobs", "processes", "concurrency", "repeats", "backlog_jobs"):
+    for name in ("jobs", "processes", "concurrency", "repeats", "backlog_jobs", "stale_stats_jobs"):
         if getattr(args, name) < 1:
             raise UsageError(f"--{name.replace('_', '-')} must be at least 1")
     if args.rate <= 0 or args.duration <= 0:
@@ -87,6 +94,7 @@ def parse_options(args: argparse.Namespace) -> BenchOptions:
         work_ms=args.work_ms,
         repeats=args.repeats,
         backlog_jobs=args.backlog_jobs,
+        stale_stats_jobs=args.stale_stats_jobs,
     )
 
 
@@ -153,6 +161,17 @@ def run_scenarios(env: BenchEnvironment, opts: BenchOptions) -> dict[str, Any]:
                 ),
             )
         )
+    if "stale-stats" in opts.scenarios:
+        from hivejobs.bench.stale_stats import stale_stats
+
+        plan.append(
+            (
+                "stale-stats",
+                lambda: stale_stats(
+                    env, opts.stale_stats_jobs, opts.processes, opts.concurrency, progress
+                ),
+            )
+        )
     if "prune" in opts.scenarios:
         from hivejobs.bench.prune import prune_scenario
 
@@ -160,7 +179,8 @@ def run_scenarios(env: BenchEnvironment, opts: BenchOptions) -> dict[str, Any]:
     runs: dict[str, list[scenarios.Figures]] = {}
     started = time.perf_counter()
     for name, fn in plan:
-        repeats = 1 if name == "backlog" else opts.repeats
+        # Each is several long drains already: once.
+        repeats = 1 if name in ("backlog", "stale-stats") else opts.repeats
         for i in range(repeats):
             print(f"{name} run {i + 1}/{repeats}", file=sys.stderr)
             runs.setdefault(name, []).append(fn())
@@ -208,7 +228,7 @@ def format_report(report: dict[str, Any]) -> str:
     med = report["medians"]
     ceil = med.get("ceilings", {})
     rows = [("figure", "median", "vs this machine's ceiling")]
-    for name in ("ceilings", "enqueue", "throughput", "latency", "chain", "backlog", "prune"):
+    for name in ("ceilings", *SCENARIOS):
         figures = med.get(name, {})
         for key, value in figures.items():
             rows.append((key, f"{value:,.1f}", _fraction(key, value, ceil) or _drift(key, figures)))
@@ -219,6 +239,8 @@ def format_report(report: dict[str, Any]) -> str:
 
 
 def _fraction(key: str, value: float, ceil: scenarios.Figures) -> str:
+    if key == "stale_stats_slowest_vs_fastest":
+        return f"{value:.0%}: slowest drain rate of the three statistics states vs fastest"
     if key == "enqueue_single_vs_raw":
         return f"{value:.0%} of raw 1-INSERT commits/s, slices alternated with them"
     if key == "enqueue_async_vs_sync":

@@ -7,6 +7,7 @@ Never touches a user's data: everything lives in `hivejobs_bench_<random>` and u
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -19,7 +20,8 @@ from typing import Any
 import redis
 
 from hivejobs.app import App
-from hivejobs.config import redact_url, with_database
+from hivejobs.config import redact_url, scrub_known, with_database
+from hivejobs.errors import ConnectionFailed, HivejobsError
 from hivejobs.store import connect
 
 
@@ -32,7 +34,8 @@ class BenchEnvironment:
         self.redis_url = redis_url
         self.prefix = f"hivejobs-bench:{self.run_id}:"
         self.keep = keep
-        self.workdir = Path(tempfile.mkdtemp(prefix="hivejobs-bench-"))
+        # Made (0700, failing if the name exists) once the database exists; see __enter__.
+        self.workdir = Path(tempfile.gettempdir()) / f"hivejobs-bench-{uuid.uuid4().hex}"
         self.worker: subprocess.Popen[bytes] | None = None
         self.app: App | None = None
         # Curves for --plot, from the last run of each scenario: (seconds, jobs done) while
@@ -41,10 +44,13 @@ class BenchEnvironment:
         self.latencies_ms: list[float] = []
 
     def __enter__(self) -> BenchEnvironment:
-        maintenance = with_database(self.server_url, "postgres")
-        with connect(maintenance) as conn:
-            conn.execute(f'CREATE DATABASE "{self.dbname}"')
         try:
+            # Both servers answer (a wrong Redis password fails here) before anything is made.
+            self._ping_redis()
+            maintenance = with_database(self.server_url, "postgres")
+            with connect(maintenance) as conn:
+                conn.execute(f'CREATE DATABASE "{self.dbname}"')
+            self.workdir.mkdir(mode=0o700)
             self.app = App(
                 database_url=self.database_url, redis_url=self.redis_url, prefix=self.prefix
             )
@@ -55,23 +61,58 @@ class BenchEnvironment:
             self.app.types = dict(benchapp.app.types)
             self.app.store.upsert_job_types([t.info() for t in self.app.types.values()])
         except BaseException:
-            self.__exit__(None, None, None)  # a half-made sandbox is removed too
+            self._report(self._cleanup())  # a half-made sandbox is removed too
             raise
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.stop_worker()
+    def __exit__(self, exc_type: type[BaseException] | None, *rest: object) -> None:
+        failed = self._cleanup()
+        if failed and exc_type is None:
+            raise HivejobsError("; ".join(failed))
+        self._report(failed)  # the error that ended the bench is the one to show
+
+    def _cleanup(self) -> list[str]:
+        """Every step runs even when an earlier one fails (a Redis that refuses us must not
+        leave the database and the temp dir behind); returns what failed."""
+        steps = [("stop the worker", self.stop_worker), ("close the app", self._close_app)]
+        if not self.keep:
+            steps += [
+                ("delete the bench's Redis keys", lambda: self.clear_redis(False)),
+                ("drop the bench database", self._drop_database),
+                ("remove the temp dir", lambda: shutil.rmtree(self.workdir, ignore_errors=True)),
+            ]
+        failed: list[str] = []
+        for what, step in steps:
+            try:
+                step()
+            except Exception as error:  # noqa: BLE001 - the other steps must still run
+                failed.append(f"could not {what}: {type(error).__name__}: {error}")
+        return failed
+
+    @staticmethod
+    def _report(failed: list[str]) -> None:
+        for line in failed:
+            print(f"hivejobs bench: {scrub_known(line)}", file=sys.stderr)
+
+    def _ping_redis(self) -> None:
+        client = redis.Redis.from_url(self.redis_url, socket_connect_timeout=5)
+        try:
+            client.ping()
+        except redis.RedisError as exc:
+            reason = scrub_known(str(exc).strip() or type(exc).__name__)
+            raise ConnectionFailed("Redis", redact_url(self.redis_url), reason) from None
+        finally:
+            client.close()
+
+    def _close_app(self) -> None:
         if self.app is not None:
             self.app.close()
-        if self.keep:
-            return
-        self.clear_redis(keep_boot_marker=False)
+            self.app = None
+
+    def _drop_database(self) -> None:
         maintenance = with_database(self.server_url, "postgres")
         with connect(maintenance) as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{self.dbname}" WITH (FORCE)')
-        for path in self.workdir.glob("*"):
-            path.unlink()
-        self.workdir.rmdir()
 
     def describe(self) -> str:
         return f"{redact_url(self.database_url)} and {redact_url(self.redis_url)}"

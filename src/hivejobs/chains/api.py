@@ -9,6 +9,7 @@ there only delays the stop (the tries end cancelled whenever they fail or finish
 from __future__ import annotations
 
 import asyncio
+import re
 import uuid
 from typing import TYPE_CHECKING, Any
 
@@ -21,19 +22,22 @@ from hivejobs.chains.builder import Chain
 from hivejobs.errors import (
     ChainInvalid,
     ChainNotFound,
+    InvalidArgument,
     PayloadInvalid,
     PayloadTooLarge,
     UnknownJobType,
 )
 from hivejobs.integrations import adriver_connection, driver_connection
+from hivejobs.logs import error_fields
 from hivejobs.records import PRIORITIES, ChainJobStatus, ChainStatus, ChainSummary, JobLogEntry
-from hivejobs.serialization import decode_json
+from hivejobs.serialization import decode_json, encode_json
 from hivejobs.store.chains import ChainStore
 
 if TYPE_CHECKING:
     from hivejobs.app import App
 
-_encoder = msgspec.json.Encoder(order="deterministic")
+_REQUEST_ID_RE = re.compile(r"[0-9a-f]{32}")
+MAX_LIST = 10_000
 
 
 class PreparedChain(msgspec.Struct, frozen=True):
@@ -76,10 +80,7 @@ def prepare_chain(app: App, chain: Chain) -> PreparedChain:
     if not isinstance(chain, Chain):
         raise ChainInvalid(f"run_chain takes a hivejobs.Chain, not {type(chain).__name__}")
     valid = chain.validate()
-    try:
-        args = _encoder.encode(chain.args)
-    except (TypeError, msgspec.EncodeError, OverflowError) as exc:
-        raise ChainInvalid(f"chain {chain.name!r}: args are not JSON-serialisable: {exc}") from None
+    args = encode_json(chain.args, lambda why: ChainInvalid(f"chain {chain.name!r}: args: {why}"))
     jobs: list[dict[str, Any]] = []
     for key in valid.order:
         spec = chain.jobs[key]
@@ -118,7 +119,17 @@ def prepare_chain(app: App, chain: Chain) -> PreparedChain:
     return PreparedChain(request_id, head, jobs, sequences)
 
 
+def check_request_id(request_id: object) -> str:
+    """Request ids are uuid4 hex (run_chain makes them): anything else names no chain."""
+    if not isinstance(request_id, str):
+        raise InvalidArgument(f"a chain request id is a string, not {type(request_id).__name__}")
+    if not _REQUEST_ID_RE.fullmatch(request_id):
+        raise ChainNotFound(request_id)
+    return request_id
+
+
 def chain_status(app: App, request_id: str) -> ChainStatus:
+    check_request_id(request_id)
     found = ChainStore(app.store).get(request_id)
     if found is None:
         raise ChainNotFound(request_id)
@@ -135,6 +146,7 @@ def chain_status(app: App, request_id: str) -> ChainStatus:
 def stop_chain(app: App, request_id: str) -> bool:
     """Stop a live chain: nothing new starts, running tries are told to stop, and the chain
     ends `stopped` once they have. False when it had already finished."""
+    check_request_id(request_id)
     live, running = ChainStore(app.store).request_stop(request_id)
     if not live:
         chain_status(app, request_id)  # raises ChainNotFound for unknown ids
@@ -147,7 +159,7 @@ def stop_chain(app: App, request_id: str) -> bool:
                 "chain stop stored but not broadcast; its running jobs end "
                 "cancelled when they fail",
                 chain_id=request_id,
-                error=repr(exc),
+                **error_fields(exc),
             )
             break
     logger.info("chain stop requested", chain_id=request_id, running=len(running))
@@ -155,6 +167,7 @@ def stop_chain(app: App, request_id: str) -> bool:
 
 
 def job_log(app: App, request_id: str) -> list[JobLogEntry]:
+    check_request_id(request_id)
     rows = ChainStore(app.store).job_log(request_id)
     if not rows:
         chain_status(app, request_id)  # raises ChainNotFound for unknown ids
@@ -166,4 +179,6 @@ def job_log(app: App, request_id: str) -> list[JobLogEntry]:
 
 
 def list_chains(app: App, limit: int = 50) -> list[ChainSummary]:
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_LIST:
+        raise InvalidArgument(f"limit must be an integer 1-{MAX_LIST}, not {limit!r}")
     return [ChainSummary(**row) for row in ChainStore(app.read_store).list_chains(limit)]

@@ -136,6 +136,8 @@ class Chain:
             raise ChainInvalid(f"chain file does not fit the chain format: {exc}") from None
         except msgspec.DecodeError as exc:
             raise ChainInvalid(f"chain file is not valid JSON: {exc}") from None
+        except RecursionError:
+            raise ChainInvalid("chain file is nested too deeply to be a chain") from None
         chain = cls(data.name, data.args)
         for job in data.jobs:
             chain.job(

@@ -2,12 +2,14 @@
 
 A job's layer is the length of the longest path from a root to it, so every job is printed
 below all of its predecessors; each line names the predecessors in another layer above.
+Names, status texts and errors come from users and handlers: shown through display.escape.
 """
 
 from __future__ import annotations
 
 from datetime import UTC, datetime
 
+from hivejobs.display import escape
 from hivejobs.records import ChainJobStatus, ChainStatus
 
 _MARK = {"pending": " ", "running": ">", "succeeded": "+", "failed": "x", "stopped": "-"}
@@ -41,7 +43,7 @@ def layers(jobs: list[ChainJobStatus]) -> list[list[ChainJobStatus]]:
 
 def render(status: ChainStatus) -> str:
     lines = [
-        f"chain {status.id}  {status.name}  {status.state.upper()}"
+        f"chain {status.id}  {escape(status.name)}  {status.state.upper()}"
         + (
             "  (stop requested)"
             if status.stop_requested and status.state not in ("stopped",)
@@ -54,19 +56,19 @@ def render(status: ChainStatus) -> str:
     for job in status.jobs:
         counts[job.state] = counts.get(job.state, 0) + 1
     lines.append("  jobs: " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())))
-    key_w = max(len(j.key) for j in status.jobs) if status.jobs else 3
-    type_w = max(len(j.type) for j in status.jobs) if status.jobs else 4
+    key_w = max(len(escape(j.key)) for j in status.jobs) if status.jobs else 3
+    type_w = max(len(escape(j.type)) for j in status.jobs) if status.jobs else 4
     for n, layer in enumerate(layers(status.jobs)):
         lines.append(f"layer {n}")
         for job in sorted(layer, key=lambda j: j.key):
             seq = f" seq {job.sequence}#{job.sequence_try}" if job.sequence else ""
-            after = f"  <- {', '.join(job.after)}" if job.after else ""
-            text = f'  "{job.status}"' if job.status else ""
+            after = f"  <- {escape(', '.join(job.after))}" if job.after else ""
+            text = f'  "{escape(job.status)}"' if job.status else ""
             error = ""
-            if job.state == "failed" and job.error:
-                error = "  error: " + job.error.strip().splitlines()[-1][:120]
+            if job.state == "failed" and job.error and job.error.strip():
+                error = "  error: " + escape(job.error.strip().split("\n")[-1][:120])
             lines.append(
-                f"  [{_MARK[job.state]}] {job.key:<{key_w}}  {job.type:<{type_w}}  "
+                f"  [{_MARK[job.state]}] {escape(job.key):<{key_w}}  {escape(job.type):<{type_w}}  "
                 f"{job.state:<9}  try {job.try_}/{job.tries} (total {job.total_tries})"
                 f"{seq}{after}{text}{error}"
             )

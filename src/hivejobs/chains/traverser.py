@@ -23,6 +23,7 @@ from loguru import logger
 
 from hivejobs.broker import Broker
 from hivejobs.failpoints import failpoint
+from hivejobs.logs import error_fields
 from hivejobs.store import Store
 from hivejobs.store.chains import (
     ChainStore,
@@ -87,7 +88,7 @@ class Traverser:
                         "chain tries stored but not pushed; the reconciler will",
                         chain_id=chain_id,
                         jobs=len(pushes),
-                        error=repr(exc),
+                        **error_fields(exc),
                     )
         return result
 

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 
 from hivejobs.errors import ChainInvalid
 
-KEY_RE = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
+# fullmatch, never `$` (which also matches before a trailing newline).
+KEY_RE = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
 MAX_JOBS = 100_000
 
 
@@ -46,7 +47,7 @@ class ValidChain:
 
 
 def check_key(key: object) -> str:
-    if not isinstance(key, str) or not KEY_RE.match(key):
+    if not isinstance(key, str) or not KEY_RE.fullmatch(key):
         raise ChainInvalid(f"job key {key!r} must be 1-64 letters, digits, _.-")
     return key
 
@@ -66,6 +67,9 @@ def validate(
 ) -> ValidChain:
     if not isinstance(name, str) or not 1 <= len(name) <= 200:
         raise ChainInvalid("a chain needs a name of 1-200 characters")
+    if "\x00" in name or any(0xD800 <= ord(ch) <= 0xDFFF for ch in name):
+        # Postgres text cannot hold NUL nor lone surrogates (undecodable bytes).
+        raise ChainInvalid(f"chain name {name!r} contains NUL or bytes that are not UTF-8")
     if not jobs:
         raise ChainInvalid(f"chain {name!r} is empty: add at least one job")
     if len(jobs) > MAX_JOBS:

@@ -27,6 +27,7 @@ from hivejobs.coordinator.scheduler import Scheduler
 from hivejobs.coordinator.services import Compactor, Gauges, Promoter, Reconciler, Rescuer
 from hivejobs.errors import ConnectionFailed
 from hivejobs.failpoints import failpoint
+from hivejobs.logs import error_fields
 from hivejobs.store import Store, connect
 from hivejobs.store.enqueue import parse_dispatch
 
@@ -34,6 +35,7 @@ GUARD_RECHECK_S = 10.0  # a coordinator refusing to lead looks again this often
 # A pass runs until the archive is caught up (coordinator/pruner.py): a short interval only
 # matters when a pass ended early (lease lost, or the 50 s cap while far behind).
 PRUNE_EVERY_S = 10.0
+MSG_BAD_DISPATCH = "malformed dispatch notifications ignored (the first is shown)"
 
 
 class Coordinator:
@@ -159,7 +161,7 @@ class Coordinator:
         try:
             fn()  # type: ignore[operator]
         except (psycopg.Error, redis.RedisError) as exc:
-            logger.warning("coordinator step failed", step=what, error=repr(exc))
+            logger.warning("coordinator step failed", step=what, **error_fields(exc))
 
     def _wait_for_dispatch(self, leader: bool) -> None:
         """Sleep until the next tick, pushing ids of transactional enqueues as they commit."""
@@ -192,9 +194,9 @@ class Coordinator:
                 # Followers keep no wake-ups: a new leader starts with a full search anyway.
                 self._chain_hints.clear()
             if entries and leader:
-                self.broker.push_many(entries)
+                self._push(entries)
         except (psycopg.Error, redis.RedisError, ValueError, ConnectionFailed) as exc:
-            logger.warning("dispatch listener failed", error=repr(exc))
+            logger.warning("dispatch listener failed", **error_fields(exc))
             if self._listen is not None:
                 self._listen.close()
             if self._wake is not None:
@@ -216,6 +218,18 @@ class Coordinator:
                 self._chain_hints.update(filter(None, message["data"].decode().split(",")))
             message = self._wake.get_message(timeout=0.0)
 
+    def _push(self, entries: list[tuple[str, str, int]]) -> None:
+        """A push that fails (Redis down, a refused key) loses only latency: the reconciler
+        pushes these ids after its grace. The listener stays: its next notes are not lost."""
+        try:
+            self.broker.push_many(entries)
+        except redis.RedisError as exc:
+            logger.warning(
+                "dispatched ids not pushed; the reconciler will",
+                jobs=len(entries),
+                **error_fields(exc),
+            )
+
     def _collect(
         self,
         notes: Iterable[psycopg.Notify],
@@ -223,9 +237,10 @@ class Coordinator:
         stop_at_first: bool,
     ) -> bool:
         """Sort notifications into dispatch entries and chain wake-ups; True if a chain
-        wake-up came (with `stop_at_first`, stop after the first notification: the caller
-        acts on it before waiting again)."""
+        wake-up came (with `stop_at_first`, stop after the first well-formed notification:
+        the caller acts on it before waiting again)."""
         woken = False
+        malformed: list[psycopg.Notify] = []
         for note in notes:
             if note.channel == "hivejobs_chain":
                 if note.payload:
@@ -236,11 +251,17 @@ class Coordinator:
             else:
                 try:
                     entries.extend(parse_dispatch(note.payload))
-                except ValueError as exc:
-                    # A forged or garbled notification: skip it alone, keep the rest.
-                    logger.warning("dispatch notification skipped", error=str(exc))
+                except ValueError:
+                    malformed.append(note)  # only this one is lost: the rest are dispatched
+                    continue  # a flood of these is one pass and one log line
             if stop_at_first:
                 break
+        if malformed:
+            # Anyone who can connect may NOTIFY: one line per batch, however many came.
+            first = malformed[0]
+            logger.warning(
+                MSG_BAD_DISPATCH, notes=len(malformed), payload=first.payload[:200], pid=first.pid
+            )
         return woken
 
 

@@ -13,6 +13,7 @@ import psycopg
 from loguru import logger
 
 from hivejobs.config import Settings
+from hivejobs.logs import error_fields
 from hivejobs.store import Store
 
 STALL_S = 3.0  # the loop ticks every fraction of a second; a longer gap is a stall
@@ -50,7 +51,7 @@ class Elector:
         except psycopg.Error as exc:
             self.healthy_since = None
             self._next_attempt = now + 0.5
-            logger.warning("lease renewal failed", error=repr(exc))
+            logger.warning("lease renewal failed", **error_fields(exc))
             return
         if self.healthy_since is None:
             self.healthy_since = now
@@ -89,5 +90,5 @@ class Elector:
             self.store.lease_resign(self.holder)
             logger.info("resigned the lease", term=self.term)
         except psycopg.Error as exc:
-            logger.warning("could not resign the lease", error=repr(exc))
+            logger.warning("could not resign the lease", **error_fields(exc))
         self.term = None

@@ -19,13 +19,22 @@ import msgspec
 import psycopg
 from loguru import logger
 
-from hivejobs.broker import Broker
+from hivejobs.broker import Broker, KeyRefused
 from hivejobs.config import Settings
 from hivejobs.failpoints import failpoint
-from hivejobs.store import Store
+from hivejobs.logs import error_fields
+from hivejobs.records import Rescued
+from hivejobs.store import Store, is_data_error
 
 Lease = tuple[str, int]
 BATCH = 10_000
+
+MSG_KEY_REFUSED = "Redis refused a queue key (only its own list waits)"
+MSG_RESCUE_UNWRITABLE = "claims of a dead process cannot be rescued; other processes' can"
+MSG_ARCHIVED_DUPLICATE_RESCUED = (
+    "dead process held jobs whose id is already in the archive: the archived record is kept,"
+    " the live duplicate removed"
+)
 
 
 class PromoteResult(msgspec.Struct):
@@ -69,15 +78,49 @@ class Rescuer:
         if not dead:
             return RescueResult()
         failpoint("coord.mid_rescue_batch")
-        requeued, failed = self.store.rescue_workers(dead, self.poison_after, lease)
-        if failed < 0:
+        rescued = rescue_isolated(self.store, dead, self.poison_after, lease)
+        if rescued is None:
             return RescueResult()
-        if requeued:
-            self.broker.push_many([(r[0], r[1], r[2]) for r in requeued])
+        if rescued.requeued:
+            self.broker.push_many(rescued.requeued)
         logger.warning(
-            "rescued jobs of dead workers", workers=len(dead), requeued=len(requeued), failed=failed
+            "rescued jobs of dead workers",
+            workers=len(dead),
+            requeued=len(rescued.requeued),
+            failed=rescued.failed,
         )
-        return RescueResult(len(dead), len(requeued), failed)
+        return RescueResult(len(dead), len(rescued.requeued), rescued.failed)
+
+
+def rescue_isolated(
+    store: Store, worker_ids: list[str], poison_after: int, lease: Lease | None = None
+) -> Rescued | None:
+    """Rescue dead processes' claims so that one row that cannot be written blocks only its
+    own process's rescue, not every other one: on a data error, one process at a time.
+    A connection error propagates (the next pass retries). None when the lease was lost."""
+    try:
+        rescued = store.rescue_workers(worker_ids, poison_after, lease)
+    except Exception as exc:  # noqa: BLE001 - classified below
+        if not is_data_error(exc):
+            raise
+        if len(worker_ids) == 1:
+            logger.error(MSG_RESCUE_UNWRITABLE, worker_id=worker_ids[0], **error_fields(exc))
+            return Rescued(requeued=[], failed=0, archived_duplicates=[])
+        parts = [rescue_isolated(store, [w], poison_after, lease) for w in worker_ids]
+        if any(p is None for p in parts):
+            return None
+        rescued = Rescued(
+            requeued=[r for p in parts if p for r in p.requeued],
+            failed=sum(p.failed for p in parts if p),
+            archived_duplicates=[d for p in parts if p for d in p.archived_duplicates],
+        )
+    if rescued is not None and rescued.archived_duplicates:
+        logger.error(
+            MSG_ARCHIVED_DUPLICATE_RESCUED,
+            jobs=len(rescued.archived_duplicates),
+            job_ids=rescued.archived_duplicates[:20],
+        )
+    return rescued
 
 
 class ReconcileResult(msgspec.Struct):
@@ -86,18 +129,24 @@ class ReconcileResult(msgspec.Struct):
 
 
 class Reconciler:
+    """Owns `refused`: the keys Redis refused at the last pass, so that a bad key is logged
+    when it goes bad and when it heals, not at every pass."""
+
     def __init__(self, store: Store, broker: Broker, grace_s: float = 2.0) -> None:
         self.store, self.broker = store, broker
         self.grace_s = grace_s
+        self.refused: set[str] = set()
 
     def run_once(self, lease: Lease) -> ReconcileResult:
         if not self.broker.boot_marker_present():
             return ReconcileResult(True, self._restore_all())
         pushed = 0
         pg = self.store.queued_counts()
-        lengths = self.broker.queue_lengths({name for name, _ in pg})
+        lengths = self._lengths({name for name, _ in pg})
         for (name, priority), count in pg.items():
-            missing = count - lengths.get((name, priority), 0)
+            if (name, priority) not in lengths:
+                continue  # its key is refused (logged): only this list waits
+            missing = count - lengths[(name, priority)]
             if missing <= 0:
                 continue
             rows = (
@@ -114,31 +163,52 @@ class Reconciler:
                 or []
             )
             if rows:
-                pushed += self.broker.push_many([(r[0], r[1], r[2]) for r in rows])
+                pushed += self._push([(r[0], r[1], r[2]) for r in rows])
         if pushed:
             logger.info("re-pushed queued jobs missing from Redis", jobs=pushed)
         return ReconcileResult(False, pushed)
 
+    def _lengths(self, names: set[str]) -> dict[tuple[str, int], int]:
+        lengths, refused = self.broker.queue_lengths(names)
+        for key, exc in refused.items():
+            if key not in self.refused:
+                logger.error(MSG_KEY_REFUSED, key=key, **error_fields(exc))
+        for key in self.refused - set(refused):
+            logger.info("Redis key accepted again", key=key)
+        self.refused = set(refused)
+        return lengths
+
+    def _push(self, entries: list[tuple[str, str, int]]) -> int:
+        """Push one list's ids; a list Redis refuses fails alone (its rows were re-stamped
+        queued_at = now(), so the next pass after the grace tries again)."""
+        try:
+            return self.broker.push_many(entries)
+        except KeyRefused as exc:
+            if exc.key not in self.refused:
+                self.refused.add(exc.key)
+                logger.error(MSG_KEY_REFUSED, key=exc.key, **error_fields(exc))
+            return 0
+
     def _restore_all(self) -> int:
         """No boot marker: Redis was flushed or restarted empty, or this is its first use.
-        Push every queued id of each list that is empty, keyset-paged; a list that still
-        holds ids (a first start after enqueues) is left to the deficit check, so a fresh
-        Redis does not get every id twice."""
+        Push every queued id of each list that is empty, keyset-paged per queue (the queued
+        index leads with the queue); a list that still holds ids (a first start after
+        enqueues) is left to the deficit check, so a fresh Redis does not get every id
+        twice."""
         marker = str(uuid.uuid4())
         pg = self.store.queued_counts()
-        lengths = self.broker.queue_lengths({name for name, _ in pg})
-        empty = {queue for queue in pg if lengths.get(queue, 0) == 0}
-        after: tuple[datetime, str] | None = None
+        lengths = self._lengths({name for name, _ in pg})
+        empty = sorted(queue for queue in pg if lengths.get(queue, -1) == 0)
         pushed = 0
-        while empty:
-            rows = self.store.queued_page(after, BATCH)
-            if not rows:
-                break
-            pushed += self.broker.push_many(
-                [(r[0], r[1], r[2]) for r in rows if (r[1], r[2]) in empty]
-            )
-            failpoint("coord.mid_reconcile_batch")
-            after = (rows[-1][3], rows[-1][0])
+        for queue in empty:
+            after: tuple[datetime, str] | None = None
+            while True:
+                rows = self.store.queued_page(queue, after, BATCH)
+                if not rows:
+                    break
+                pushed += self._push([(r[0], r[1], r[2]) for r in rows])
+                failpoint("coord.mid_reconcile_batch")
+                after = (rows[-1][3], rows[-1][0])
         self.broker.set_boot_marker(marker)
         logger.warning(
             "Redis had no boot marker (flushed or restarted): restored queues", jobs=pushed
@@ -210,7 +280,7 @@ class Compactor:
             self.store.compact_hot_table()
             _, after = self.store.hot_table_size(1)
         except psycopg.Error as exc:
-            logger.warning("hot table compaction failed; retried later", error=repr(exc))
+            logger.warning("hot table compaction failed; retried later", **error_fields(exc))
             return
         logger.info(
             "compacted the drained hot table",

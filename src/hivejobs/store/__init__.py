@@ -7,6 +7,7 @@ the guards that keep them safe (state and claim-token fences).
 
 from __future__ import annotations
 
+import re
 import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, nullcontext
@@ -18,14 +19,15 @@ import psycopg.sql
 from psycopg.rows import class_row
 from psycopg_pool import ConnectionPool
 
-from hivejobs.config import redact_url
-from hivejobs.errors import ConnectionFailed
+from hivejobs.config import redact_url, scrub, url_secrets
+from hivejobs.errors import ConfigError, ConnectionFailed
 from hivejobs.records import (
     ClaimedJob,
     Completion,
     Inserted,
     JobTypeInfo,
     NewJob,
+    Rescued,
     TypeCounts,
     WorkerInfo,
 )
@@ -59,6 +61,21 @@ Conn = psycopg.Connection[Any]
 QUERIES = load_queries("queries.sql")
 
 
+_DATABASE_MISSING = re.compile(r'database "[^"]*" does not exist')
+_ROLE_MISSING = re.compile(r'role "[^"]*" does not exist')
+
+
+def connection_failed(url: str, exc: psycopg.Error) -> ConnectionFailed:
+    """libpq's whole reason (every line: it tries each address), the URL redacted."""
+    reason = " ".join(line.strip() for line in str(exc).splitlines() if line.strip())
+    reason = scrub(reason or type(exc).__name__, url_secrets(url))
+    if _ROLE_MISSING.search(reason):
+        reason += " (the user name in the URL is wrong, or that role was never created)"
+    elif _DATABASE_MISSING.search(reason):
+        reason += " (run `hivejobs migrate`, which creates it)"
+    return ConnectionFailed("Postgres", redact_url(url), reason)
+
+
 def connect(url: str, pooled: bool = False, **kwargs: Any) -> Conn:
     """A plain autocommit connection, with a clear error when the server does not answer.
     `pooled`: through a transaction-mode pooler (no prepared statements)."""
@@ -66,17 +83,17 @@ def connect(url: str, pooled: bool = False, **kwargs: Any) -> Conn:
     try:
         return psycopg.connect(url, **kwargs)
     except psycopg.OperationalError as exc:
-        reason = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
-        refused = pooler_refused(reason)
+        refused = pooler_refused(scrub(str(exc), url_secrets(url)))
         if refused is not None:
             raise refused from None
-        if "does not exist" in reason and "database" in reason:
-            reason += " (run `hivejobs migrate`, which creates it)"
-        raise ConnectionFailed("Postgres", redact_url(url), reason) from None
+        raise connection_failed(url, exc) from None
 
 
 def create_database_if_missing(url: str) -> bool:
-    """`hivejobs migrate` on a fresh server: create the database named in the URL."""
+    """`hivejobs migrate` on a fresh server: create the database named in the URL.
+
+    Only a "database does not exist" answer leads to CREATE DATABASE; a wrong role, password
+    or host is reported as such."""
     info = psycopg.conninfo.conninfo_to_dict(url)
     dbname = str(info.get("dbname") or "")
     if not dbname:
@@ -85,8 +102,8 @@ def create_database_if_missing(url: str) -> bool:
         psycopg.connect(url, connect_timeout=5).close()
         return False
     except psycopg.OperationalError as exc:
-        if "does not exist" not in str(exc):
-            raise ConnectionFailed("Postgres", redact_url(url), str(exc).strip()) from None
+        if not _DATABASE_MISSING.search(str(exc)):
+            raise connection_failed(url, exc) from None
     maintenance = psycopg.conninfo.make_conninfo(url, dbname="postgres")
     with connect(maintenance) as conn:
         try:
@@ -95,6 +112,13 @@ def create_database_if_missing(url: str) -> bool:
             )
         except psycopg.errors.DuplicateDatabase:
             return False  # a concurrent creator won the race
+        except psycopg.errors.InsufficientPrivilege:
+            user = str(info.get("user") or "the URL's user")
+            raise ConfigError(
+                f"database {dbname!r} does not exist and role {user!r} may not create it: "
+                "create it as a superuser (CREATE DATABASE ... OWNER ...) or grant CREATEDB, "
+                "then run `hivejobs migrate` again"
+            ) from None
     return True
 
 
@@ -191,11 +215,28 @@ class Store:
 
     # -- claim and finish --------------------------------------------------------------
 
-    def claim_queued(self, ids: list[str], worker_id: str, conn: Conn) -> list[ClaimedJob]:
-        """Claim by primary key: Postgres never scans a queue under contention."""
+    def claim_queued(
+        self, ids: list[str], worker_id: str, conn: Conn, *, name: str
+    ) -> list[ClaimedJob]:
+        """Claim by primary key: Postgres never scans a queue under contention. Only jobs of
+        type `name`: a pool never runs a job under another type's handler."""
         cur = conn.cursor(row_factory=class_row(ClaimedJob))
-        params = {"ids": ids, "worker_id": worker_id}
+        params = {"ids": ids, "worker_id": worker_id, "name": name}
         return cur.execute(QUERIES["claim_queued"], params).fetchall()
+
+    def foreign_ids(self, ids: list[str], name: str) -> list[tuple[str, str]]:
+        """(id, type) of those ids that are live jobs of a type other than `name`."""
+        with self.connection() as conn:
+            rows = conn.execute(QUERIES["foreign_ids"], {"ids": ids, "name": name}).fetchall()
+        return [(r[0], r[1]) for r in rows]
+
+    def drop_archived_duplicate_if_running(self, job_id: str, claim_token: int) -> bool:
+        """Remove our claim's live row if its id is already archived; True if it was."""
+        with self.connection() as conn:
+            params = {"id": job_id, "token": claim_token}
+            return bool(
+                conn.execute(QUERIES["drop_archived_duplicate_if_running"], params).fetchall()
+            )
 
     def finish(self, done: Sequence[Completion], conn: Conn) -> tuple[int, list[tuple[Any, ...]]]:
         """Write one batch of finished claims in one transaction (group commit).
@@ -243,19 +284,26 @@ class Store:
 
     def rescue_workers(
         self, worker_ids: list[str], poison_after: int, lease: tuple[str, int] | None = None
-    ) -> tuple[list[tuple[Any, ...]], int]:
+    ) -> Rescued | None:
         """Release the claims of dead processes: requeue (attempt counted) or fail.
 
-        With `lease` (holder, term) the write happens only while that term holds (R7).
+        With `lease` (holder, term) the write happens only while that term holds (R7);
+        None when it does not.
         """
         params = {"worker_ids": worker_ids, "poison_after": poison_after}
         with self.connection() as conn, conn.transaction():
             if lease is not None and not self._hold_lease(conn, lease):
-                return [], -1
+                return None
+            duplicates = conn.execute(QUERIES["rescue_drop_archived_duplicates"], params)
+            dropped = [r[0] for r in duplicates.fetchall()]
             requeued = conn.execute(QUERIES["rescue_requeue"], params).fetchall()
             failed = conn.execute(QUERIES["rescue_fail"], params).fetchall()
             conn.execute(QUERIES["delete_workers"], {"worker_ids": worker_ids})
-        return requeued, len(failed)
+        return Rescued(
+            requeued=[(r[0], r[1], r[2]) for r in requeued],
+            failed=len(failed),
+            archived_duplicates=dropped,
+        )
 
     def release_unstarted(self, ids: list[str], worker_id: str) -> list[tuple[Any, ...]]:
         with self.connection() as conn:
@@ -396,12 +444,20 @@ class Store:
                 return None
             return conn.execute(QUERIES[query], params).fetchall()
 
-    def queued_page(self, after: tuple[datetime, str] | None, limit: int) -> list[tuple[Any, ...]]:
+    def queued_page(
+        self, queue: tuple[str, int], after: tuple[datetime, str] | None, limit: int
+    ) -> list[tuple[Any, ...]]:
+        """One queue's queued jobs after `after` (queued_at, id), oldest first."""
         after_at, after_id = after or (datetime(1970, 1, 1).astimezone(), "")
+        params = {
+            "name": queue[0],
+            "priority": queue[1],
+            "after_at": after_at,
+            "after_id": after_id,
+            "limit": limit,
+        }
         with self.connection() as conn:
-            return conn.execute(
-                QUERIES["queued_page"], {"after_at": after_at, "after_id": after_id, "limit": limit}
-            ).fetchall()
+            return conn.execute(QUERIES["queued_page"], params).fetchall()
 
     def set_gauges(self, values: Sequence[tuple[str, str, int]]) -> None:
         with self.connection() as conn, conn.transaction():
@@ -442,9 +498,38 @@ class Store:
             return cur.rowcount
 
 
+def is_data_error(exc: BaseException) -> bool:
+    """True when a write failed because of what it writes, so that retrying the same rows
+    fails again: a constraint, a value Postgres refuses, or one that cannot even be sent
+    (a non-psycopg error raised while adapting parameters, e.g. UnicodeEncodeError).
+    False for the server or the connection (lost, shut down, read-only after a failover,
+    lock or serialization conflicts): those pass, so the write is retried."""
+    if not isinstance(exc, psycopg.Error):
+        return isinstance(exc, Exception)
+    if isinstance(exc, psycopg.errors.ProgramLimitExceeded):
+        return True  # a value too big for Postgres (class 54)
+    return isinstance(
+        exc,
+        (
+            psycopg.DataError,
+            psycopg.IntegrityError,
+            psycopg.ProgrammingError,
+            psycopg.NotSupportedError,
+        ),
+    )
+
+
 def _text(value: str | None) -> str | None:
-    """Postgres text cannot hold NUL; an error message from user code might."""
-    return None if value is None else value.replace("\x00", "\\x00")
+    """Postgres text cannot hold NUL or a lone surrogate; an error message from user code
+    might (the pool makes its errors storable first; this guards every other writer)."""
+    if value is None:
+        return None
+    value = value.replace("\x00", "\\x00")
+    try:
+        value.encode()
+    except UnicodeEncodeError:
+        value = value.encode(errors="backslashreplace").decode()
+    return value
 
 
 def _insert_own(conn: Conn, job: NewJob, explicit_id: bool) -> Inserted:

@@ -135,8 +135,12 @@ WITH c AS (
       FROM hivejobs_job j
       JOIN c ON j.id = c.id AND j.state = 'running' AND j.claim_token = c.token
       JOIN hivejobs_chain_job cj ON cj.job_id = j.id AND cj.state = 'running'
+     WHERE j.id = ANY(%(ids)s::text[])
 ), gone AS (
-    DELETE FROM hivejobs_job j USING tries t WHERE j.id = t.id RETURNING j.*
+    -- Found by primary key (issue 21), as in archive_finished_if_running.
+    DELETE FROM hivejobs_job j USING tries t
+     WHERE j.id = ANY(%(ids)s::text[]) AND j.id = t.id
+    RETURNING j.*
 ), archived AS (
     INSERT INTO hivejobs_archive (id, name, state, priority, attempt, attempts, delivery,
                                   payload, created_at, run_at, started_at, finished_at,

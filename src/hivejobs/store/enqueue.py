@@ -24,7 +24,7 @@ import psycopg
 from psycopg.pq import TransactionStatus
 
 from hivejobs.errors import InvalidArgument
-from hivejobs.records import Inserted, NewJob, UniqueClaim
+from hivejobs.records import JOB_TYPE_NAME_RE, PRIORITIES, Inserted, NewJob, UniqueClaim
 from hivejobs.store.sql import load_queries
 
 QUERIES = load_queries("queries.sql")
@@ -196,10 +196,14 @@ def dispatch_payloads(pushes: Sequence[Push]) -> list[str]:
 
 
 def parse_dispatch(payload: str) -> list[Push]:
-    """The pushes one dispatch payload carries; ValueError names what is malformed."""
-    name, priority, *ids = payload.split("\t")
-    if not name or not ids or not all(ids):
-        raise ValueError(f"dispatch payload without a type or ids: {payload[:80]!r}")
+    """The pushes one dispatch payload carries; ValueError when it is not one of ours (any
+    role may NOTIFY): a type name we could register, a priority some pool pops, ids."""
+    parts = payload.split("\t")
+    name, priority, ids = parts[0], parts[1] if len(parts) > 1 else "", parts[2:]
+    if not JOB_TYPE_NAME_RE.fullmatch(name) or not priority.isdecimal():
+        raise ValueError("dispatch payload without a job type and a priority")
+    if int(priority) not in PRIORITIES or not ids or not all(ids):
+        raise ValueError("dispatch payload with a priority out of range or no ids")
     return [(job_id, name, int(priority)) for job_id in ids]
 
 

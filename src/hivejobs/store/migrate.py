@@ -48,9 +48,11 @@ def apply_migrations(conn: psycopg.Connection[object]) -> list[str]:
                 " version integer PRIMARY KEY, name text NOT NULL,"
                 " applied_at timestamptz NOT NULL DEFAULT now())"
             )
-            row = conn.execute("SELECT coalesce(max(version), 0) FROM hivejobs_schema_version")
-            current = row.fetchone()[0]  # type: ignore[index]
-            pending = [(v, name, sql) for v, name, sql in files if v > current]
+            rows = conn.execute("SELECT version FROM hivejobs_schema_version").fetchall()
+            done = {int(r[0]) for r in rows}  # type: ignore[index]
+            # Every missing version, not only those above the highest: files written on
+            # branches at the same time may land with numbers below one already applied.
+            pending = [(v, name, sql) for v, name, sql in files if v not in done]
             if not pending:
                 return applied
             version, name, sql = pending[0]
@@ -72,8 +74,8 @@ def schema_check_plan() -> Steps[None]:
     row = yield "SELECT to_regclass('hivejobs_schema_version') IS NOT NULL", {}
     if not row or not row[0]:
         raise SchemaMissing()
-    found = yield "SELECT coalesce(max(version), 0) FROM hivejobs_schema_version", {}
-    version = int(found[0]) if found else 0
-    needed = latest_version()
-    if version < needed:
-        raise SchemaOutdated(version, needed)
+    found = yield "SELECT array_agg(version) FROM hivejobs_schema_version", {}
+    done = set(found[0] or []) if found else set()
+    missing = [v for v, _, _ in migration_files() if v not in done]
+    if missing:
+        raise SchemaOutdated(max(done, default=0), latest_version())

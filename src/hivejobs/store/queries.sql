@@ -47,22 +47,43 @@ DELETE FROM hivejobs_job WHERE id = %(id)s;
 -- name: claim_queued
 -- Claim by primary key: Postgres never scans a queue under contention. Ids no longer queued
 -- (claimed, cancelled, archived) are skipped. The attempt is counted here, in the claim (R2).
+-- Only the pool's own type: an id pushed into a foreign list never runs under this handler.
+-- The primary key is the only index this WHERE clause can use (migration 0004: no partial
+-- index predicate is implied by it), so the plan does not depend on the statistics.
 UPDATE hivejobs_job
    SET state = 'running', attempt = attempt + 1, worker_id = %(worker_id)s,
        claim_token = nextval('hivejobs_claim_seq'), started_at = now()
- WHERE id = ANY(%(ids)s) AND state = 'queued'
+ WHERE id = ANY(%(ids)s) AND state = 'queued' AND name = %(name)s
    AND (expires_at IS NULL OR expires_at > now())
 RETURNING id, name, attempt, attempts, delivery, payload, claim_token, priority, lost;
 
+-- name: foreign_ids
+-- Ids a pool popped but did not claim that are live jobs of another type.
+SELECT id, name FROM hivejobs_job WHERE id = ANY(%(ids)s) AND name <> %(name)s;
+
+-- name: drop_archived_duplicate_if_running
+-- A live row whose id is already archived can never be archived itself (the id is finished):
+-- the archived record wins, as it does at enqueue (insert_job). Fenced by claim token (R3).
+DELETE FROM hivejobs_job j
+ WHERE j.id = %(id)s AND j.state = 'running' AND j.claim_token = %(token)s
+   AND EXISTS (SELECT 1 FROM hivejobs_archive a WHERE a.id = j.id)
+RETURNING j.id;
+
 -- name: archive_finished_if_running
 -- Fenced by claim token (R3): a late write from a rescued or timed-out claim changes nothing.
+-- Plan stability (issue 21), the same in every statement that ends claims by id: the ids are
+-- also a condition on the table itself (`j.id = ANY(ids)`), so the rows are found by that
+-- primary-key lookup, estimated at one row per id whatever the statistics say, and the join
+-- with the per-row values is between two sets of batch size: no plan reads the running set
+-- or the table (a hash join over a scan would, for a batch that looks big enough).
 WITH c AS (
     SELECT * FROM unnest(%(ids)s::text[], %(tokens)s::bigint[], %(states)s::text[],
                          %(errors)s::text[], %(results)s::bytea[])
            AS c(id, token, final_state, final_error, final_result)
 ), done AS (
     DELETE FROM hivejobs_job j USING c
-     WHERE j.id = c.id AND j.state = 'running' AND j.claim_token = c.token
+     WHERE j.id = ANY(%(ids)s::text[])
+       AND j.id = c.id AND j.state = 'running' AND j.claim_token = c.token
     RETURNING j.*, c.final_state, c.final_error, c.final_result
 )
 INSERT INTO hivejobs_archive (id, name, state, priority, attempt, attempts, delivery, payload,
@@ -79,6 +100,7 @@ RETURNING id;
 -- name: requeue_if_running
 -- Retry (attempt stays counted) or suspension (uncount = 1: a graceful stop is not an
 -- attempt, R9). Fenced by claim token. Queued rows come back so the caller pushes their ids.
+-- Found by primary key alone, as in archive_finished_if_running.
 UPDATE hivejobs_job j
    SET state = CASE WHEN c.delay > 0 THEN 'scheduled' ELSE 'queued' END,
        run_at = now() + c.delay * interval '1 second',
@@ -88,7 +110,8 @@ UPDATE hivejobs_job j
        worker_id = NULL, claim_token = NULL
   FROM unnest(%(ids)s::text[], %(tokens)s::bigint[], %(delays)s::float8[],
               %(uncounts)s::int[], %(errors)s::text[]) AS c(id, token, delay, uncount, error)
- WHERE j.id = c.id AND j.state = 'running' AND j.claim_token = c.token
+ WHERE j.id = ANY(%(ids)s::text[])
+   AND j.id = c.id AND j.state = 'running' AND j.claim_token = c.token
 RETURNING j.id, j.name, j.priority, j.state;
 
 -- name: release_unstarted_if_mine
@@ -106,11 +129,21 @@ SELECT id, claim_token FROM hivejobs_job WHERE worker_id = %(worker_id)s AND sta
 -- name: release_claims_if_running
 -- Claims a live pool no longer tracks (its completion was lost in a Postgres crash under
 -- asynchronous commit): back to the queue, the attempt stays counted, like a worker loss.
+-- Found by primary key alone, as in archive_finished_if_running.
 UPDATE hivejobs_job j
    SET state = 'queued', queued_at = now(), worker_id = NULL, claim_token = NULL
   FROM unnest(%(ids)s::text[], %(tokens)s::bigint[]) AS c(id, token)
- WHERE j.id = c.id AND j.state = 'running' AND j.claim_token = c.token
+ WHERE j.id = ANY(%(ids)s::text[])
+   AND j.id = c.id AND j.state = 'running' AND j.claim_token = c.token
 RETURNING j.id, j.name, j.priority;
+
+-- name: rescue_drop_archived_duplicates
+-- Claims of dead processes whose id is already archived: the archived record wins (see
+-- drop_archived_duplicate_if_running); the archive insert below would fail on them.
+DELETE FROM hivejobs_job j
+ WHERE j.worker_id = ANY(%(worker_ids)s::uuid[]) AND j.state = 'running'
+   AND EXISTS (SELECT 1 FROM hivejobs_archive a WHERE a.id = j.id)
+RETURNING j.id;
 
 -- name: rescue_requeue
 -- Claims of dead processes: at-least-once jobs with attempts left and under the poison-pill
@@ -227,24 +260,43 @@ SELECT w.id::text AS id, w.host, w.pid, w.role, w.pool, w.started_at, w.heartbea
 
 -- name: find_dead_workers
 -- Heartbeats judged on the database clock (R5). A running job whose worker row is missing is
--- orphaned too (R4).
+-- orphaned too (R4). Its holders are found by skipping from one worker_id to the next in the
+-- running index (each step one descent, LIMIT 1 in index order), so a pass costs a few
+-- buffers per worker holding claims instead of a read of the whole running set every second.
+WITH RECURSIVE holders AS (
+    (SELECT worker_id FROM hivejobs_job
+      WHERE state = 'running' AND worker_id IS NOT NULL
+      ORDER BY worker_id LIMIT 1)
+    UNION ALL
+    SELECT (SELECT j.worker_id FROM hivejobs_job j
+             WHERE j.state = 'running' AND j.worker_id > h.worker_id
+             ORDER BY j.worker_id LIMIT 1)
+      FROM holders h
+     WHERE h.worker_id IS NOT NULL
+)
 SELECT id::text FROM hivejobs_worker WHERE heartbeat_at < now() - %(stuck_after_s)s * interval '1 second'
 UNION
-SELECT DISTINCT worker_id::text FROM hivejobs_job j
- WHERE state = 'running'
-   AND NOT EXISTS (SELECT 1 FROM hivejobs_worker w WHERE w.id = j.worker_id);
+SELECT h.worker_id::text FROM holders h
+ WHERE h.worker_id IS NOT NULL
+   AND NOT EXISTS (SELECT 1 FROM hivejobs_worker w WHERE w.id = h.worker_id);
 
 -- name: delete_workers
 DELETE FROM hivejobs_worker WHERE id = ANY(%(worker_ids)s::uuid[]);
 
 -- name: queued_page
--- Keyset page over the queued index, oldest first: a full restore never scans the table.
+-- Keyset page over one queue's part of the queued index, oldest first: a full restore never
+-- scans the table. (`queued_at IS NOT NULL` is the index's predicate, migration 0004.)
 SELECT id, name, priority, queued_at FROM hivejobs_job
- WHERE state = 'queued' AND (queued_at, id) > (%(after_at)s, %(after_id)s)
+ WHERE state = 'queued' AND queued_at IS NOT NULL
+   AND name = %(name)s AND priority = %(priority)s
+   AND (queued_at, id) > (%(after_at)s, %(after_id)s)
  ORDER BY queued_at, id LIMIT %(limit)s;
 
 -- name: queued_counts
-SELECT name, priority, count(*) AS n FROM hivejobs_job WHERE state = 'queued'
+-- A count reads every queued row; `queued_at IS NOT NULL` lets it read just those, through
+-- the queued index, when the rest of the table is bigger (migration 0004).
+SELECT name, priority, count(*) AS n FROM hivejobs_job
+ WHERE state = 'queued' AND queued_at IS NOT NULL
  GROUP BY name, priority;
 
 -- name: lease_acquire
@@ -280,20 +332,29 @@ SELECT term FROM hivejobs_leader
    FOR SHARE;
 
 -- name: promote_due
+-- The due ids are collected first, as an array (an InitPlan, run once), and the update finds
+-- them by primary key: `id IN (subquery)` let the planner turn it round into a hash join over
+-- a scan of the whole table when the statistics made the due set look big (issue 21).
 UPDATE hivejobs_job SET state = 'queued', queued_at = now()
- WHERE id IN (SELECT id FROM hivejobs_job
-               WHERE state = 'scheduled' AND run_at <= now()
-               ORDER BY run_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED)
+ WHERE id = ANY(ARRAY(SELECT id FROM hivejobs_job
+                       WHERE state = 'scheduled' AND run_at <= now()
+                       ORDER BY run_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED))
 RETURNING id, name, priority;
 
 -- name: end_waiting_jobs
 -- Jobs that can no longer start: past expires_at (expired), or cancelled while a retry waited.
+-- One search per index (expiring, cancel_requested): as one OR they could use neither and
+-- read the whole table on every pass. The ids are collected first and found by primary key,
+-- as in promote_due. An id in both lists is deleted once.
 WITH done AS (
     DELETE FROM hivejobs_job
-     WHERE id IN (SELECT id FROM hivejobs_job
-                   WHERE state IN ('queued', 'scheduled')
-                     AND (expires_at <= now() OR cancel_requested)
-                   LIMIT %(limit)s FOR UPDATE SKIP LOCKED)
+     WHERE id = ANY(ARRAY(SELECT id FROM hivejobs_job
+                           WHERE expires_at <= now() AND state IN ('queued', 'scheduled')
+                           LIMIT %(limit)s FOR UPDATE SKIP LOCKED)
+                    || ARRAY(SELECT id FROM hivejobs_job
+                              WHERE cancel_requested AND state IN ('queued', 'scheduled')
+                              LIMIT %(limit)s FOR UPDATE SKIP LOCKED))
+       AND state IN ('queued', 'scheduled')
     RETURNING *
 )
 INSERT INTO hivejobs_archive (id, name, state, priority, attempt, attempts, delivery, payload,
@@ -306,11 +367,31 @@ RETURNING id;
 
 -- name: stale_queued
 -- Queued longer than the grace: re-pushed oldest first when Redis holds fewer ids than Postgres.
+-- The oldest are found by walking this queue's part of the queued index one entry at a time
+-- (each step LIMIT 1 in index order, which no other plan beats), stopping once `limit` are
+-- found or the entries are younger than the grace. As one ORDER BY ... LIMIT, the planner read
+-- and sorted every stale row whenever the statistics made them look few (issue 21). The rows
+-- found are updated where the walk found them (by ctid, within this statement's snapshot,
+-- which keeps them from being vacuumed away): a row claimed meanwhile is rechecked on its new
+-- version, once that claim's one-statement transaction ends, and skipped: it is no longer
+-- queued.
+WITH RECURSIVE walk AS (
+    (SELECT queued_at, id, ctid FROM hivejobs_job
+      WHERE state = 'queued' AND name = %(name)s AND priority = %(priority)s
+        AND queued_at < now() - %(grace_s)s * interval '1 second'
+      ORDER BY queued_at, id LIMIT 1)
+    UNION ALL
+    SELECT n.queued_at, n.id, n.ctid
+      FROM walk w, LATERAL (
+          SELECT queued_at, id, ctid FROM hivejobs_job
+           WHERE state = 'queued' AND name = %(name)s AND priority = %(priority)s
+             AND (queued_at, id) > (w.queued_at, w.id)
+             AND queued_at < now() - %(grace_s)s * interval '1 second'
+           ORDER BY queued_at, id LIMIT 1) n
+)
 UPDATE hivejobs_job SET queued_at = now()
- WHERE id IN (SELECT id FROM hivejobs_job
-               WHERE state = 'queued' AND name = %(name)s AND priority = %(priority)s
-                 AND queued_at < now() - %(grace_s)s * interval '1 second'
-               ORDER BY queued_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED)
+ WHERE ctid = ANY(ARRAY(SELECT ctid FROM walk LIMIT %(limit)s))
+   AND state = 'queued'
 RETURNING id, name, priority;
 
 -- name: prune_archive
@@ -324,7 +405,11 @@ INSERT INTO hivejobs_gauge (name, queue, value) VALUES (%(name)s, %(queue)s, %(v
 ON CONFLICT (name, queue) DO UPDATE SET value = EXCLUDED.value, measured_at = now();
 
 -- name: running_counts
-SELECT name, count(*) AS n FROM hivejobs_job WHERE state = 'running' GROUP BY name;
+-- `worker_id IS NOT NULL` is the running index's predicate (migration 0004): the count reads
+-- the running rows, not the queue.
+SELECT name, count(*) AS n FROM hivejobs_job
+ WHERE state = 'running' AND worker_id IS NOT NULL
+ GROUP BY name;
 
 -- name: hot_table_size
 -- Live rows (counted up to a cap: only "nearly empty" matters) and bytes, indexes included.

@@ -1,0 +1,163 @@
+"""`hivejobs bench --scenarios stale-stats`: one backlog drained under three planner statistics.
+
+Postgres plans each statement from the statistics of the last ANALYZE, which rarely describe
+the queue being drained: none (a new table; autovacuum off, as on our development and CI
+machines), an empty table (a fresh deploy, or a quiet spell before a burst), or a full queue
+(an ANALYZE during a bulk enqueue, nothing running). Each state gets a database of its own,
+so no drain inherits another's dead rows; the rates should agree within 10 %. Wall-clock
+rates on a shared machine move with its load, so two figures that do not are reported beside
+them: buffers touched per job (this database's, all statements) and the CPU time its
+Postgres backends used per job (read from /proc: only when Postgres runs on this machine).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+from hivejobs.bench.environment import BenchEnvironment
+from hivejobs.bench.scenarios import JOB, Figures, Progress
+from hivejobs.store import connect
+
+# name in the figures -> when ANALYZE runs: never, on the empty table, on the full queue
+STATES = {"none": None, "empty": "before enqueue", "full": "after enqueue"}
+ENQUEUE_SLICE = 10_000
+SAMPLE_S = 0.5  # running rows are sampled this often while draining
+# The running index's own predicate, so that sampling reads the running rows only.
+RUNNING = "SELECT count(*) FROM hivejobs_job WHERE state = 'running' AND worker_id IS NOT NULL"
+
+
+def stale_stats(
+    env: BenchEnvironment, jobs: int, processes: int, concurrency: int, progress: Progress
+) -> Figures:
+    figures: Figures = {
+        "stale_stats_autovacuum_on": 1.0 if _autovacuum_on(env) else 0.0,
+    }
+    for name, analyze in STATES.items():
+        with BenchEnvironment(env.server_url, env.redis_url) as own:
+            figures.update(_drain(own, name, analyze, jobs, processes, concurrency, progress))
+    rates = [figures[f"stale_stats_{name}_per_s"] for name in STATES]
+    figures["stale_stats_slowest_vs_fastest"] = min(rates) / max(rates)
+    return figures
+
+
+def _drain(
+    env: BenchEnvironment,
+    name: str,
+    analyze: str | None,
+    jobs: int,
+    processes: int,
+    concurrency: int,
+    progress: Progress,
+) -> Figures:
+    assert env.app is not None
+    if analyze == "before enqueue":
+        env.sql("ANALYZE hivejobs_job")
+    for offset in range(0, jobs, ENQUEUE_SLICE):
+        env.app.enqueue_many(JOB, [{}] * min(ENQUEUE_SLICE, jobs - offset))
+        progress(f"stale-stats {name}: enqueue", offset, jobs, 0.0)
+    if analyze == "after enqueue":
+        env.sql("ANALYZE hivejobs_job")
+    env.app.close()  # its sessions' counts (the enqueue's) must land before the drain's start
+    _quiesce(env)
+    blocks_before = _blocks(env)
+    began = time.perf_counter()
+    env.start_worker(processes, concurrency, 0.0)
+    done, most_running, deadline = 0, 0, began + 3600
+    with Sampler(env) as sampler:
+        while done < jobs:
+            time.sleep(SAMPLE_S)  # sampling interval of a long drain, not synchronisation
+            done = sampler.count("SELECT count(*) FROM hivejobs_archive")
+            most_running = max(most_running, sampler.count(RUNNING))
+            progress(f"stale-stats {name}", done, jobs, time.perf_counter() - began)
+            if time.perf_counter() > deadline or (env.worker and env.worker.poll() is not None):
+                raise RuntimeError(f"stale-stats {name}: {done}/{jobs} done; see {env.workdir}")
+    # The worker's backends were all started for this drain: their CPU time is its cost.
+    cpu_s = _backends_cpu_s(env)
+    env.stop_worker()
+    _quiesce(env)
+    blocks = _blocks(env) - blocks_before - sampler.buffers
+    first, last = env.sql(
+        "SELECT extract(epoch FROM min(finished_at)), "
+        "extract(epoch FROM max(finished_at)) FROM hivejobs_archive"
+    )[0]
+    figures = {
+        f"stale_stats_{name}_per_s": (jobs - 1) / max(float(last) - float(first), 1e-6),
+        f"stale_stats_{name}_buffers_per_job": blocks / jobs,
+        f"stale_stats_{name}_most_running": float(most_running),
+    }
+    if cpu_s > 0:
+        figures[f"stale_stats_{name}_pg_cpu_ms_per_job"] = cpu_s * 1000 / jobs
+    return figures
+
+
+class Sampler:
+    """Counts read while a drain runs, on one connection of its own, with the buffers they
+    touch added up so that the drain's buffers per job leave them out: a count of the
+    archive twice a second reads more than the drain's own statements do per job."""
+
+    def __init__(self, env: BenchEnvironment) -> None:
+        self.conn = connect(env.database_url)
+        # One plan whose scan row count is the count (no parallel partial counts).
+        self.conn.execute("SET max_parallel_workers_per_gather = 0")
+        self.buffers = 0
+
+    def __enter__(self) -> Sampler:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.conn.close()
+
+    def count(self, query: str) -> int:
+        """`query` is a `SELECT count(*) FROM ...`: run under EXPLAIN ANALYZE to count its
+        buffers; the count is the rows its scan produced."""
+        row = self.conn.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + query).fetchone()
+        assert row is not None
+        explained = row[0][0]
+        top, planning = explained["Plan"], explained.get("Planning", {})
+        for node in (top, planning):
+            self.buffers += node.get("Shared Hit Blocks", 0) + node.get("Shared Read Blocks", 0)
+        scan = top["Plans"][0]
+        return int(scan["Actual Rows"]) * int(scan["Actual Loops"])
+
+
+def _autovacuum_on(env: BenchEnvironment) -> bool:
+    return str(env.sql("SHOW autovacuum")[0][0]) == "on"
+
+
+def _backends_cpu_s(env: BenchEnvironment) -> float:
+    """User + system CPU seconds of this database's other backends; 0 if /proc lacks them."""
+    rows = env.sql(
+        "SELECT pid FROM pg_stat_activity "
+        "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+    )
+    ticks = 0
+    for (pid,) in rows:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # not on this machine, or gone
+        ticks += int(fields[11]) + int(fields[12])  # utime, stime
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def _quiesce(env: BenchEnvironment) -> None:
+    """Wait until no other session of this database is left: a session's buffer counts are
+    sure to have reached pg_stat_database only once it ended (an idle one may hold them for
+    up to 10 s)."""
+    others = (
+        "SELECT count(*) FROM pg_stat_activity "
+        "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+    )
+    deadline = time.monotonic() + 30
+    while int(env.sql(others)[0][0]) > 0 and time.monotonic() < deadline:
+        time.sleep(0.1)  # polling for sessions to end, with a deadline
+
+
+def _blocks(env: BenchEnvironment) -> int:
+    """Buffers this database's sessions touched so far (hits and reads), all statements."""
+    rows = env.sql(
+        "SELECT blks_hit + blks_read FROM pg_stat_database WHERE datname = current_database()"
+    )
+    return int(rows[0][0])

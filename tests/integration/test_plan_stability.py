@@ -1,0 +1,351 @@
+"""Every hot statement finds its rows in a bounded number of buffers, whatever the statistics.
+
+The planner's statistics for the hot table are whatever the last ANALYZE saw: nothing (a new
+table, autovacuum off), an empty table (a fresh deploy, a quiet spell), or a full queue (an
+ANALYZE in the middle of a bulk enqueue, nothing running). For each of the three, 50,000
+queued jobs are loaded, 5 % of them claimed, and every hot statement is run under
+`EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON)` (writes in a transaction that is rolled back), both
+as planned for its parameter values (a custom plan) and as psycopg runs it once prepared
+(a generic plan). The buffers read by the scans of `hivejobs_job` (the work of finding the
+rows, not of writing them) must stay within BUFFERS_PER_ROW per row the statement is about:
+a scan of the queue or of the running set costs hundreds, a primary-key lookup a few.
+No timing is involved: buffers are counted, not milliseconds.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import psycopg
+import pytest
+
+from hivejobs.store import QUERIES
+from hivejobs.store.sql import load_queries
+
+CHAIN_QUERIES = load_queries("chain_queries.sql")
+QUEUED = 50_000
+CLAIMED = QUEUED // 20  # 5 % of the queue is running
+BATCH = 8  # ids per claim or completion batch: small, so that any scan of a set shows
+BUFFERS_PER_ROW = 10
+SCHEDULED = 1_000  # waiting for a future run time, besides the due ones
+SCAN_NODES = {
+    "Seq Scan",
+    "Index Scan",
+    "Index Only Scan",
+    "Bitmap Heap Scan",
+    "Tid Scan",
+    "Tid Range Scan",
+    "Sample Scan",
+}
+STATS = ("absent", "empty_table", "full_queue")
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """The ids each statement is given: rows it should find, BATCH of each kind."""
+
+    next_queued: list[str]  # queued, not yet claimed: the next claim
+    running: list[tuple[str, int]]  # (id, claim token) held by the live worker `busy`
+    small: str  # a live worker holding BATCH claims (its own running set)
+    small_ids: list[str]
+    dead: str  # a worker whose heartbeat stopped, holding BATCH claims
+
+
+@dataclass(frozen=True)
+class Measured:
+    statement: str
+    plan_kind: str
+    rows: int
+    buffers: int
+    scans: list[str]
+
+    @property
+    def per_row(self) -> float:
+        return self.buffers / max(self.rows, 1)
+
+
+def load(conn: psycopg.Connection[Any], stats: str) -> Loaded:
+    """The hot table as a drain sees it, with the planner statistics `stats` describes."""
+    # Whatever the server does, this table's statistics are the ones set here.
+    conn.execute("ALTER TABLE hivejobs_job SET (autovacuum_enabled = false)")
+    if stats == "empty_table":
+        conn.execute("ANALYZE hivejobs_job")
+    conn.execute(
+        """INSERT INTO hivejobs_job (id, name, state, attempts, delivery, payload, run_at,
+                                     queued_at)
+           SELECT gen_random_uuid()::text, 'noop', 'queued', 3, 'at_least_once', '\\x7b7d',
+                  now(), now()
+             FROM generate_series(1, %s)""",
+        (QUEUED,),
+    )
+    # Waiting jobs: most scheduled for later, BATCH due now, BATCH past their expiry and
+    # BATCH cancelled while a retry waited (the Promoter's work).
+    conn.execute(
+        """INSERT INTO hivejobs_job (id, name, state, attempts, delivery, payload, run_at,
+                                     queued_at, expires_at, cancel_requested)
+           SELECT gen_random_uuid()::text, 'noop', s.state, 3, 'at_least_once', '\\x7b7d',
+                  s.run_at, CASE WHEN s.state = 'queued' THEN now() END, s.expires_at,
+                  s.cancel
+             FROM generate_series(1, %(n)s) i,
+                  LATERAL (SELECT CASE WHEN i <= %(b)s THEN 'queued' ELSE 'scheduled' END
+                                      AS state,
+                                  CASE WHEN i <= 3 * %(b)s THEN now() - interval '1 minute'
+                                       ELSE now() + interval '1 hour' END AS run_at,
+                                  CASE WHEN i <= %(b)s THEN now() - interval '1 second'
+                                  END AS expires_at,
+                                  i > %(b)s AND i <= 2 * %(b)s AS cancel) s""",
+        {"n": SCHEDULED + 3 * BATCH, "b": BATCH},
+    )
+    # A small queue whose jobs came after the big one's: the reconciler must find them
+    # without stepping over the other queue's backlog.
+    conn.execute(
+        """INSERT INTO hivejobs_job (id, name, state, attempts, delivery, payload, run_at,
+                                     queued_at)
+           SELECT gen_random_uuid()::text, 'late', 'queued', 3, 'at_least_once', '\\x7b7d',
+                  now(), now()
+             FROM generate_series(1, %s)""",
+        (BATCH,),
+    )
+    if stats == "full_queue":
+        conn.execute("ANALYZE hivejobs_job")
+    busy, small, dead = (str(uuid.uuid4()) for _ in range(3))
+    conn.execute(
+        """INSERT INTO hivejobs_worker (id, host, pid, role, pool, heartbeat_at)
+           VALUES (%s, 'h', 1, 'pool', 'noop', now()), (%s, 'h', 2, 'pool', 'noop', now()),
+                  (%s, 'h', 3, 'pool', 'noop', now() - interval '1 hour')""",
+        (busy, small, dead),
+    )
+    # Claims take the oldest jobs, as the Redis lists hand them out: the head of the heap.
+    conn.execute(
+        """WITH head AS (
+               SELECT id, row_number() OVER (ORDER BY ctid) AS n FROM hivejobs_job
+                WHERE state = 'queued' AND expires_at IS NULL ORDER BY ctid LIMIT %(claimed)s
+           )
+           UPDATE hivejobs_job j
+              SET state = 'running', attempt = 1, started_at = now(),
+                  claim_token = nextval('hivejobs_claim_seq'),
+                  worker_id = CASE WHEN head.n <= %(b)s THEN %(dead)s::uuid
+                                   WHEN head.n <= 2 * %(b)s THEN %(small)s::uuid
+                                   ELSE %(busy)s::uuid END
+             FROM head WHERE j.id = head.id""",
+        {"claimed": CLAIMED, "b": BATCH, "dead": dead, "small": small, "busy": busy},
+    )
+    next_queued = [
+        r[0]
+        for r in conn.execute(
+            """SELECT id FROM hivejobs_job WHERE state = 'queued' AND expires_at IS NULL
+                ORDER BY ctid LIMIT %s""",
+            (BATCH,),
+        )
+    ]
+    running = conn.execute(
+        "SELECT id, claim_token FROM hivejobs_job WHERE worker_id = %s ORDER BY ctid LIMIT %s",
+        (busy, BATCH),
+    ).fetchall()
+    small_ids = [
+        r[0] for r in conn.execute("SELECT id FROM hivejobs_job WHERE worker_id = %s", (small,))
+    ]
+    return Loaded(next_queued, [(r[0], int(r[1])) for r in running], small, small_ids, dead)
+
+
+def hot_statements(ld: Loaded) -> list[tuple[str, str, dict[str, Any], int]]:
+    """(name, SQL, parameters, rows it is about) for every statement on the hot path."""
+    ids = [i for i, _ in ld.running]
+    tokens = [t for _, t in ld.running]
+    n = len(ids)
+    return [
+        (
+            "claim_queued",
+            QUERIES["claim_queued"],
+            {"ids": ld.next_queued, "worker_id": ld.small, "name": "noop"},
+            n,
+        ),
+        (
+            "archive_finished_if_running",
+            QUERIES["archive_finished_if_running"],
+            {
+                "ids": ids,
+                "tokens": tokens,
+                "states": ["succeeded"] * n,
+                "errors": [None] * n,
+                "results": [None] * n,
+            },
+            n,
+        ),
+        (
+            "requeue_if_running",
+            QUERIES["requeue_if_running"],
+            {
+                "ids": ids,
+                "tokens": tokens,
+                "delays": [0.0] * (n // 2) + [5.0] * (n - n // 2),
+                "uncounts": [0] * n,
+                "errors": ["boom"] * n,
+            },
+            n,
+        ),
+        (
+            "release_claims_if_running",
+            QUERIES["release_claims_if_running"],
+            {"ids": ids, "tokens": tokens},
+            n,
+        ),
+        (
+            "suspend_chain_tries",
+            CHAIN_QUERIES["suspend_chain_tries"],
+            {"ids": ids, "tokens": tokens},
+            n,
+        ),
+        (
+            "release_unstarted_if_mine",
+            QUERIES["release_unstarted_if_mine"],
+            {"ids": ld.small_ids, "worker_id": ld.small},
+            n,
+        ),
+        ("running_claims", QUERIES["running_claims"], {"worker_id": ld.small}, n),
+        ("find_dead_workers", QUERIES["find_dead_workers"], {"stuck_after_s": 30.0}, 3),
+        (
+            "rescue_requeue",
+            QUERIES["rescue_requeue"],
+            {"worker_ids": [ld.dead], "poison_after": 3},
+            n,
+        ),
+        ("rescue_fail", QUERIES["rescue_fail"], {"worker_ids": [ld.dead], "poison_after": 3}, n),
+        ("promote_due", QUERIES["promote_due"], {"limit": 10_000}, 2 * n),
+        ("end_waiting_jobs", QUERIES["end_waiting_jobs"], {"limit": 10_000}, 2 * n),
+        (
+            "stale_queued",
+            QUERIES["stale_queued"],
+            {"name": "noop", "priority": 0, "grace_s": 0.0, "limit": n},
+            n,
+        ),
+        (
+            "queued_page",
+            QUERIES["queued_page"],
+            {
+                "name": "noop",
+                "priority": 0,
+                "after_at": datetime(1970, 1, 1, tzinfo=UTC),
+                "after_id": "",
+                "limit": n,
+            },
+            n,
+        ),
+        (
+            "stale_queued, small queue",
+            QUERIES["stale_queued"],
+            {"name": "late", "priority": 0, "grace_s": 0.0, "limit": 1000},
+            n,
+        ),
+        # Gauges count rows: what they are about is every row they count.
+        ("queued_counts", QUERIES["queued_counts"], {}, QUEUED - CLAIMED + 2 * BATCH),
+        ("running_counts", QUERIES["running_counts"], {}, CLAIMED),
+    ]
+
+
+def generic(query: str, params: dict[str, Any]) -> tuple[str, list[Any]]:
+    """The statement with $n placeholders, and its values in that order."""
+    names: list[str] = []
+
+    def number(match: re.Match[str]) -> str:
+        if match.group(1) not in names:
+            names.append(match.group(1))
+        return f"${names.index(match.group(1)) + 1}"
+
+    return re.sub(r"%\((\w+)\)s", number, query), [params[name] for name in names]
+
+
+def explain(conn: psycopg.Connection[Any], query: str, params: dict[str, Any], kind: str) -> Any:
+    """EXPLAIN ANALYZE in a transaction rolled back: the table is the same for the next one."""
+    try:
+        with conn.transaction(force_rollback=True):
+            if kind == "custom":
+                return conn.execute(
+                    "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + query, params
+                ).fetchone()[0][0]  # type: ignore[index]
+            text, values = generic(query, params)
+            conn.execute("SET LOCAL plan_cache_mode = force_generic_plan")
+            conn.execute(f"PREPARE hot AS {text}")
+            types = conn.execute(
+                "SELECT parameter_types::text[] FROM pg_prepared_statements WHERE name = 'hot'"
+            ).fetchone()[0]  # type: ignore[index]
+            args = f"({', '.join(f'%s::{t}' for t in types)})" if types else ""
+            cur = psycopg.ClientCursor(conn)
+            plan = cur.execute(
+                f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE hot{args}", values
+            ).fetchone()[0][0]  # type: ignore[index]
+            return plan
+    finally:
+        conn.execute("DEALLOCATE ALL")
+
+
+def scans_of_hot_table(node: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """The top-most scan nodes of hivejobs_job: their buffers include their index scans."""
+    if node["Node Type"] in SCAN_NODES and node.get("Relation Name") == "hivejobs_job":
+        yield node
+        return
+    for child in node.get("Plans", []):
+        yield from scans_of_hot_table(child)
+
+
+def init_plans(node: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    if node.get("Parent Relationship") == "InitPlan" and "returns" in node.get("Subplan Name", ""):
+        yield node
+    for child in node.get("Plans", []):
+        yield from init_plans(child)
+
+
+def finding_buffers(plan: dict[str, Any]) -> tuple[int, list[str]]:
+    """Buffers read by the scans of hivejobs_job, each counted once.
+
+    A scan that uses an InitPlan's value (`id = ANY($0)`) runs that InitPlan inside itself,
+    so its buffers include the InitPlan's, which are also counted at the InitPlan's own scans.
+    """
+    scans = list(scans_of_hot_table(plan))
+    total = sum(s["Shared Hit Blocks"] + s["Shared Read Blocks"] for s in scans)
+    conditions = json.dumps(scans)
+    for init in init_plans(plan):
+        params = re.findall(r"\$\d+", init["Subplan Name"].split("returns", 1)[1])
+        if any(re.search(re.escape(p) + r"\b", conditions) for p in params):
+            total -= init["Shared Hit Blocks"] + init["Shared Read Blocks"]
+    return total, [describe(s) for s in scans]
+
+
+def describe(node: dict[str, Any]) -> str:
+    index = node.get("Index Name")
+    if index is None and node.get("Plans"):
+        index = "+".join(str(c.get("Index Name", c["Node Type"])) for c in node["Plans"])
+    return f"{node['Node Type']}" + (f" using {index}" if index else "")
+
+
+def measure(conn: psycopg.Connection[Any], ld: Loaded) -> list[Measured]:
+    results = []
+    for name, query, params, rows in hot_statements(ld):
+        for kind in ("custom", "generic"):
+            plan = explain(conn, query, params, kind)
+            buffers, scans = finding_buffers(plan["Plan"])
+            results.append(Measured(name, kind, rows, buffers, scans))
+    return results
+
+
+@pytest.mark.parametrize("stats", STATS)
+def test_hot_statements_find_rows_in_bounded_buffers(database_url: str, stats: str) -> None:
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        ld = load(conn, stats)
+        results = measure(conn, ld)
+    report = "\n".join(
+        f"{m.statement:28} {m.plan_kind:7} {m.buffers:6} buffers {m.rows:5} rows "
+        f"{m.per_row:7.1f}/row  {'; '.join(m.scans)}"
+        for m in results
+    )
+    print(f"\nstatistics: {stats}\n{report}")
+    over = [m for m in results if m.buffers > BUFFERS_PER_ROW * max(m.rows, 1)]
+    assert not over, f"statistics {stats}: scans beyond {BUFFERS_PER_ROW} buffers a row:\n" + (
+        "\n".join(f"{m.statement} ({m.plan_kind}): {m.buffers} for {m.rows}" for m in over)
+    )
