@@ -181,15 +181,16 @@ class Coordinator:
                 self._listen.execute("LISTEN hivejobs_dispatch")
                 self._listen.execute("LISTEN hivejobs_chain")
             entries: list[tuple[str, str, int]] = []
-            notes = self._listen.notifies(timeout=timeout, stop_after=1000)
-            woken = self._collect(notes, entries, stop_at_first=True)
-            if woken or entries:
+            # stop_after=1 returns with the first packet of notifications, all of it (never
+            # leave a notifies() generator early: the rest of its packet would be lost).
+            notes = list(self._listen.notifies(timeout=timeout, stop_after=1))
+            if notes:
                 # A chain try finished (or a chain came, or was stopped): traverse now, this
                 # is the hop latency between a job and its successor; a transactional
                 # enqueue committed: push it now, this is its pickup latency. One pass
-                # serves every notification already here, so collect those first.
-                notes = self._listen.notifies(timeout=0.0, stop_after=1000)
-                woken = self._collect(notes, entries, stop_at_first=False) or woken
+                # serves every notification already here, so collect those too.
+                notes += self._listen.notifies(timeout=0.0, stop_after=1000)
+            self._collect(notes, entries)
             if not leader:
                 # Followers keep no wake-ups: a new leader starts with a full search anyway.
                 self._chain_hints.clear()
@@ -234,11 +235,9 @@ class Coordinator:
         self,
         notes: Iterable[psycopg.Notify],
         entries: list[tuple[str, str, int]],
-        stop_at_first: bool,
     ) -> bool:
         """Sort notifications into dispatch entries and chain wake-ups; True if a chain
-        wake-up came (with `stop_at_first`, stop after the first well-formed notification:
-        the caller acts on it before waiting again)."""
+        wake-up came."""
         woken = False
         malformed: list[psycopg.Notify] = []
         for note in notes:
@@ -253,9 +252,6 @@ class Coordinator:
                     entries.extend(parse_dispatch(note.payload))
                 except ValueError:
                     malformed.append(note)  # only this one is lost: the rest are dispatched
-                    continue  # a flood of these is one pass and one log line
-            if stop_at_first:
-                break
         if malformed:
             # Anyone who can connect may NOTIFY: one line per batch, however many came.
             first = malformed[0]
