@@ -134,8 +134,8 @@ class Store:
         pooled: bool = False,
     ) -> None:
         """`session`: Postgres settings for every connection: sent at connect (no round trip)
-        or, `pooled` (a transaction-mode pooler), set at the start of each transaction the
-        store opens (store/pooling.py); statements outside a transaction go without them."""
+        or, `pooled` (a transaction-mode pooler), set for each transaction the store opens and
+        sent along with each statement outside one (store/pooling.py)."""
         self.url = url
         self.pooled = pooled
         self.session = dict(session or {})
