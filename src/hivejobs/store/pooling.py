@@ -5,7 +5,8 @@ it refuses startup `options`, a session `SET` would reach another client's trans
 and psycopg's automatic prepared statements would be looked up on a connection that never
 prepared them. So, `pooled`: no startup options, no prepared statements, and the session
 settings a store wants are set with `set_config(..., is_local => true)` right after BEGIN of
-every transaction it opens. Direct, they go as startup options (no round trip).
+every transaction it opens, and pipelined ahead of each statement run outside one (the two
+share one implicit transaction, one round trip). Direct, they go as startup options.
 
 Never changes a setting outside a transaction, and never touches a caller's connection.
 """
