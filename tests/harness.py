@@ -190,14 +190,15 @@ def _alive(pid: int) -> bool:
     status = Path(f"/proc/{pid}/stat")
     try:
         return status.read_text().split(") ", 1)[1].split()[0] != "Z"
-    except (FileNotFoundError, IndexError):
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        # Reading /proc/PID/stat of a process exiting right now can raise ESRCH.
         return False
 
 
 def _parent(pid: int) -> int:
     try:
         return int(Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1].split()[1])
-    except (FileNotFoundError, IndexError, ValueError):
+    except (FileNotFoundError, ProcessLookupError, IndexError, ValueError):
         return -1
 
 

@@ -6,12 +6,13 @@ lines are disabled here, and `hivejobs` commands (or the host app) enable them.
 
 from loguru import logger
 
-from hivejobs.app import App, Backoff, Retry
+from hivejobs.app import App, Backoff, Fail, Retry
 from hivejobs.chains import Chain, ChainInfo, JobRef
 from hivejobs.context import JobContext
 from hivejobs.errors import (
     ChainInvalid,
     ChainNotFound,
+    ChainStopPending,
     ConfigError,
     ConnectionFailed,
     HivejobsError,
@@ -22,6 +23,7 @@ from hivejobs.errors import (
     JobIdConflict,
     JobNotFinished,
     JobNotFound,
+    NotAnAncestor,
     PayloadInvalid,
     PayloadTooLarge,
     SchemaMissing,
@@ -39,9 +41,11 @@ __all__ = [
     "ChainInfo",
     "ChainInvalid",
     "ChainNotFound",
+    "ChainStopPending",
     "JobRef",
     "ConfigError",
     "ConnectionFailed",
+    "Fail",
     "HivejobsError",
     "Interrupted",
     "InvalidArgument",
@@ -53,6 +57,7 @@ __all__ = [
     "JobNotFinished",
     "JobNotFound",
     "JobState",
+    "NotAnAncestor",
     "PayloadInvalid",
     "PayloadTooLarge",
     "Retry",

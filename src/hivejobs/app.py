@@ -18,8 +18,8 @@ import unicodedata
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
-from typing import TYPE_CHECKING, Any, TypeVar, get_args
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, get_args
 
 import msgspec
 import psycopg
@@ -36,6 +36,7 @@ from hivejobs.config import (
     settings_from_env,
 )
 from hivejobs.errors import (
+    CallbackRefused,
     InvalidArgument,
     InvalidJobType,
     JobDuplicate,
@@ -48,15 +49,18 @@ from hivejobs.errors import (
 from hivejobs.failpoints import failpoint
 from hivejobs.integrations import adriver_connection, driver_connection
 from hivejobs.logs import error_fields
+from hivejobs.metrics import record_callback
 from hivejobs.records import (
     JOB_TYPE_NAME_RE,
     PRIORITIES,
     Delivery,
     Inserted,
     JobInfo,
+    JobPage,
     JobState,
     JobTypeInfo,
     NewJob,
+    Replayed,
     UniqueClaim,
 )
 from hivejobs.schedules import Schedule, check_cron
@@ -67,7 +71,8 @@ from hivejobs.store.enqueue import Push, owns_transaction
 if TYPE_CHECKING:
     from hivejobs.chains.builder import Chain
     from hivejobs.embedded import EmbeddedServers
-    from hivejobs.records import ChainStatus, ChainSummary, JobLogEntry
+    from hivejobs.records import ChainStatus, ChainSummary, JobLogEntry, RunningTry
+    from hivejobs.store.callbacks import CallbackResult
 
 NAME_RE = JOB_TYPE_NAME_RE
 # Unicode categories refused in ids: controls, format characters (RTL override, zero-width),
@@ -89,6 +94,15 @@ class Retry(Exception):  # noqa: N818 - control flow, named for what the handler
         if delay is not None:
             _check_delay(delay)
         self.delay = delay
+
+
+class Fail(Exception):  # noqa: N818 - control flow, named for what the handler asks
+    """Raise in a handler to end the job `failed` now, attempts left or not (rickover's
+    `retryable: false`): for errors that another attempt cannot fix. The message is kept
+    as the job's error."""
+
+    def __init__(self, reason: str = "failed by the handler") -> None:
+        super().__init__(reason)
 
 
 @dataclass(frozen=True)
@@ -136,7 +150,12 @@ class JobType:
     backoff: Backoff
     priority: int
     codec: PayloadCodec = field(repr=False)
+    # rickover's status callbacks: the handler hands the work to another service and returns;
+    # the job stays running until that service posts the outcome (or the timeout passes).
+    callback: bool = False
+    callback_timeout_s: float | None = None
     unique: Unique | None = None
+    retention_s: float | None = None  # archive retention of its finished jobs (None: global)
 
     def info(self) -> JobTypeInfo:
         return JobTypeInfo(
@@ -146,6 +165,8 @@ class JobType:
             attempts=self.attempts,
             delivery=self.delivery,
             timeout_s=self.timeout_s,
+            callback=self.callback,
+            callback_timeout_s=self.callback_timeout_s,
         )
 
 
@@ -191,6 +212,9 @@ class App:
         unique_by: Sequence[str] | None = None,
         unique_states: Sequence[str] = UNIQUE_STATES,
         on_duplicate: str = "return",
+        callback: bool = False,
+        callback_timeout: float = 3600.0,
+        retention: float | None = None,
     ) -> Callable[[F], F]:
         """Register a handler `fn(ctx, payload)` as job type `name`.
 
@@ -199,7 +223,15 @@ class App:
         of this type enqueued within that window and still in one of `unique_states` is not
         stored again; `enqueue` returns the existing id (or raises JobDuplicate with
         `on_duplicate="raise"`). Enforced by a Postgres primary key, so racing enqueuers on
-        many machines store one job."""
+        many machines store one job.
+
+        `callback=True`: the handler starts work elsewhere and returns; the job stays running
+        until the other service reports the attempt's outcome (`complete_callback`, or POST
+        /v1/jobs/{name}/{id}), or `callback_timeout` seconds pass (then it is retried like a
+        failed attempt while attempts are left, else failed).
+
+        `retention`: seconds its finished jobs stay in the archive (default: the
+        `archive_retention_s` setting), e.g. a day for chatty jobs, a year for payments."""
         jt = self._validated_type(
             name, concurrency, processes, attempts, delivery, timeout, priority
         )
@@ -207,6 +239,17 @@ class App:
             check_cron(cron, tz)
         if unique_for is not None:
             jt.unique = _checked_unique(unique_for, unique_by, unique_states, on_duplicate)
+        if callback:
+            if not (callback_timeout > 0 and math.isfinite(callback_timeout)):
+                raise InvalidJobType(
+                    f"callback_timeout must be a positive number of seconds, not {callback_timeout}"
+                )
+            jt.callback, jt.callback_timeout_s = True, float(callback_timeout)
+        if retention is not None and not (
+            isinstance(retention, int | float) and 0 < retention < math.inf
+        ):
+            raise InvalidJobType(f"retention must be a positive number of seconds, not {retention}")
+        jt.retention_s = None if retention is None else float(retention)
 
         def register(fn: F) -> F:
             jt.handler = fn
@@ -321,6 +364,8 @@ class App:
             Backoff(),
             0,
             PayloadCodec(name, None, self.settings.max_payload_bytes),
+            callback=info.callback,
+            callback_timeout_s=info.callback_timeout_s,
         )
 
     def _declared_types(self) -> dict[str, JobTypeInfo]:
@@ -627,12 +672,91 @@ class App:
                 )
         return True
 
+    def complete_callback(
+        self,
+        name: str,
+        job_id: str,
+        *,
+        status: Literal["succeeded", "failed"],
+        attempt: int,
+        retryable: bool = False,
+        error: str | None = None,
+    ) -> CallbackResult:
+        """The other service's outcome for attempt `attempt` of a callback job (rickover).
+
+        A failed, retryable callback with attempts left is retried after the type's backoff;
+        otherwise the job ends `status`. A wrong attempt or a job that is not running raises
+        CallbackRefused (HTTP 409); an unknown job JobNotFound."""
+        from hivejobs.store.callbacks import CallbackStore
+
+        jt = self.job_type(name)
+        if not jt.callback:
+            raise CallbackRefused(f"job type {name!r} does not take status callbacks")
+        if status not in ("succeeded", "failed"):
+            raise InvalidArgument(f"status must be 'succeeded' or 'failed', not {status!r}")
+        delay = jt.backoff.delay_s(attempt) if status == "failed" and retryable else None
+        text = (
+            error if error is not None else (None if status == "succeeded" else "callback: failed")
+        )
+        result = CallbackStore(self.store).complete(name, job_id, attempt, status, delay, text)
+        if result.outcome is None:
+            if result.state is None:
+                raise JobNotFound(job_id)
+            raise CallbackRefused(
+                f"job {job_id!r} is {result.state} at attempt {result.attempt}: a callback for "
+                f"attempt {attempt} is refused (only a running job's current attempt takes one)"
+            )
+        record_callback(self, name, result.outcome)
+        return result
+
     def replay(self, job_id: str) -> str:
-        """Enqueue a finished job again, as a new job with a new id; returns that id."""
+        """Enqueue a finished job again, as a new job with a new id; returns that id.
+        Its options are kept as `replay_job` says (and logs)."""
+        return self.replay_job(job_id).id
+
+    def replay_job(self, job_id: str) -> Replayed:
+        """Enqueue a finished job again with its original options, as rickover's replay:
+        priority as is, its delay (run_at - created_at) again from now, and its expires_at,
+        moved by as much as the replay comes later when it has passed. `changes` says what
+        differs from the original, for the caller to show."""
         info = self.get_job(job_id)
         if info.state not in ("succeeded", "failed", "cancelled", "expired"):
             raise JobNotFinished(job_id, info.state)
-        return self.enqueue(info.name, info.payload, priority=info.priority)
+        from hivejobs.listing import replay_options
+
+        plan = replay_options(info, datetime.now(UTC))
+        new_id = self.enqueue(
+            info.name,
+            info.payload,
+            priority=plan.priority,
+            delay=plan.delay_s,
+            expires_at=plan.expires_at,
+        )
+        logger.info("job replayed", job_id=job_id, new_id=new_id, changes=plan.changes)
+        return Replayed(
+            id=new_id,
+            priority=plan.priority,
+            delay_s=plan.delay_s,
+            expires_at=plan.expires_at,
+            changes=plan.changes,
+        )
+
+    def list_jobs(
+        self,
+        state: str | Sequence[str] | None = None,
+        type: str | None = None,  # noqa: A002 - the job type, as the CLI's --type
+        since: datetime | timedelta | None = None,
+        until: datetime | None = None,
+        limit: int = 100,
+        after: str | None = None,
+    ) -> JobPage:
+        """Live and archived jobs, newest first (by finished_at, or created_at while live),
+        filtered by state(s), job type and time; `since` is a moment or a span back from
+        now (judged on the database clock). Keyset-paginated: pass the page's `next` as
+        `after`. A job that finishes while you page may appear on two pages."""
+        from hivejobs.listing import list_jobs
+
+        return list_jobs(self, state, type, since, until, limit, after)
 
     # -- chains (hivejobs.chains.api does the work) ----------------------------------------
 
@@ -654,11 +778,14 @@ class App:
 
         return chain_status(self, request_id)
 
-    def stop_chain(self, request_id: str) -> bool:
-        """Stop a live chain (it ends `stopped`); False when it had already finished."""
+    def stop_chain(self, request_id: str, timeout: float | None = None, wait: bool = False) -> bool:
+        """Stop a live chain; False when it had already finished. It ends `stopped`, or
+        `failed` when one of its jobs had failed for good. Tries that ignore ctx.stopping
+        are abandoned after `timeout` seconds (default `chain_stop_timeout_s`, 30) and the
+        job log says so. `wait`: return once every try has ended (or was abandoned)."""
         from hivejobs.chains.api import stop_chain
 
-        return stop_chain(self, request_id)
+        return stop_chain(self, request_id, timeout, wait)
 
     def job_log(self, request_id: str) -> list[JobLogEntry]:
         """One entry per try of every job of the chain, in the order they finished."""
@@ -666,10 +793,30 @@ class App:
 
         return job_log(self, request_id)
 
-    def list_chains(self, limit: int = 50) -> list[ChainSummary]:
-        from hivejobs.chains.api import list_chains
+    def list_chains(
+        self,
+        limit: int = 50,
+        *,
+        state: str | Sequence[str] | None = None,
+        type: str | None = None,  # noqa: A002 - the chain's name, spincycle's request type
+        job_type: str | None = None,
+        since: datetime | None = None,
+        until: datetime | None = None,
+        before: tuple[datetime, str] | None = None,
+    ) -> list[ChainSummary]:
+        """Chains newest first, filtered by state(s), type (the chain's name), job type and
+        creation time; `before` = (created_at, id) of the last chain of a previous page."""
+        from hivejobs.chains.api import chain_query, list_chains
 
-        return list_chains(self, limit)
+        query = chain_query(state, type, job_type, since, until, before, limit)
+        return list_chains(self, query)
+
+    def chain_ps(self, limit: int = 500) -> list[RunningTry]:
+        """What runs now across the fleet (spincycle's `ps`): each live chain try with its
+        host, pid, status text and age."""
+        from hivejobs.chains.api import running_tries
+
+        return running_tries(self, limit)
 
 
 def _checked_options(

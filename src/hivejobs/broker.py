@@ -11,6 +11,10 @@ Keys (all under the prefix, default ``hivejobs:``):
                                   pools to the coordinator, when Postgres LISTEN is out of
                                   reach (a transaction-mode pooler, no listen URL). A hint:
                                   the periodic traversal finds the same work.
+  ``{prefix}metrics``               hash of fleet-wide counters and histogram buckets (HINCRBY by
+                                  pools, coordinator and API; read by /metrics; see metrics.py).
+  ``{prefix}tp:<minute>``           hash of jobs finished per type and outcome in that minute
+                                  (epoch minute), expires after two hours: the dashboard chart.
 
 Everything here may fail or lose data; Postgres is the truth, so callers treat a Redis error
 as latency, never as loss. Imports nothing of ours but config and broker_client (which
@@ -46,6 +50,7 @@ class ControlMessage(msgspec.Struct, frozen=True, kw_only=True):
     action: str  # "cancel" | "restart"
     job_id: str | None = None
     pool: str | None = None
+    instance: str | None = None  # restart: only the instance on this host (or host:pid)
 
 
 _control_decoder = msgspec.json.Decoder(ControlMessage)
@@ -114,6 +119,13 @@ class Broker:
     @property
     def control_channel(self) -> str:
         return f"{self.prefix}control"
+
+    @property
+    def metrics_key(self) -> str:
+        return f"{self.prefix}metrics"
+
+    def throughput_key(self, minute: int) -> str:
+        return f"{self.prefix}tp:{minute}"
 
     # -- ids ---------------------------------------------------------------------------
 

@@ -10,7 +10,7 @@ import importlib
 import os
 import sys
 from collections.abc import Callable, Sequence
-from datetime import UTC
+from datetime import UTC, datetime
 
 import msgspec
 import psycopg
@@ -72,7 +72,7 @@ def load_app(spec: str) -> App:
 
 
 def _app(args: argparse.Namespace) -> App:
-    spec = args.app or os.environ.get("HIVEJOBS_APP")
+    spec = getattr(args, "app", None) or os.environ.get("HIVEJOBS_APP")
     return load_app(spec) if spec else App()
 
 
@@ -94,15 +94,43 @@ def cmd_run(args: argparse.Namespace) -> int:
     app = load_app(args.app_spec)
     if timeout is not None:
         app.settings.shutdown_timeout_s = timeout
-    return Supervisor(app, args.app_spec, app.settings, coordinator=not args.no_coordinator).run()
+    metrics = (args.metrics_host, args.metrics_port) if args.metrics_port is not None else None
+    return Supervisor(
+        app, args.app_spec, app.settings, coordinator=not args.no_coordinator, metrics=metrics
+    ).run()
 
 
 def cmd_enqueue(args: argparse.Namespace) -> int:
     app = _app(args)
     payload = decode_any(args.payload, lambda detail: PayloadInvalid(args.name, detail))
-    job_id = app.enqueue(args.name, payload, id=args.id, priority=args.priority, delay=args.delay)
+    job_id = app.enqueue(
+        args.name,
+        payload,
+        id=args.id,
+        priority=args.priority,
+        delay=args.delay,
+        run_at=_future(args.run_at),
+        expires_at=_future(args.expires_at),
+    )
     print(job_id)
     return 0
+
+
+def _future(text: str | None) -> datetime | None:
+    """--run-at / --expires-at: ISO 8601 (UTC when no zone is named) or a span from now."""
+    from hivejobs.listing import parse_iso, parse_span
+
+    if text is None:
+        return None
+    span = parse_span(text)
+    return datetime.now(UTC) + span if span is not None else parse_iso(text)
+
+
+def _past(text: str | None) -> datetime | None:
+    """--since / --until: ISO 8601 or a span back from now ("1h")."""
+    from hivejobs.listing import parse_moment
+
+    return None if text is None else parse_moment(text)
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -117,6 +145,12 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_jobs(args: argparse.Namespace) -> int:
+    """Counts per type; with a filter (or --list), the jobs themselves, live and archived."""
+    listing = args.list or any(
+        v is not None for v in (args.state, args.type, args.since, args.until, args.after)
+    )
+    if listing:
+        return _list_jobs(args)
     rows = _app(args).read_store.type_counts()
     header = (
         "type",
@@ -143,6 +177,25 @@ def cmd_jobs(args: argparse.Namespace) -> int:
         for r in rows
     ]
     _print_table(table)
+    return 0
+
+
+def _list_jobs(args: argparse.Namespace) -> int:
+    from hivejobs.cli_views import job_rows
+    from hivejobs.listing import parse_span
+
+    span = parse_span(args.since) if args.since is not None else None
+    page = _app(args).list_jobs(
+        state=args.state,
+        type=args.type,
+        since=span if span is not None else _past(args.since),
+        until=_past(args.until),
+        limit=args.limit,
+        after=args.after,
+    )
+    print("\n".join(job_rows(page.jobs)))
+    if page.next is not None:
+        print(f"more: --after '{page.next}'", file=sys.stderr)
     return 0
 
 
@@ -195,7 +248,12 @@ def cmd_cancel(args: argparse.Namespace) -> int:
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
-    print(_app(args).replay(args.job_id))
+    """The new id on stdout; what differs from the original on stderr, one line each."""
+    done = _app(args).replay_job(args.job_id)
+    print(done.id)
+    print(f"kept priority {done.priority}", file=sys.stderr)
+    for change in done.changes:
+        print(change, file=sys.stderr)
     return 0
 
 
@@ -204,7 +262,9 @@ def cmd_restart(args: argparse.Namespace) -> int:
 
     app = _app(args)
     app.broker.ping()  # ConnectionFailed (redacted URL) rather than a redis-py traceback
-    app.broker.publish_control(ControlMessage(action="restart", pool=args.pool))
+    app.broker.publish_control(
+        ControlMessage(action="restart", pool=args.pool, instance=args.instance)
+    )
     print("restart requested")
     return 0
 
@@ -213,6 +273,7 @@ def cmd_chain(args: argparse.Namespace) -> int:
     """`hivejobs chain run FILE.json | status ID | stop ID | list`."""
     from hivejobs.chains import Chain
     from hivejobs.chains.render import render
+    from hivejobs.cli_views import chain_rows, log_lines, ps_rows
 
     app = _app(args)
     if args.chain_command == "run":
@@ -224,28 +285,37 @@ def cmd_chain(args: argparse.Namespace) -> int:
         print(app.run_chain(Chain.from_json(text)))
     elif args.chain_command == "status":
         print(render(app.chain_status(args.request_id)))
+        if args.log:
+            print("job log")
+            print("\n".join(log_lines(app.job_log(args.request_id))))
+    elif args.chain_command == "log":
+        print("\n".join(log_lines(app.job_log(args.request_id))))
     elif args.chain_command == "stop":
-        done = app.stop_chain(args.request_id)
-        print("stop requested" if done else "already finished")
-        return 0 if done else 1
+        done = app.stop_chain(args.request_id, timeout=args.timeout, wait=args.wait)
+        if not done:
+            print("already finished")
+            return 1
+        # With --wait, the state it ended in: failed wins over stopped (see the README).
+        print(app.chain_status(args.request_id).state if args.wait else "stop requested")
+    elif args.chain_command == "ps":
+        print("\n".join(ps_rows(app.chain_ps(args.limit))))
     else:
-        table: list[tuple[object, ...]] = [
-            ("id", "name", "state", "jobs", "succeeded", "created", "finished")
-        ]
-        table += [
-            (
-                c.id,
-                c.name,
-                c.state,
-                c.jobs,
-                c.succeeded,
-                c.created_at.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S"),
-                c.finished_at.astimezone(UTC).strftime("%H:%M:%S") if c.finished_at else "-",
-            )
-            for c in app.list_chains(args.limit)
-        ]
-        _print_table(table)
+        chains = app.list_chains(
+            args.limit,
+            state=args.state,
+            type=args.type,
+            job_type=args.job_type,
+            since=_past(args.since),
+            until=_past(args.until),
+        )
+        print("\n".join(chain_rows(chains)))
     return 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from hivejobs.web.serve import serve_main
+
+    return serve_main(args)
 
 
 def cmd_dev(args: argparse.Namespace) -> int:
@@ -268,17 +338,34 @@ def _print_table(rows: Sequence[Sequence[object]]) -> None:
         print("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip())
 
 
+def app_parent() -> Parser:
+    """--app for every level (`hivejobs --app X chain run F`, `chain --app X run F`,
+    `chain run F --app X`): only the top level has a default, so a subcommand's parser never
+    overwrites a value given earlier (argparse copies a subparser's defaults over it)."""
+    parent = Parser(add_help=False)
+    parent.add_argument(
+        "--app",
+        default=argparse.SUPPRESS,
+        help="MODULE:APP to load job types from (or HIVEJOBS_APP)",
+    )
+    return parent
+
+
 def build_parser() -> Parser:
-    parser = Parser(prog="hivejobs", description="Durable jobs: Redis broker, Postgres truth.")
+    parser = Parser(
+        prog="hivejobs",
+        description="Durable jobs: Redis broker, Postgres truth.",
+        parents=[app_parent()],
+    )
+    parser.set_defaults(app=None)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
 
     def add(
         name: str, fn: Callable[[argparse.Namespace], int], help_: str, app_opt: bool = True
     ) -> Parser:
-        p: Parser = sub.add_parser(name, help=help_, description=help_)
+        parents = [app_parent()] if app_opt else []
+        p: Parser = sub.add_parser(name, help=help_, description=help_, parents=parents)
         p.set_defaults(fn=fn)
-        if app_opt:
-            p.add_argument("--app", help="MODULE:APP to load job types from (or HIVEJOBS_APP)")
         return p
 
     add("migrate", cmd_migrate, "create the database if missing and apply migrations")
@@ -286,16 +373,35 @@ def build_parser() -> Parser:
     p.add_argument("app_spec", metavar="MODULE:APP")
     p.add_argument("--shutdown-timeout", type=float, help="seconds to finish jobs on SIGTERM")
     p.add_argument("--no-coordinator", action="store_true", help="run pools only")
+    p.add_argument("--metrics-port", type=int, help="serve Prometheus /metrics on this port")
+    p.add_argument("--metrics-host", default="127.0.0.1", help="its address (default loopback)")
     p = add("enqueue", cmd_enqueue, "enqueue one job; prints its id")
     p.add_argument("name")
     p.add_argument("payload", metavar="JSON")
-    p.add_argument("--id")
-    p.add_argument("--priority", type=int)
+    p.add_argument("--id", help="your id (idempotent: the same payload returns the job)")
+    p.add_argument("--priority", type=int, help="0-9, 0 runs first (default: the type's)")
     p.add_argument("--delay", type=float, help="seconds before it may run")
+    p.add_argument("--run-at", help="when it may run: ISO 8601 (UTC if no zone) or 10m, 2h")
+    p.add_argument("--expires-at", help="not started by then: expired (ISO 8601 or 1h, 2d)")
     p = add("status", cmd_status, "show one job")
     p.add_argument("job_id")
     p.add_argument("--payload", action="store_true", help="include the payload")
-    add("jobs", cmd_jobs, "counts per job type")
+    p = add(
+        "jobs",
+        cmd_jobs,
+        "counts per job type; with filters (or --list), live and archived jobs, newest first",
+    )
+    p.add_argument("--list", action="store_true", help="list jobs even without a filter")
+    p.add_argument(
+        "--state",
+        action="append",
+        help="scheduled, queued, running, succeeded, failed, cancelled, expired (repeatable)",
+    )
+    p.add_argument("--type", help="only jobs of this job type")
+    p.add_argument("--since", help="finished (or, live, created) since: 1h, 2d or ISO 8601")
+    p.add_argument("--until", help="... and before: ISO 8601 or a span back from now")
+    p.add_argument("--limit", type=int, default=50, help="jobs per page (default 50)")
+    p.add_argument("--after", help="the cursor printed after a full page: the next page")
     add("workers", cmd_workers, "live worker processes and their heartbeats")
     add("cron", cmd_cron, "periodic schedules with their last and next tick (UTC)")
     p = add("cancel", cmd_cancel, "cancel a job (a running one is told to stop)")
@@ -303,19 +409,50 @@ def build_parser() -> Parser:
     p = add("replay", cmd_replay, "enqueue a finished job again; prints the new id")
     p.add_argument("job_id")
     p = add("restart", cmd_restart, "reload every worker instance gracefully (new code)")
-    p.add_argument("--pool", help="only this job type's pools")
+    p.add_argument(
+        "--pool", help="only this job type's pool processes, restarted by their supervisor"
+    )
+    p.add_argument(
+        "--instance",
+        help="only the instance on this host, or HOST:PID of its supervisor (logged at start)",
+    )
     p = add("chain", cmd_chain, "run, show, stop and list job chains")
     chain_sub = p.add_subparsers(dest="chain_command", required=True, parser_class=Parser)
-    chain_sub.add_parser(
-        "run", help="validate and start a chain from a JSON file; prints its request id"
+
+    def chain_cmd(name: str, help_: str) -> Parser:
+        c: Parser = chain_sub.add_parser(name, help=help_, parents=[app_parent()])
+        return c
+
+    chain_cmd(
+        "run", "validate and start a chain from a JSON file; prints its request id"
     ).add_argument("file", metavar="FILE.json")
-    chain_sub.add_parser("status", help="the chain's DAG in layers, each job's state").add_argument(
-        "request_id"
+    c = chain_cmd("status", "the chain's DAG in layers, each job's state")
+    c.add_argument("request_id")
+    c.add_argument("--log", action="store_true", help="and the job log (as `chain log`)")
+    chain_cmd(
+        "log", "every try: start, finish, state, error with traceback, captured output"
+    ).add_argument("request_id")
+    c = chain_cmd("stop", "stop a running chain")
+    c.add_argument("request_id")
+    c.add_argument(
+        "--timeout",
+        type=float,
+        help="seconds before tries that ignore ctx.stopping are abandoned (default 30)",
     )
-    chain_sub.add_parser("stop", help="stop a running chain").add_argument("request_id")
-    chain_sub.add_parser("list", help="the latest chains").add_argument(
-        "--limit", type=int, default=50
-    )
+    c.add_argument("--wait", action="store_true", help="return once every try has ended")
+    c = chain_cmd("list", "the latest chains, newest first")
+    c.add_argument("--limit", type=int, default=50)
+    c.add_argument("--state", action="append", help="pending, running, succeeded, ... (repeat)")
+    c.add_argument("--type", help="chains of this name (spincycle's request type)")
+    c.add_argument("--job-type", help="chains with a job of this job type")
+    c.add_argument("--since", help="created since: 1h, 2d or ISO 8601")
+    c.add_argument("--until", help="created before: ISO 8601 or a span back from now")
+    c = chain_cmd("ps", "what runs now across the fleet: job, try, host, status, age")
+    c.add_argument("--limit", type=int, default=500)
+    p = add("serve", cmd_serve, "HTTP API, dashboard and /metrics (needs hivejobs[web])", False)
+    from hivejobs.web.options import add_serve_arguments
+
+    add_serve_arguments(p)
     p = add(
         "dev", cmd_dev, "zero setup: embedded Postgres and Valkey, migrate, run the worker", False
     )

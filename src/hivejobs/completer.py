@@ -20,6 +20,7 @@ import redis
 from loguru import logger
 
 from hivejobs.broker import Broker
+from hivejobs.failpoints import failpoint
 from hivejobs.logs import error_fields, fatal_on_error
 from hivejobs.records import Completion
 from hivejobs.serialization import storable_text
@@ -43,10 +44,12 @@ class Completer:
         broker: Broker,
         on_written: Callable[[list[Completion]], None] | None = None,
         max_error_bytes: int = 1024 * 1024,
+        on_submit: Callable[[Completion], None] | None = None,
     ) -> None:
         self.store = store
         self.broker = broker
         self.on_written = on_written
+        self.on_submit = on_submit  # sees every outcome once (metrics)
         self._queue: queue.SimpleQueue[Completion | None] = queue.SimpleQueue()
         self._pending = 0
         self._idle = threading.Condition()
@@ -62,6 +65,8 @@ class Completer:
         self._thread.start()
 
     def submit(self, completion: Completion) -> None:
+        if self.on_submit is not None:
+            self.on_submit(completion)
         with self._idle:
             self._pending += 1
         self._queue.put(completion)
@@ -121,7 +126,10 @@ class Completer:
 
         def finish() -> tuple[int, list[tuple[Any, ...]]]:
             with self.store.connection() as conn:
-                return self.store.finish(batch, conn)
+                done = self.store.finish(batch, conn)
+            # Committed, but as if the reply were lost: the retry must be a fenced no-op.
+            failpoint("pool.completion_commit_raises", psycopg.OperationalError)
+            return done
 
         return _retrying(finish, len(batch))
 

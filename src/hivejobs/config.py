@@ -73,6 +73,10 @@ class Settings(msgspec.Struct, kw_only=True):
     lease_margin_s: Seconds = 1.0
     poison_pill_after: Count = 3
     archive_retention_s: Seconds = 7 * 24 * 3600.0
+    # `stop_chain` gives up on tries that ignore ctx.stopping after this long (spincycle).
+    chain_stop_timeout_s: Seconds = 30.0
+    # Captured stdout and stderr kept per chain try and stream (the job log); the tail wins.
+    job_log_output_bytes: Count = 64 * 1024
     # A drained hot table (a few live rows) bigger than this is vacuumed and reindexed; 0 off.
     compact_above_bytes: Annotated[float, msgspec.Meta(ge=0, le=2.0**62)] = 16 * 1024 * 1024
     # Postgres is reached through a transaction-mode pooler (PgBouncer): no startup options,

@@ -113,6 +113,22 @@ class JobNotFinished(HivejobsError):
         super().__init__(f"job {job_id!r} is {state}: only a finished job can be replayed")
 
 
+class JobAlreadyFinished(HivejobsError):
+    def __init__(self, job_id: str, state: str) -> None:
+        super().__init__(f"job {job_id!r} already ended {state}: there is nothing to cancel")
+        self.job_id = job_id
+
+
+class ChainAlreadyFinished(HivejobsError):
+    def __init__(self, request_id: str, state: str) -> None:
+        super().__init__(f"chain {request_id!r} already ended {state}: there is nothing to stop")
+
+
+class CallbackRefused(HivejobsError):
+    """A status callback that does not apply: the job type takes none, or the job is not
+    running at the attempt the callback names (HTTP 409)."""
+
+
 class Interrupted(Exception):
     """Raised by a handler that saw ``ctx.stopping``: the attempt is suspended, not failed.
 
@@ -129,3 +145,25 @@ class ChainNotFound(HivejobsError):
     def __init__(self, request_id: str) -> None:
         super().__init__(f"no chain with request id {request_id!r} (see `hivejobs chain list`)")
         self.request_id = request_id
+
+
+class ChainStopPending(HivejobsError):
+    def __init__(self, request_id: str, state: str) -> None:
+        super().__init__(
+            f"chain {request_id!r} is still {state} after its stop timeout: is a coordinator "
+            "running (`hivejobs run`)? The stop stays requested and takes effect when one runs"
+        )
+        self.request_id = request_id
+
+
+class NotAnAncestor(HivejobsError):
+    """ctx.chain.result_of(key) for a job the current one does not run after: its result
+    may not exist yet, so reading it would be a race."""
+
+    def __init__(self, key: str, me: str, ancestors: list[str]) -> None:
+        listing = ", ".join(sorted(ancestors)) or "none: it is a root job"
+        super().__init__(
+            f"job {key!r} is not an ancestor of {me!r}, so its result may not exist yet; "
+            f"result_of() reads jobs that {me!r} runs after, directly or not ({listing})"
+        )
+        self.key = key

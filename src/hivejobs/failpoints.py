@@ -1,9 +1,10 @@
 """Failpoints for fault-injection tests: HIVEJOBS_FAILPOINTS="name=action[@n],...".
 
 Read only when HIVEJOBS_TESTING=1, so production code paths never change. Actions: exit
-(os._exit(137)), raise (RuntimeError), sleep:<s>, stop (SIGSTOP self). `@n` fires on the n-th
-hit only (default: the first), counted per process; with HIVEJOBS_FAILPOINTS_ONCE_DIR set, a
-failpoint fires once across all processes and restarts (a marker file records it).
+(os._exit(137)), raise (RuntimeError, or the error class the call site names), sleep:<s>,
+stop (SIGSTOP self). `@n` fires on the n-th hit only (default: the first), counted per
+process; with HIVEJOBS_FAILPOINTS_ONCE_DIR set, a failpoint fires once across all processes
+and restarts (a marker file records it).
 """
 
 from __future__ import annotations
@@ -38,7 +39,9 @@ def reload() -> None:
     _hits.clear()
 
 
-def failpoint(name: str) -> None:
+def failpoint(name: str, error: type[Exception] = RuntimeError) -> None:
+    """Act if `name` is armed and this is its n-th hit; `error` is what `raise` raises (a
+    call site that models a lost connection names the driver's error class)."""
     if not _TABLE or name not in _TABLE:
         return
     action, nth = _TABLE[name]
@@ -55,7 +58,7 @@ def failpoint(name: str) -> None:
     if action == "exit":
         os._exit(137)
     if action == "raise":
-        raise RuntimeError(f"failpoint {name}")
+        raise error(f"failpoint {name}")
     if action.startswith("sleep:"):
         time.sleep(float(action.split(":", 1)[1]))
     if action == "stop":

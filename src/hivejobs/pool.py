@@ -22,17 +22,20 @@ import psycopg
 import redis
 from loguru import logger
 
-from hivejobs.app import App, JobType, Retry
-from hivejobs.broker import Broker, Popped
+from hivejobs.app import App, Fail, JobType, Retry
+from hivejobs.broker import Broker, ControlMessage, Popped
+from hivejobs.capture import Captured, capturing
 from hivejobs.completer import Completer
 from hivejobs.config import Settings
 from hivejobs.context import JobContext
 from hivejobs.errors import Interrupted, PayloadInvalid, ResultTooLarge
 from hivejobs.failpoints import failpoint
 from hivejobs.logs import error_fields, fatal_on_error
+from hivejobs.metrics import Recorder
 from hivejobs.records import ClaimedJob, Completion, Outcome
 from hivejobs.serialization import encode_result, storable_text
 from hivejobs.store import Store
+from hivejobs.store.chains import ChainStore, looks_like_try_id
 
 EXIT_RECYCLE = 0  # a clean exit the supervisor answers with an immediate restart
 EXIT_RELOAD = 75  # `hivejobs restart`: the supervisor re-execs itself to load new code
@@ -77,8 +80,13 @@ class Pool:
         # No LISTEN session behind a pooler without a listen URL: chain hops are announced
         # over Redis instead (coordinator.listen_url).
         self.wake_over_redis = settings.pgbouncer and not settings.listen_database_url
+        self.metrics = Recorder(self.broker)
         self.completer = Completer(
-            self.store, self.broker, self._forget, max_error_bytes=settings.max_result_bytes
+            self.store,
+            self.broker,
+            self._forget,
+            max_error_bytes=settings.max_result_bytes,
+            on_submit=lambda c: self.metrics.completion(jt.name, c),
         )
         # Claims not yet finished in Postgres (waiting, running, or finished and not yet
         # written): id -> token. The fetcher keeps it within claim_room() (backpressure).
@@ -123,6 +131,7 @@ class Pool:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 signal.signal(sig, self._on_stop_signal)
         self.completer.start()
+        self.metrics.start()
         threads = [
             threading.Thread(target=fatal_on_error(self._runner), name=f"runner-{i}", daemon=True)
             for i in range(self.jt.concurrency)
@@ -173,6 +182,7 @@ class Pool:
         self._drain_unstarted()
         failpoint("pool.after_suspend_write_before_exit")
         self.completer.flush(5.0)
+        self.metrics.stop()
         try:
             self.store.deregister_worker(self.worker_id)
         except psycopg.Error as exc:
@@ -288,6 +298,7 @@ class Pool:
             self._release_ambiguous(unheld)
             raise failure
         failpoint("pool.after_claim_commit")
+        self.metrics.picked_up(jobs)
         with self.lock:
             self.reserved += len(jobs)
         for job in jobs:
@@ -412,7 +423,14 @@ class Pool:
         entry = Running(job, ctx)
         with self.lock:
             self.running[job.id] = entry
-        completion = self._execute(job, ctx)
+        began = time.monotonic()
+        if looks_like_try_id(job.id):  # a chain try: its output goes to the job log
+            with capturing(self.settings.job_log_output_bytes) as output:
+                completion = self._execute(job, ctx)
+            self._keep_output(job, output)
+        else:
+            completion = self._execute(job, ctx)
+        self.metrics.observe("run", job.name, time.monotonic() - began)
         with self.lock:
             self.running.pop(job.id, None)
             abandoned = entry.abandoned
@@ -420,6 +438,18 @@ class Pool:
             failpoint("pool.before_completion_commit")
             self.completer.submit(completion)
         self._release_slot()
+
+    def _keep_output(self, job: ClaimedJob, output: Captured) -> None:
+        """Before the completion, so the output is there once the try's log row is."""
+        if output.empty:
+            return
+        try:
+            ChainStore(self.store).save_output(
+                job.id, output.stdout.text(), output.stderr.text(), output.truncated
+            )
+        except psycopg.Error as exc:
+            # The job log loses this output; the try's outcome is unaffected.
+            self.log.warning("captured output not stored", job_id=job.id, **error_fields(exc))
 
     def _release_slot(self) -> None:
         with self.lock:
@@ -441,6 +471,10 @@ class Pool:
             # Schema drift will not fix itself on retry: fail for good, keep the pool alive.
             ctx.logger.error("payload does not decode", error=str(exc))
             return self._ended(job, "failed", str(exc))
+        except Fail as exc:
+            # The handler says another attempt cannot help: failed now, attempts left or not.
+            ctx.logger.error("job failed by its handler (Fail), not retried", **error_fields(exc))
+            return self._ended(job, "cancelled" if ctx.cancelled else "failed", f"Fail: {exc}")
         except ResultTooLarge as exc:
             return self._failed(job, ctx, str(exc), jt.backoff.delay_s(job.attempt))
         except Retry as exc:
@@ -460,6 +494,14 @@ class Pool:
             return self._failed(job, ctx, text, jt.backoff.delay_s(job.attempt))
         elapsed = time.monotonic() - started
         self.avg_run_s += (elapsed - self.avg_run_s) * 0.1
+        if jt.callback:
+            # The other service has the work now: the job stays running until its callback.
+            return Completion(
+                id=job.id,
+                claim_token=job.claim_token,
+                outcome="await_callback",
+                callback_timeout_s=jt.callback_timeout_s or 3600.0,
+            )
         return Completion(
             id=job.id, claim_token=job.claim_token, outcome="succeeded", result=encoded
         )
@@ -562,9 +604,25 @@ class Pool:
                 if r is not None:
                     r.ctx.cancelled = True
                     r.ctx.request_stop()
-        elif msg.action == "restart" and msg.pool in (None, self.jt.name):
-            self.recycle_reason = "restart requested"
+        elif msg.action == "restart" and restart_applies(msg, self.jt.name):
+            # A restart of one pool recycles just this process (forked again by the same
+            # supervisor); a restart of everything or of this instance reloads the instance.
+            self.recycle_reason = "pool restart requested" if msg.pool else "restart requested"
             self.stop_acquiring.set()
+
+
+def restart_applies(msg: ControlMessage, pool: str) -> bool:
+    """Whether a restart message names this pool (or every pool) on this instance (or all)."""
+    if msg.pool is not None and msg.pool != pool:
+        return False
+    return msg.instance is None or msg.instance in instance_names()
+
+
+def instance_names() -> tuple[str, str]:
+    """How `hivejobs restart --instance` may name this instance: its host, or host:pid of
+    its supervisor (this pool's parent; `hivejobs run` logs it as it starts)."""
+    host = socket.gethostname()
+    return host, f"{host}:{os.getppid()}"
 
 
 def run_pool(app: App, name: str, worker_id: str, settings: Settings) -> int:

@@ -12,7 +12,9 @@ JobState = Literal["scheduled", "queued", "running", "succeeded", "failed", "can
 TERMINAL_STATES: frozenset[str] = frozenset({"succeeded", "failed", "cancelled", "expired"})
 Delivery = Literal["at_least_once", "at_most_once"]
 # How a claim ended, as the pool reports it to the completer.
-Outcome = Literal["succeeded", "failed", "retry", "cancelled", "suspend"]
+# "await_callback": a callback type's handler returned; the job stays running, without a
+# worker, until the other service posts its outcome (or the callback timeout passes).
+Outcome = Literal["succeeded", "failed", "retry", "cancelled", "suspend", "await_callback"]
 
 PRIORITIES = range(10)  # 0 runs first; the default.
 # A job type's name; fullmatch, never `$` (which also matches before a trailing newline).
@@ -28,6 +30,8 @@ class JobTypeInfo(msgspec.Struct, frozen=True, kw_only=True):
     attempts: int
     delivery: Delivery
     timeout_s: float | None
+    callback: bool = False  # stays running after its handler until a status callback
+    callback_timeout_s: float | None = None
 
 
 class NewJob(msgspec.Struct, frozen=True, kw_only=True):
@@ -75,6 +79,7 @@ class ClaimedJob(msgspec.Struct, kw_only=True):
     claim_token: int
     priority: int
     lost: int = 0  # times a process died running it: > 0 runs it alone (quarantine)
+    pickup_s: float = 0.0  # from its due time (run_at) to this claim: the pickup latency
 
 
 class Completion(msgspec.Struct, frozen=True, kw_only=True):
@@ -86,6 +91,7 @@ class Completion(msgspec.Struct, frozen=True, kw_only=True):
     error: str | None = None
     result: bytes | None = None
     retry_delay_s: float = 0.0
+    callback_timeout_s: float = 0.0  # await_callback: how long the other service has
 
 
 class Rescued(msgspec.Struct, frozen=True, kw_only=True):
@@ -191,7 +197,9 @@ class ChainSummary(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class JobLogEntry(msgspec.Struct, frozen=True, kw_only=True):
-    """One try of one chain job: `try_` is the job's total try number at that try."""
+    """One try of one chain job: `try_` is the job's total try number at that try. `error`
+    holds the traceback of a raised exception; `stdout`/`stderr` the tail of what the try
+    printed (bounded by `job_log_output_bytes`; `output_truncated` when cut)."""
 
     key: str
     try_: int = msgspec.field(name="try")
@@ -203,3 +211,75 @@ class JobLogEntry(msgspec.Struct, frozen=True, kw_only=True):
     finished_at: datetime
     duration_s: float | None
     error: str | None
+    stdout: str | None = None
+    stderr: str | None = None
+    output_truncated: bool = False
+
+
+class ChainQuery(msgspec.Struct, frozen=True, kw_only=True):
+    """Filters of `list_chains`; every one optional. `type` is the chain's name (spincycle's
+    request type); `job_type` keeps chains with a job of that type. Times bound created_at.
+    Pages go newest first; `before` is the (created_at, id) of the last chain seen."""
+
+    states: list[ChainState] | None = None
+    type: str | None = None
+    job_type: str | None = None
+    since: datetime | None = None
+    until: datetime | None = None
+    before: tuple[datetime, str] | None = None
+    limit: int = 50
+
+
+class RunningTry(msgspec.Struct, frozen=True, kw_only=True):
+    """A live try of a chain job, as `hivejobs chain ps` shows it: `state` is its job's
+    (queued or running; None once ended, until the traverser reaps it)."""
+
+    chain_id: str
+    chain: str
+    key: str
+    type: str
+    try_: int = msgspec.field(name="try")
+    tries: int
+    total_tries: int
+    state: str | None
+    host: str | None
+    pid: int | None
+    status: str | None
+    started_at: datetime | None
+    age_s: float | None
+
+
+class JobSummary(msgspec.Struct, frozen=True, kw_only=True):
+    """One job, live or archived, as `list_jobs` returns it (no payload, no result).
+    `at` orders the listing: finished_at for a finished job, created_at for a live one."""
+
+    id: str
+    name: str
+    state: JobState
+    attempt: int
+    attempts: int
+    priority: int
+    created_at: datetime
+    run_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    expires_at: datetime | None
+    error: str | None
+    at: datetime
+
+
+class JobPage(msgspec.Struct, frozen=True, kw_only=True):
+    """A page of `list_jobs`; pass `next` as `after` for the following page (None: the end)."""
+
+    jobs: list[JobSummary]
+    next: str | None
+
+
+class Replayed(msgspec.Struct, frozen=True, kw_only=True):
+    """What `replay` enqueued, and what it changed from the original's options."""
+
+    id: str
+    priority: int
+    delay_s: float | None
+    expires_at: datetime | None
+    changes: list[str]

@@ -15,6 +15,7 @@ import errno
 import os
 import select
 import signal
+import socket
 import sys
 import time
 from dataclasses import dataclass
@@ -28,8 +29,10 @@ from hivejobs.broker import Broker
 from hivejobs.config import Settings
 from hivejobs.coordinator.services import rescue_isolated
 from hivejobs.logs import error_fields, setup_logging
+from hivejobs.metrics import bump
 from hivejobs.store import Store, new_worker_id
 from hivejobs.store.schedules import ScheduleStore
+from hivejobs.store.upkeep import set_type_retentions
 
 PR_SET_PDEATHSIG = 1
 EXIT_RELOAD = 75  # a pool asked for a reload (`hivejobs restart`): re-exec for new code
@@ -39,7 +42,7 @@ HEALTHY_AFTER_S = 3.0  # lived this long: it started fine, so a death is not a c
 
 @dataclass
 class Child:
-    role: str  # "pool" or "coordinator"
+    role: str  # "pool", "coordinator" or "metrics" (`--metrics-port`)
     pool: str | None
     slot: int
     pid: int = 0
@@ -50,7 +53,7 @@ class Child:
 
     @property
     def title(self) -> str:
-        return f"pool {self.pool}#{self.slot}" if self.role == "pool" else "coordinator"
+        return f"pool {self.pool}#{self.slot}" if self.role == "pool" else self.role
 
 
 # Postgres connections each process may hold at most (the pools are bounded): a pool process
@@ -70,7 +73,12 @@ def postgres_connections_max(children: list[Child]) -> int:
 
 class Supervisor:
     def __init__(
-        self, app: App, app_spec: str, settings: Settings, coordinator: bool = True
+        self,
+        app: App,
+        app_spec: str,
+        settings: Settings,
+        coordinator: bool = True,
+        metrics: tuple[str, int] | None = None,
     ) -> None:
         self.app = app
         self.app_spec = app_spec
@@ -80,6 +88,9 @@ class Supervisor:
             self.children += [Child("pool", jt.name, i) for i in range(jt.processes)]
         if coordinator:
             self.children.append(Child("coordinator", None, 0))
+        self.metrics = metrics  # (host, port) of the /metrics child, if asked for
+        if metrics is not None:
+            self.children.append(Child("metrics", None, 0))
         self.stopping = False
         self.reload = False
         self._wake_r, self._wake_w = os.pipe()
@@ -93,6 +104,7 @@ class Supervisor:
             store.check_schema()
             store.upsert_job_types([jt.info() for jt in self.app.types.values()])
             ScheduleStore(store).declare(list(self.app.types), list(self.app.schedules.values()))
+            set_type_retentions(store, {jt.name: jt.retention_s for jt in self.app.types.values()})
         finally:
             store.close()
         # Redis too, as Postgres above: a wrong password or a stopped Redis is one clear
@@ -111,6 +123,7 @@ class Supervisor:
         logger.info(
             "supervisor started",
             app=self.app_spec,
+            instance=f"{socket.gethostname()}:{os.getpid()}",
             pools={jt.name: jt.processes for jt in self.app.types.values()},
             postgres_connections_max=postgres_connections_max(self.children),
         )
@@ -186,6 +199,9 @@ class Supervisor:
             from hivejobs.coordinator import run_coordinator
 
             return run_coordinator(self.settings, child.worker_id)
+        if child.role == "metrics":
+            assert self.metrics is not None
+            return run_metrics_child(self.settings, *self.metrics)
         from hivejobs.pool import run_pool
 
         assert child.pool is not None
@@ -262,6 +278,7 @@ class Supervisor:
             broker = Broker(self.settings)
             try:
                 broker.push_many(rescued.requeued)
+                bump(broker, "rescued", [r[1] for r in rescued.requeued])
             except redis.RedisError as exc:
                 logger.warning("released jobs not pushed; the reconciler will", **error_fields(exc))
             finally:
@@ -298,6 +315,20 @@ class Supervisor:
             self._release_claims([c.worker_id for c in stragglers])
         logger.info("supervisor stopped")
         return 0
+
+
+def run_metrics_child(settings: Settings, host: str, port: int) -> int:
+    """A child of its own: an HTTP thread in the supervisor would be copied half-way into
+    every fork. It holds no claims, so a crash only pauses scrapes until its restart."""
+    import threading
+
+    from hivejobs.exposition import MetricsServer
+
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    MetricsServer(settings, host, port).serve(stop)
+    return 0
 
 
 def _kill(pid: int, sig: int) -> None:

@@ -11,7 +11,9 @@ import os
 import threading
 import time
 
-from hivejobs import App, Backoff, Interrupted, JobContext
+import msgspec
+
+from hivejobs import App, Backoff, Interrupted, JobContext, Retry
 from tests.apps.ledger import note
 
 app = App()
@@ -117,6 +119,109 @@ def _poison(ctx: JobContext, payload: dict[str, str]) -> str:
 
 register("poison", concurrency=4, attempts=3, timeout=1.0, backoff=Backoff(base_s=0.1))(_poison)
 register("poison_amo", concurrency=2, delivery="at_most_once", timeout=1.0)(_poison)
+
+
+# -- opt-in types (registered only when HJ_TYPES names them) ------------------------------
+
+
+def opt_in(name: str, **options: object):  # type: ignore[no-untyped-def]
+    """Like register(), but never part of "all types": only an explicit HJ_TYPES adds it."""
+    if name in SELECTED:
+        return register(name, **options)
+    return lambda fn: fn
+
+
+def _allocate_until_refused() -> None:
+    """Lower RLIMIT_AS to 512 MiB (or 256 MiB above what the process maps already), allocate
+    until MemoryError, then restore it: the MemoryError fails the attempt like any error."""
+    import resource
+
+    with open("/proc/self/statm") as f:
+        mapped = int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    resource.setrlimit(resource.RLIMIT_AS, (max(512 << 20, mapped + (256 << 20)), hard))
+    hoard = []
+    try:
+        while True:
+            hoard.append(bytes(32 << 20))  # calloc: address space, no page touched
+    finally:
+        hoard.clear()
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+
+
+def _hog_the_gil(seconds: float) -> None:
+    """Catastrophic regex backtracking: the re engine never releases the GIL (~2 s a call)."""
+    import re
+
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        re.match(r"(a+)+$", "a" * 25 + "b")
+
+
+def _poison_plan(ctx: JobContext, payload: dict[str, object]) -> str:
+    """RELIABILITY S8: normal work, or the poison the payload names."""
+    start(ctx)
+    action = payload.get("do", "ok")
+    if action == "raise":
+        end(ctx, "error")
+        raise ValueError("poison raised")
+    if action == "segfault":
+        import ctypes
+
+        ctypes.string_at(0)
+    if action == "exit":
+        os._exit(1)
+    if action == "oom":
+        _allocate_until_refused()
+    if action == "hang":
+        threading.Event().wait()
+    if action == "gil_hog":
+        _hog_the_gil(float(payload.get("s", 20)))  # type: ignore[arg-type]
+    time.sleep(float(payload.get("ms", 10)) / 1000)  # type: ignore[arg-type]
+    end(ctx, "ok")
+    return str(action)
+
+
+_S8 = {"concurrency": 4, "backoff": Backoff(base_s=0.1)}
+opt_in("s8_raise", attempts=3, **_S8)(_poison_plan)
+opt_in("s8_segfault", attempts=3, **_S8)(_poison_plan)
+opt_in("s8_exit", delivery="at_most_once", **_S8)(_poison_plan)
+opt_in("s8_oom", attempts=3, **_S8)(_poison_plan)
+opt_in("s8_hang", attempts=1, timeout=2.0, **_S8)(_poison_plan)
+opt_in("s8_gil_hog", delivery="at_most_once", timeout=2.0, **_S8)(_poison_plan)
+
+
+class Shape(msgspec.Struct, forbid_unknown_fields=True):
+    """A typed payload (RELIABILITY S9: schema violations and schema drift)."""
+
+    width: int
+    height: int
+
+
+@opt_in("typed", concurrency=2, attempts=3)
+def typed(ctx: JobContext, payload: Shape) -> int:
+    start(ctx)
+    end(ctx, "ok")
+    return payload.width * payload.height
+
+
+@opt_in("retry_once", concurrency=4, attempts=3)
+def retry_once(ctx: JobContext, payload: dict[str, float]) -> None:
+    """RELIABILITY S10: asks for a retry `delay` s later on its first attempt."""
+    start(ctx)
+    if ctx.attempt == 1:
+        end(ctx, "retry")
+        raise Retry(delay=payload.get("delay", 2.0))
+    end(ctx, "ok")
+
+
+def _noop(ctx: JobContext, payload: dict[str, float]) -> None:
+    start(ctx)
+    end(ctx, "ok")
+
+
+for _i in range(4):  # RELIABILITY S11: four no-op types for the backlog
+    opt_in(f"noop{_i}", concurrency=8)(_noop)
 
 
 if os.environ.get("HJ_CRON") and (not SELECTED or "alo" in SELECTED):

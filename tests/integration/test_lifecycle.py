@@ -517,12 +517,27 @@ def test_replay_of_finished_job_runs_it_again_under_a_new_id(
 def test_replay_of_cancelled_job_is_queued_and_pushed(make_app: Callable[..., App]) -> None:
     app = make_app()
     app.job("resize")(lambda ctx, payload: None)
-    old = app.enqueue("resize", {"w": 1}, priority=5, delay=60)
+    old = app.enqueue("resize", {"w": 1}, priority=5)
     app.cancel(old)
     new = app.replay(old)
     info = app.get_job(new)
     assert (info.state, info.payload, info.priority, info.attempt) == ("queued", {"w": 1}, 5, 0)
-    assert queued_ids(app, "resize", priority=5) == [new]
+    # The cancelled original's id stays in the list until a pool pops and skips it.
+    assert queued_ids(app, "resize", priority=5) == [old, new]
+
+
+def test_replay_keeps_the_delay_from_now(make_app: Callable[..., App]) -> None:
+    """rickover's replay keeps the options: a delayed job is delayed again, from now."""
+    app = make_app()
+    app.job("resize")(lambda ctx, payload: None)
+    old = app.enqueue("resize", {"w": 1}, priority=5, delay=60)
+    app.cancel(old)
+    done = app.replay_job(old)
+    info = app.get_job(done.id)
+    assert (info.state, info.priority) == ("scheduled", 5)
+    assert 59 <= (info.run_at - info.created_at).total_seconds() <= 61
+    assert done.changes == ["run_at: 60s from now, as the original's delay"]
+    assert queued_ids(app, "resize", priority=5) == []
 
 
 @pytest.mark.parametrize("delay", [None, 60.0])

@@ -4,7 +4,6 @@ writes and the reads that decide them stay on the primary's."""
 from __future__ import annotations
 
 from hivejobs import App, JobContext
-from hivejobs.chains.api import list_chains
 from tests.harness import FAST_SETTINGS, REDIS_URL, sql
 
 
@@ -27,7 +26,7 @@ def test_listings_use_the_read_url(database_url: str, redis_prefix: str) -> None
         assert app.get_job(job_id).state == "queued"  # from the primary
         counts = {c.name: c for c in app.read_store.type_counts()}
         assert counts["report"].queued == 1
-        assert list_chains(app, 5) == []
+        assert app.list_chains(5) == []
         readers = sql(
             database_url,
             "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "

@@ -35,6 +35,11 @@ from tests.harness import (
 )
 
 pytestmark = pytest.mark.faults
+# A NOTIFY sent before the coordinator listens is lost: tests wait until it listens.
+LISTENING = (
+    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+    " AND query = 'LISTEN hivejobs_chain'"
+)
 
 APP = "tests.apps.isolationapp:app"
 MSG_FOREIGN = "foreign job id dropped"
@@ -205,6 +210,7 @@ def test_foreign_ids_are_dropped(
     client = redis.Redis.from_url(REDIS_URL)
     client.rpush(key, *pushed, own)  # one pop takes both foreign ids, the next one b's own
     client.close()
+    wait_until(lambda: sql(database_url, LISTENING)[0][0], what="the coordinator listening")
     with psycopg.connect(database_url, autocommit=True) as conn:
         conn.execute("SELECT pg_notify('hivejobs_dispatch', %s)", (f"b\t1\t{forged}",))
     wait_until(
@@ -250,6 +256,7 @@ def test_bad_key_or_notification_hurts_only_itself(
     notified = insert_job(
         database_url, "b", {}, delivery="at_most_once", queued_at="now() + interval '1 hour'"
     )
+    wait_until(lambda: sql(database_url, LISTENING)[0][0], what="the coordinator listening")
     with psycopg.connect(database_url) as conn:
         conn.execute("SELECT pg_notify('hivejobs_dispatch', 'not a dispatch')")
         conn.execute("SELECT pg_notify('hivejobs_dispatch', %s)", (f"b\t0\t{notified}",))

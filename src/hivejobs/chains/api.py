@@ -1,17 +1,21 @@
-"""The App's chain calls: run_chain, chain_status, stop_chain, job_log, list_chains.
+"""The App's chain calls: run_chain, chain_status, stop_chain, job_log, list_chains, ps.
 
-run_chain validates everything (DAG, sequences, job types, payloads) before the one
-transaction that stores the chain; the coordinator's traverser does the rest. stop_chain
-flags the chain and tells running tries to stop over the control channel; a Redis failure
-there only delays the stop (the tries end cancelled whenever they fail or finish).
+run_chain validates everything (DAG, sequences, job types, payloads, typed args) before the
+one transaction that stores the chain; the coordinator's traverser does the rest. stop_chain
+flags the chain with its stop deadline and tells running tries to stop over the control
+channel; a Redis failure there only delays the stop (the tries end cancelled whenever they
+fail or finish, and the traverser abandons what still runs at the deadline).
 """
 
 from __future__ import annotations
 
 import asyncio
 import re
+import time
 import uuid
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, get_args
 
 import msgspec
 import redis
@@ -22,6 +26,7 @@ from hivejobs.chains.builder import Chain
 from hivejobs.errors import (
     ChainInvalid,
     ChainNotFound,
+    ChainStopPending,
     InvalidArgument,
     PayloadInvalid,
     PayloadTooLarge,
@@ -29,7 +34,16 @@ from hivejobs.errors import (
 )
 from hivejobs.integrations import adriver_connection, driver_connection
 from hivejobs.logs import error_fields
-from hivejobs.records import PRIORITIES, ChainJobStatus, ChainStatus, ChainSummary, JobLogEntry
+from hivejobs.records import (
+    PRIORITIES,
+    ChainJobStatus,
+    ChainQuery,
+    ChainState,
+    ChainStatus,
+    ChainSummary,
+    JobLogEntry,
+    RunningTry,
+)
 from hivejobs.serialization import decode_json, encode_json
 from hivejobs.store.chains import ChainStore
 
@@ -38,6 +52,8 @@ if TYPE_CHECKING:
 
 _REQUEST_ID_RE = re.compile(r"[0-9a-f]{32}")
 MAX_LIST = 10_000
+MAX_STOP_TIMEOUT_S = 24 * 3600.0
+WAIT_MARGIN_S = 15.0  # a traverser pass after the stop timeout, with room for a failover
 
 
 class PreparedChain(msgspec.Struct, frozen=True):
@@ -80,7 +96,7 @@ def prepare_chain(app: App, chain: Chain) -> PreparedChain:
     if not isinstance(chain, Chain):
         raise ChainInvalid(f"run_chain takes a hivejobs.Chain, not {type(chain).__name__}")
     valid = chain.validate()
-    args = encode_json(chain.args, lambda why: ChainInvalid(f"chain {chain.name!r}: args: {why}"))
+    args = _checked_args(chain)
     jobs: list[dict[str, Any]] = []
     for key in valid.order:
         spec = chain.jobs[key]
@@ -119,6 +135,29 @@ def prepare_chain(app: App, chain: Chain) -> PreparedChain:
     return PreparedChain(request_id, head, jobs, sequences)
 
 
+def _checked_args(chain: Chain) -> bytes:
+    """Encode the chain's args; with a Struct type, validated by a round trip through its
+    decoder, as payloads are (a Struct built without checks is checked here)."""
+    value = chain.args
+    target = chain.args_type
+    if target is None and isinstance(value, msgspec.Struct):
+        target = type(value)
+    if target is None and not isinstance(value, dict):
+        raise ChainInvalid(f"chain {chain.name!r}: args must be a dict or a msgspec.Struct")
+    raw = encode_json(value, lambda why: ChainInvalid(f"chain {chain.name!r}: args: {why}"))
+    if target is not None:
+        try:
+            raw = encode_json(
+                msgspec.json.decode(raw, type=target),
+                lambda why: ChainInvalid(f"chain {chain.name!r}: args: {why}"),
+            )
+        except msgspec.ValidationError as exc:
+            raise ChainInvalid(
+                f"chain {chain.name!r}: args do not fit {target.__name__}: {exc}"
+            ) from None
+    return raw
+
+
 def check_request_id(request_id: object) -> str:
     """Request ids are uuid4 hex (run_chain makes them): anything else names no chain."""
     if not isinstance(request_id, str):
@@ -143,11 +182,21 @@ def chain_status(app: App, request_id: str) -> ChainStatus:
     return ChainStatus(**head, jobs=jobs)
 
 
-def stop_chain(app: App, request_id: str) -> bool:
+def stop_chain(app: App, request_id: str, timeout: float | None = None, wait: bool = False) -> bool:
     """Stop a live chain: nothing new starts, running tries are told to stop, and the chain
-    ends `stopped` once they have. False when it had already finished."""
+    ends `stopped` once they have (`failed` if a job had failed for good). Tries still
+    running `timeout` seconds later are abandoned. False when it had already finished."""
     check_request_id(request_id)
-    live, running = ChainStore(app.store).request_stop(request_id)
+    timeout_s = app.settings.chain_stop_timeout_s if timeout is None else timeout
+    if (
+        isinstance(timeout_s, bool)
+        or not isinstance(timeout_s, int | float)
+        or not (0 <= timeout_s <= MAX_STOP_TIMEOUT_S)
+    ):
+        raise InvalidArgument(
+            f"stop timeout must be 0-{MAX_STOP_TIMEOUT_S:.0f} seconds, not {timeout_s!r}"
+        )
+    live, running = ChainStore(app.store).request_stop(request_id, timeout_s)
     if not live:
         chain_status(app, request_id)  # raises ChainNotFound for unknown ids
         return False
@@ -163,10 +212,27 @@ def stop_chain(app: App, request_id: str) -> bool:
             )
             break
     logger.info("chain stop requested", chain_id=request_id, running=len(running))
+    if wait:
+        _wait_stopped(app, request_id, timeout_s)
     return True
 
 
+def _wait_stopped(app: App, request_id: str, timeout_s: float) -> None:
+    """Until the chain has ended: every try ended or was abandoned. The traverser ends it
+    within the stop timeout plus a pass; a chain still live well after that (no coordinator
+    runs anywhere) raises rather than blocking for ever."""
+    deadline = time.monotonic() + timeout_s + WAIT_MARGIN_S
+    while True:
+        state = chain_status(app, request_id).state
+        if state in ("succeeded", "failed", "stopped"):
+            return
+        if time.monotonic() > deadline:
+            raise ChainStopPending(request_id, state)
+        time.sleep(0.1)
+
+
 def job_log(app: App, request_id: str) -> list[JobLogEntry]:
+    """Every try, with its captured output (stdout, stderr: bounded tails)."""
     check_request_id(request_id)
     rows = ChainStore(app.store).job_log(request_id)
     if not rows:
@@ -178,7 +244,43 @@ def job_log(app: App, request_id: str) -> list[JobLogEntry]:
     return out
 
 
-def list_chains(app: App, limit: int = 50) -> list[ChainSummary]:
+def list_chains(app: App, query: ChainQuery) -> list[ChainSummary]:
+    return [ChainSummary(**row) for row in ChainStore(app.read_store).list_chains(query)]
+
+
+_STATES: dict[str, ChainState] = {s: s for s in get_args(ChainState)}
+
+
+def chain_query(
+    state: str | Sequence[str] | None,
+    type_: str | None,
+    job_type: str | None,
+    since: datetime | None,
+    until: datetime | None,
+    before: tuple[datetime, str] | None,
+    limit: int,
+) -> ChainQuery:
+    """The filters of list_chains, checked: an unknown state names the known ones."""
+    wanted = [state] if isinstance(state, str) else list(state or ())
+    unknown = [s for s in wanted if s not in _STATES]
+    if unknown:
+        raise InvalidArgument(f"unknown chain state {unknown[0]!r} (states: {', '.join(_STATES)})")
     if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_LIST:
         raise InvalidArgument(f"limit must be an integer 1-{MAX_LIST}, not {limit!r}")
-    return [ChainSummary(**row) for row in ChainStore(app.read_store).list_chains(limit)]
+    return ChainQuery(
+        states=[_STATES[s] for s in wanted] or None,
+        type=type_,
+        job_type=job_type,
+        since=since,
+        until=until,
+        before=before,
+        limit=limit,
+    )
+
+
+def running_tries(app: App, limit: int = 500) -> list[RunningTry]:
+    """spincycle's `ps`: every try of every live chain now, across the fleet."""
+    rows = ChainStore(app.store).running_tries(limit)
+    for row in rows:
+        row["try_"] = row.pop("try")
+    return [RunningTry(**row) for row in rows]

@@ -60,11 +60,25 @@ class SequenceFile(msgspec.Struct, forbid_unknown_fields=True):
 
 
 class Chain:
-    """A named DAG of jobs plus chain-wide args that every handler sees as ctx.chain.args."""
+    """A named DAG of jobs plus chain-wide args that every handler sees as ctx.chain.args.
 
-    def __init__(self, name: str, args: Mapping[str, Any] | None = None) -> None:
+    `args` is a dict or a msgspec.Struct; `args_type` (a Struct class, default the type of a
+    Struct given as args) validates them at run_chain, as a handler's type validates its
+    payloads at enqueue; handlers read them back with `ctx.chain.args_as(type)`.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        args: Mapping[str, Any] | msgspec.Struct | None = None,
+        *,
+        args_type: type[msgspec.Struct] | None = None,
+    ) -> None:
         self.name = name
-        self.args: dict[str, Any] = dict(args or {})
+        self.args: dict[str, Any] | msgspec.Struct = (
+            args if isinstance(args, msgspec.Struct) else dict(args or {})
+        )
+        self.args_type = args_type
         self.jobs: dict[str, JobSpec] = {}
         self.sequences: list[SequenceSpec] = []
 
@@ -156,7 +170,7 @@ class Chain:
     def to_json(self) -> bytes:
         data = ChainFile(
             name=self.name,
-            args=self.args,
+            args=msgspec.to_builtins(self.args),
             jobs=[
                 JobFile(
                     key=j.key,

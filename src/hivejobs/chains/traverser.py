@@ -150,6 +150,8 @@ def plan_chain(snap: Snapshot) -> Plan | None:
         if succeeded_any and draft.plan.tries:
             failpoint("chain.after_success_before_successor")
     _finalize(draft)
+    if snap.stop_requested:
+        _give_up_on_stragglers(draft)
     draft.plan.changes = draft.changes()
     return draft.plan
 
@@ -268,11 +270,42 @@ def _finalize(draft: _Draft) -> None:
         stays_suspended = snap.state == "suspended" and snap.stop_requested
         plan.state = "suspended" if stays_suspended else "running"
     elif snap.stop_requested:
-        plan.state = "stopped"
+        # spincycle's rule: a job that failed for good makes the chain failed, stop or not;
+        # stopped means that nothing failed, the user just ended it early.
+        failed = any(row.state == "failed" for row in snap.jobs.values())
+        plan.state = "failed" if failed else "stopped"
     elif all(row.state == "succeeded" for row in snap.jobs.values()):
         plan.state = "succeeded"
     else:
         plan.state = "failed"  # what is still pending cannot be reached any more
+
+
+def _give_up_on_stragglers(draft: _Draft) -> None:
+    """spincycle's stop timeout: tries still running at `stop_by` ignored ctx.stopping; they
+    are abandoned (archived cancelled, so the next pass reaps them as stopped, the error saying
+    why). Before then, the chain is looked at again at `stop_by`."""
+    snap, plan = draft.snap, draft.plan
+    reaped = {done.key for done in snap.finished}
+    running = [
+        row
+        for row in snap.jobs.values()
+        if row.state == "running" and row.key not in reaped and row.job_id is not None
+    ]
+    if not running or snap.stop_by is None:
+        return
+    if snap.now < snap.stop_by:
+        plan.wake_at = snap.stop_by
+        return
+    plan.abandon = [row.job_id for row in running if row.job_id is not None]
+    plan.abandon_error = (
+        "chain stopped: the try ignored ctx.stopping past the stop timeout and was "
+        "abandoned (its handler may still be running in its pool)"
+    )
+    logger.warning(
+        "chain stop timed out: abandoning tries that ignore ctx.stopping",
+        chain_id=snap.id,
+        jobs=[row.key for row in running],
+    )
 
 
 def _preds_succeeded(snap: Snapshot, row: JobRow) -> bool:

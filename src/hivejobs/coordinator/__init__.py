@@ -21,6 +21,7 @@ from loguru import logger
 from hivejobs.broker import Broker
 from hivejobs.chains.traverser import Traverser
 from hivejobs.config import Settings
+from hivejobs.coordinator.callbacks import CallbackTimeouts
 from hivejobs.coordinator.elector import Elector
 from hivejobs.coordinator.pruner import Pruner
 from hivejobs.coordinator.scheduler import Scheduler
@@ -64,6 +65,7 @@ class Coordinator:
         self.gauges = Gauges(self.store)
         self.pruner = Pruner(self.store, settings.archive_retention_s)
         self.compactor = Compactor(self.store, settings)
+        self.callback_timeouts = CallbackTimeouts(self.store, self.broker)
         self.traverser = Traverser(self.store, self.broker)
         self.scheduler = Scheduler(self.store, self.broker)
         self._chains_due = True  # look for chain work at once (chains_to_traverse)
@@ -144,11 +146,14 @@ class Coordinator:
             self._guard("promote", lambda: self.promoter.run_once(lease))
         if self._every("rescue", s.coordinator_interval_s):
             self._guard("rescue", lambda: self.rescuer.run_once(lease, self.elector.healthy_for()))
+        if self._every("callbacks", s.coordinator_interval_s):
+            self._guard("callbacks", lambda: self.callback_timeouts.run_once(lease))
         if self._every("reconcile", s.coordinator_interval_s):
             self._guard("reconcile", lambda: self.reconciler.run_once(lease))
         if self._every("gauges", max(5.0, s.coordinator_interval_s)):
             self._guard("gauges", self.gauges.run_once)
         if self._every("prune", PRUNE_EVERY_S):
+            # Per job type retention where one is declared, else the global setting.
             self.pruner.start(lambda: self.elector.term == lease[1])
         if self._every("compact", max(10.0, s.coordinator_interval_s)):
             self._guard("compact", lambda: self.compactor.run_once(self.gauges.in_flight))

@@ -16,8 +16,7 @@ import psycopg
 from loguru import logger
 
 from hivejobs.store import Store
-
-BATCH = 10_000  # rows per DELETE (the prune_archive statement's LIMIT)
+from hivejobs.store.upkeep import PRUNE_BATCH, prune_archive
 
 
 class PruneResult(msgspec.Struct):
@@ -43,9 +42,9 @@ class Pruner:
         began = time.monotonic()
         deleted = 0
         while True:
-            n = self.store.prune_archive(self.retention_s)
+            n = prune_archive(self.store, self.retention_s)  # each type's own retention
             deleted += n
-            if n < BATCH:
+            if n < PRUNE_BATCH:
                 return PruneResult(deleted, time.monotonic() - began, True)
             if not still_leader() or time.monotonic() - began > self.max_run_s:
                 return PruneResult(deleted, time.monotonic() - began, False)

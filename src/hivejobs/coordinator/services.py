@@ -23,8 +23,10 @@ from hivejobs.broker import Broker, KeyRefused
 from hivejobs.config import Settings
 from hivejobs.failpoints import failpoint
 from hivejobs.logs import error_fields
+from hivejobs.metrics import bump
 from hivejobs.records import Rescued
 from hivejobs.store import Store, is_data_error
+from hivejobs.store.upkeep import nonzero_gauge_types
 
 Lease = tuple[str, int]
 BATCH = 10_000
@@ -83,6 +85,7 @@ class Rescuer:
             return RescueResult()
         if rescued.requeued:
             self.broker.push_many(rescued.requeued)
+            bump(self.broker, "rescued", [r[1] for r in rescued.requeued])
         logger.warning(
             "rescued jobs of dead workers",
             workers=len(dead),
@@ -228,7 +231,9 @@ class Gauges:
         for (name, _), n in self.store.queued_counts().items():
             queued[name] = queued.get(name, 0) + n
         running = self.store.running_counts()
-        names = sorted(set(queued) | set(running))
+        # A type whose jobs all ended is in neither count: zero its gauges, or they would
+        # keep their last non-zero values for ever ("running 4" long after its last job).
+        names = sorted(set(queued) | set(running) | nonzero_gauge_types(self.store))
         values = [("queued", n, queued.get(n, 0)) for n in names]
         values += [("running", n, running.get(n, 0)) for n in names]
         self.store.set_gauges(values)

@@ -31,6 +31,7 @@ from hivejobs.records import (
     TypeCounts,
     WorkerInfo,
 )
+from hivejobs.store.callbacks import await_callbacks, cancel_awaiting_callback
 from hivejobs.store.chains import suspend_chain_tries
 from hivejobs.store.enqueue import (
     COPY_JOBS,
@@ -247,12 +248,15 @@ class Store:
         archive = [c for c in done if c.outcome in ("succeeded", "failed", "cancelled")]
         requeue = [c for c in done if c.outcome in ("retry", "suspend")]
         suspends = [c for c in requeue if c.outcome == "suspend"]
+        awaiting = [c for c in done if c.outcome == "await_callback"]
         written = 0
         requeued: list[tuple[Any, ...]] = []
         # One statement is atomic on its own: in autocommit it costs one round trip instead
         # of three (BEGIN, statement, COMMIT), which is every batch at low rates.
-        single = not (archive and requeue) and not suspends
+        single = not (archive and requeue) and not suspends and not awaiting
         with nullcontext() if single else conn.transaction():
+            if awaiting:
+                written += await_callbacks(conn, awaiting)
             if archive:
                 rows = conn.execute(
                     QUERIES["archive_finished_if_running"],
@@ -334,6 +338,8 @@ class Store:
         with self.connection() as conn, conn.transaction():
             if conn.execute(QUERIES["cancel_waiting"], {"id": job_id}).fetchone():
                 return "cancelled"
+            if cancel_awaiting_callback(conn, job_id):
+                return "cancelled"  # no process runs it: nobody to tell
             if conn.execute(QUERIES["request_cancel_running"], {"id": job_id}).fetchone():
                 return "requested"
         return None
@@ -350,6 +356,8 @@ class Store:
                         "attempts": t.attempts,
                         "delivery": t.delivery,
                         "timeout_s": t.timeout_s,
+                        "callback": t.callback,
+                        "callback_timeout_s": t.callback_timeout_s,
                     },
                 )
 

@@ -39,7 +39,7 @@ SELECT pg_notify('hivejobs_chain', %(id)s);
 
 -- name: lock_chain
 -- The row lock orders the traverser with stop_chain and with suspensions written by pools.
-SELECT id, state, stop_requested, now() AS now FROM hivejobs_chain
+SELECT id, state, stop_requested, now() AS now, stop_by FROM hivejobs_chain
  WHERE id = %(id)s AND state IN ('pending', 'running', 'suspended')
    FOR UPDATE;
 
@@ -173,8 +173,28 @@ WITH c AS (
 SELECT id FROM archived;
 
 -- name: request_stop
-UPDATE hivejobs_chain SET stop_requested = true, wake_at = now()
+-- A repeated stop keeps the first deadline: asking again does not grant more time.
+UPDATE hivejobs_chain
+   SET stop_requested = true, wake_at = now(),
+       stop_by = coalesce(stop_by, now() + %(timeout_s)s * interval '1 second')
  WHERE id = %(id)s AND state IN ('pending', 'running', 'suspended')
+RETURNING id;
+
+-- name: abandon_tries
+-- Past the stop timeout: tries that ignored ctx.stopping end cancelled here, as spincycle
+-- gives up on them. The handler may still run in its pool, but its completion is fenced out
+-- (claim token, R3); the archive insert wakes the traverser, which reaps them as stopped.
+WITH done AS (
+    DELETE FROM hivejobs_job
+     WHERE id = ANY(%(ids)s::text[]) AND state IN ('queued', 'scheduled', 'running')
+    RETURNING *
+)
+INSERT INTO hivejobs_archive (id, name, state, priority, attempt, attempts, delivery, payload,
+                              created_at, run_at, started_at, finished_at, expires_at, error,
+                              claim_token)
+SELECT id, name, 'cancelled', priority, attempt, attempts, delivery, payload, created_at,
+       run_at, started_at, now(), expires_at, %(error)s, claim_token
+  FROM done
 RETURNING id;
 
 -- name: cancel_waiting_tries
@@ -219,18 +239,58 @@ SELECT cj.key, cj.name AS type, cj.state, cj.after_keys AS after, cj.seq AS sequ
  ORDER BY cj.key;
 
 -- name: job_log
-SELECT key, try AS "try", name AS type, job_id, seq_try AS sequence_try, state, started_at,
-       finished_at, extract(epoch FROM finished_at - started_at)::float8 AS duration_s, error
-  FROM hivejobs_job_log WHERE chain_id = %(id)s
- ORDER BY finished_at, key, try;
+-- Each try's captured output sits beside its log row (hivejobs_try_output, by job id).
+SELECT l.key, l.try AS "try", l.name AS type, l.job_id, l.seq_try AS sequence_try, l.state,
+       l.started_at, l.finished_at,
+       extract(epoch FROM l.finished_at - l.started_at)::float8 AS duration_s, l.error,
+       o.stdout, o.stderr, coalesce(o.truncated, false) AS output_truncated
+  FROM hivejobs_job_log l
+  LEFT JOIN hivejobs_try_output o ON o.job_id = l.job_id
+ WHERE l.chain_id = %(id)s
+ ORDER BY l.finished_at, l.key, l.try;
+
+-- name: save_try_output
+-- Written by the pool before the try's completion, so the output is there when the try's
+-- log row appears. A job that is not a running chain try inserts nothing.
+INSERT INTO hivejobs_try_output (job_id, chain_id, stdout, stderr, truncated)
+SELECT %(job_id)s, cj.chain_id, %(stdout)s, %(stderr)s, %(truncated)s
+  FROM hivejobs_chain_job cj
+ WHERE cj.job_id = %(job_id)s AND cj.state = 'running'
+ON CONFLICT (job_id) DO NOTHING;
 
 -- name: list_chains
+-- Newest first, keyset-paged on (created_at, id) over hivejobs_chain_created; every filter
+-- is optional (NULL).
 SELECT c.id, c.name, c.state, c.jobs,
        (SELECT count(*) FROM hivejobs_chain_job cj
          WHERE cj.chain_id = c.id AND cj.state = 'succeeded')::int AS succeeded,
        c.created_at, c.finished_at
   FROM hivejobs_chain c
- ORDER BY c.created_at DESC LIMIT %(limit)s;
+ WHERE (%(states)s::text[] IS NULL OR c.state = ANY(%(states)s::text[]))
+   AND (%(type)s::text IS NULL OR c.name = %(type)s::text)
+   AND (%(job_type)s::text IS NULL
+        OR EXISTS (SELECT 1 FROM hivejobs_chain_job cj
+                    WHERE cj.chain_id = c.id AND cj.name = %(job_type)s::text))
+   AND (%(since)s::timestamptz IS NULL OR c.created_at >= %(since)s::timestamptz)
+   AND (%(until)s::timestamptz IS NULL OR c.created_at < %(until)s::timestamptz)
+   AND (%(before_at)s::timestamptz IS NULL
+        OR (c.created_at, c.id) < (%(before_at)s::timestamptz, %(before_id)s::text))
+ ORDER BY c.created_at DESC, c.id DESC LIMIT %(limit)s;
+
+-- name: running_tries
+-- spincycle's `ps`: every try of a live chain job now, with the process running it. Reads
+-- the partial index of running chain jobs.
+SELECT cj.chain_id, c.name AS chain, cj.key, cj.name AS type, cj.try AS "try", cj.tries,
+       cj.total_tries, j.state, w.host, w.pid, cj.status, j.started_at,
+       extract(epoch FROM now() - coalesce(j.started_at, j.queued_at, j.created_at))::float8
+           AS age_s
+  FROM hivejobs_chain_job cj
+  JOIN hivejobs_chain c ON c.id = cj.chain_id
+  LEFT JOIN hivejobs_job j ON j.id = cj.job_id
+  LEFT JOIN hivejobs_worker w ON w.id = j.worker_id
+ WHERE cj.state = 'running'
+ ORDER BY j.started_at NULLS LAST, cj.chain_id, cj.key
+ LIMIT %(limit)s;
 
 -- name: try_context
 -- What a handler's ctx.chain needs, found by its try's job id.
@@ -247,3 +307,14 @@ SELECT key, result FROM hivejobs_chain_job
 UPDATE hivejobs_chain_job SET status = %(status)s
  WHERE job_id = %(job_id)s AND state = 'running'
 RETURNING key;
+
+-- name: ancestors
+-- Every job a chain job runs after, directly or not (walks after_keys up the DAG).
+WITH RECURSIVE up(key) AS (
+    SELECT unnest(after_keys) FROM hivejobs_chain_job
+     WHERE chain_id = %(id)s AND key = %(key)s
+    UNION
+    SELECT unnest(cj.after_keys) FROM hivejobs_chain_job cj
+      JOIN up ON cj.chain_id = %(id)s AND cj.key = up.key
+)
+SELECT key FROM up;

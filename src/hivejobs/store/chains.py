@@ -8,6 +8,7 @@ store package itself (Store.finish suspends chain tries), so it never imports it
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -15,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from psycopg.rows import dict_row
 
-from hivejobs.records import Completion
+from hivejobs.records import ChainQuery, Completion
 from hivejobs.store.enqueue import Steps, caller_savepoint, owns_transaction, run_plan
 from hivejobs.store.sql import load_queries
 
@@ -109,6 +110,7 @@ class Snapshot:
     seq_tries: dict[str, int]  # start key -> sequence try under way
     seq_limits: dict[str, tuple[int, float]]  # start key -> (retries, retry_wait_s)
     finished: list[FinishedTry]
+    stop_by: datetime | None = None  # a stop gives up on tries still running at this time
 
 
 @dataclass
@@ -149,6 +151,8 @@ class Plan:
     log: list[LogRow] = field(default_factory=list)
     tries: list[JobRow] = field(default_factory=list)  # rows already moved to their new try
     seq_tries: dict[str, int] = field(default_factory=dict)
+    abandon: list[str] = field(default_factory=list)  # try ids that ignored the stop
+    abandon_error: str = ""
 
 
 class StaleSnapshot(Exception):  # noqa: N818 - control flow: traverse the chain again
@@ -158,6 +162,15 @@ class StaleSnapshot(Exception):  # noqa: N818 - control flow: traverse the chain
 def try_id(chain_id: str, key: str, total_try: int) -> str:
     """The job id of one try: unique for ever, so re-inserting it after a crash is a no-op."""
     return f"{chain_id}:{key}:{total_try}"
+
+
+_TRY_ID_RE = re.compile(r"^[0-9a-f]{32}:[A-Za-z0-9_.\-]{1,64}:[0-9]+$")
+
+
+def looks_like_try_id(job_id: str) -> bool:
+    """True for the shape try_id() makes: spares plain jobs a statement (a plain job that
+    happens to match costs one statement that finds nothing)."""
+    return _TRY_ID_RE.match(job_id) is not None
 
 
 # -- called by Store.finish, inside the completer's transaction ----------------------------
@@ -206,12 +219,14 @@ class ChainStore:
             with caller_savepoint(conn):
                 run_plan(conn, plan)
 
-    def request_stop(self, chain_id: str) -> tuple[bool, list[str]]:
+    def request_stop(self, chain_id: str, timeout_s: float) -> tuple[bool, list[str]]:
         """Flag the chain stopped, end its waiting tries, and mark its running tries
-        cancel-requested; returns (was live, running try ids to tell their pools)."""
+        cancel-requested; tries still running `timeout_s` later are abandoned by the
+        traverser. Returns (was live, running try ids to tell their pools)."""
         params = {"id": chain_id}
+        stop = {"id": chain_id, "timeout_s": timeout_s}
         with self.store.connection() as conn, conn.transaction():
-            if conn.execute(CHAIN_QUERIES["request_stop"], params).fetchone() is None:
+            if conn.execute(CHAIN_QUERIES["request_stop"], stop).fetchone() is None:
                 return False, []
             conn.execute(CHAIN_QUERIES["cancel_waiting_tries"], params)
             running = conn.execute(CHAIN_QUERIES["cancel_running_tries"], params).fetchall()
@@ -234,10 +249,26 @@ class ChainStore:
             cur = conn.cursor(row_factory=dict_row)
             return cur.execute(CHAIN_QUERIES["job_log"], {"id": chain_id}).fetchall()
 
-    def list_chains(self, limit: int) -> list[dict[str, Any]]:
+    def list_chains(self, query: ChainQuery) -> list[dict[str, Any]]:
+        before_at, before_id = query.before or (None, None)
+        params = {
+            "states": list(query.states) if query.states else None,
+            "type": query.type,
+            "job_type": query.job_type,
+            "since": query.since,
+            "until": query.until,
+            "before_at": before_at,
+            "before_id": before_id,
+            "limit": query.limit,
+        }
         with self.store.connection() as conn:
             cur = conn.cursor(row_factory=dict_row)
-            return cur.execute(CHAIN_QUERIES["list_chains"], {"limit": limit}).fetchall()
+            return cur.execute(CHAIN_QUERIES["list_chains"], params).fetchall()
+
+    def running_tries(self, limit: int) -> list[dict[str, Any]]:
+        with self.store.connection() as conn:
+            cur = conn.cursor(row_factory=dict_row)
+            return cur.execute(CHAIN_QUERIES["running_tries"], {"limit": limit}).fetchall()
 
     # -- handlers (ctx.chain, ctx.upstream, ctx.set_status) --------------------------------
 
@@ -252,6 +283,19 @@ class ChainStore:
                 CHAIN_QUERIES["upstream_results"], {"id": chain_id, "keys": keys}
             ).fetchall()
         return {r[0]: None if r[1] is None else bytes(r[1]) for r in rows}
+
+    def ancestors(self, chain_id: str, key: str) -> set[str]:
+        with self.store.connection() as conn:
+            rows = conn.execute(CHAIN_QUERIES["ancestors"], {"id": chain_id, "key": key})
+            return {r[0] for r in rows.fetchall()}
+
+    def save_output(
+        self, job_id: str, stdout: str | None, stderr: str | None, truncated: bool
+    ) -> None:
+        """Keep a chain try's captured output for the job log (no-op for other jobs)."""
+        params = {"job_id": job_id, "stdout": stdout, "stderr": stderr, "truncated": truncated}
+        with self.store.connection() as conn:
+            conn.execute(CHAIN_QUERIES["save_try_output"], params)
 
     def set_status(self, job_id: str, status: str) -> bool:
         with self.store.connection() as conn:
@@ -322,12 +366,18 @@ class ChainStore:
             FinishedTry(r[0], r[1], r[2], r[3], None if r[4] is None else bytes(r[4]), r[5], r[6])
             for r in finished_cur.fetchall()
         ]
-        return Snapshot(head[0], head[1], head[2], head[3], jobs, seq_tries, seq_limits, finished)
+        return Snapshot(
+            head[0], head[1], head[2], head[3], jobs, seq_tries, seq_limits, finished, head[4]
+        )
 
     def _write(self, conn: Conn, chain_id: str, plan: Plan) -> list[Push]:
         """Queue the plan's statements in the pipeline; results are read once, at the end."""
         if plan.state not in ("succeeded", "failed", "stopped"):
             conn.execute(CHAIN_QUERIES["commit_async"])
+        if plan.abandon:
+            conn.execute(
+                CHAIN_QUERIES["abandon_tries"], {"ids": plan.abandon, "error": plan.abandon_error}
+            )
         updated = None
         if plan.changes:
             ch = plan.changes

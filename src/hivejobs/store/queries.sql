@@ -55,7 +55,8 @@ UPDATE hivejobs_job
        claim_token = nextval('hivejobs_claim_seq'), started_at = now()
  WHERE id = ANY(%(ids)s) AND state = 'queued' AND name = %(name)s
    AND (expires_at IS NULL OR expires_at > now())
-RETURNING id, name, attempt, attempts, delivery, payload, claim_token, priority, lost;
+RETURNING id, name, attempt, attempts, delivery, payload, claim_token, priority, lost,
+          extract(epoch FROM now() - run_at)::float8 AS pickup_s;
 
 -- name: foreign_ids
 -- Ids a pool popped but did not claim that are live jobs of another type.
@@ -204,15 +205,18 @@ SELECT id, name, state, attempt, attempts, priority, delivery, payload, created_
   FROM hivejobs_archive WHERE id = %(id)s;
 
 -- name: upsert_job_type
-INSERT INTO hivejobs_job_type (name, concurrency, processes, attempts, delivery, timeout_s)
-VALUES (%(name)s, %(concurrency)s, %(processes)s, %(attempts)s, %(delivery)s, %(timeout_s)s)
+INSERT INTO hivejobs_job_type (name, concurrency, processes, attempts, delivery, timeout_s,
+                               callback, callback_timeout_s)
+VALUES (%(name)s, %(concurrency)s, %(processes)s, %(attempts)s, %(delivery)s, %(timeout_s)s,
+        %(callback)s, %(callback_timeout_s)s)
 ON CONFLICT (name) DO UPDATE
    SET concurrency = EXCLUDED.concurrency, processes = EXCLUDED.processes,
        attempts = EXCLUDED.attempts, delivery = EXCLUDED.delivery,
-       timeout_s = EXCLUDED.timeout_s, updated_at = now();
+       timeout_s = EXCLUDED.timeout_s, callback = EXCLUDED.callback,
+       callback_timeout_s = EXCLUDED.callback_timeout_s, updated_at = now();
 
 -- name: list_job_types
-SELECT name, concurrency, processes, attempts, delivery, timeout_s
+SELECT name, concurrency, processes, attempts, delivery, timeout_s, callback, callback_timeout_s
   FROM hivejobs_job_type ORDER BY name;
 
 -- name: type_counts
@@ -263,6 +267,8 @@ SELECT w.id::text AS id, w.host, w.pid, w.role, w.pool, w.started_at, w.heartbea
 -- orphaned too (R4). Its holders are found by skipping from one worker_id to the next in the
 -- running index (each step one descent, LIMIT 1 in index order), so a pass costs a few
 -- buffers per worker holding claims instead of a read of the whole running set every second.
+-- A job awaiting its status callback runs with no worker (worker_id NULL): nobody to
+-- rescue it from; its callback deadline ends it instead.
 WITH RECURSIVE holders AS (
     (SELECT worker_id FROM hivejobs_job
       WHERE state = 'running' AND worker_id IS NOT NULL

@@ -1,0 +1,39 @@
+"""CallbackTimeouts (leader only): ends callback jobs whose status callback never came.
+
+A callback type's job waits without a worker, so no rescue finds it; its deadline (set when its
+handler returned, `callback_timeout` of the type) does. Past it the attempt counts as failed:
+retried after the default backoff while attempts are left (at-least-once), else failed.
+"""
+
+from __future__ import annotations
+
+import msgspec
+from loguru import logger
+
+from hivejobs.broker import Broker
+from hivejobs.metrics import bump
+from hivejobs.store import Store
+from hivejobs.store.callbacks import CallbackStore
+
+BATCH = 1000
+
+
+class TimeoutResult(msgspec.Struct):
+    retried: int = 0
+    failed: int = 0
+
+
+class CallbackTimeouts:
+    def __init__(self, store: Store, broker: Broker) -> None:
+        self.callbacks = CallbackStore(store)
+        self.broker = broker
+
+    def run_once(self, lease: tuple[str, int]) -> TimeoutResult:
+        ended = self.callbacks.end_timed_out(lease, BATCH)
+        if not ended or not (ended[0] or ended[1]):
+            return TimeoutResult()
+        retried, failed = ended
+        bump(self.broker, "retried", retried)
+        bump(self.broker, "failed", failed, "failed")
+        logger.warning("status callbacks timed out", retried=len(retried), failed=len(failed))
+        return TimeoutResult(len(retried), len(failed))

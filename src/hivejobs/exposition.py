@@ -1,0 +1,167 @@
+"""Prometheus text exposition (format 0.0.4) of the fleet's metrics, and the small HTTP server
+behind `hivejobs run --metrics-port`.
+
+Counters and histograms come from Redis (metrics.py says why); queue depth, scheduled, in-flight
+and the coordinator lease are read from Postgres at scrape time. Needs no web framework.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import defaultdict
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import psycopg
+import redis
+from loguru import logger
+
+from hivejobs.broker import Broker
+from hivejobs.config import Settings
+from hivejobs.metrics import BUCKETS, COUNTERS, HISTOGRAMS
+from hivejobs.store import Store
+from hivejobs.store.dashboard import DashboardStore
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+def _label(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def _num(value: float) -> str:
+    return repr(float(value)) if not float(value).is_integer() else str(int(value))
+
+
+def read_redis(broker: Broker) -> dict[str, str]:
+    raw = broker.redis.hgetall(broker.metrics_key)
+    return {k.decode(): v.decode() for k, v in raw.items()}  # type: ignore[union-attr]
+
+
+def render_counters(fields: dict[str, str], out: list[str]) -> None:
+    by_counter: dict[str, dict[str, float]] = defaultdict(dict)
+    hist: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0] * (len(BUCKETS) + 1))
+    sums: dict[tuple[str, str], float] = {}
+    for field, value in fields.items():
+        parts = field.split(":")
+        if parts[0] == "c" and len(parts) == 3:
+            by_counter[parts[1]][parts[2]] = float(value)
+        elif parts[0] == "h" and len(parts) == 4 and parts[3].isdigit():
+            index = int(parts[3])
+            if index <= len(BUCKETS):
+                hist[(parts[1], parts[2])][index] += int(value)
+        elif parts[0] == "hs" and len(parts) == 3:
+            sums[(parts[1], parts[2])] = float(value)
+    for counter, text in COUNTERS.items():
+        metric = f"hivejobs_jobs_{counter}_total"
+        out += [f"# HELP {metric} {text}", f"# TYPE {metric} counter"]
+        for name, count in sorted(by_counter.get(counter, {}).items()):
+            out.append(f'{metric}{{job_type="{_label(name)}"}} {_num(count)}')
+    for key, (metric, text) in HISTOGRAMS.items():
+        out += [f"# HELP {metric} {text}", f"# TYPE {metric} histogram"]
+        for (hname, name), buckets in sorted(hist.items()):
+            if hname != key:
+                continue
+            label = _label(name)
+            running = 0
+            for bound, n in zip((*BUCKETS, float("inf")), buckets, strict=True):
+                running += n
+                le = "+Inf" if bound == float("inf") else _num(bound)
+                out.append(f'{metric}_bucket{{job_type="{label}",le="{le}"}} {running}')
+            out.append(f'{metric}_sum{{job_type="{label}"}} {_num(sums.get((key, name), 0.0))}')
+            out.append(f'{metric}_count{{job_type="{label}"}} {running}')
+
+
+def render_gauges(store: Store, out: list[str]) -> None:
+    dash = DashboardStore(store)
+    counts = dash.live_counts()
+    for state, text in (
+        ("queued", "jobs waiting in the queue (Postgres)"),
+        ("scheduled", "jobs waiting for their run time or retry backoff"),
+        ("running", "jobs in flight (claimed, or awaiting a status callback)"),
+    ):
+        metric = f"hivejobs_jobs_{state}"
+        out += [f"# HELP {metric} {text}", f"# TYPE {metric} gauge"]
+        for name in sorted(counts):
+            out.append(f'{metric}{{job_type="{_label(name)}"}} {counts[name].get(state, 0)}')
+    lease = store.lease_read()
+    out += [
+        "# HELP hivejobs_coordinator_leader 1 for the coordinator holding a valid lease",
+        "# TYPE hivejobs_coordinator_leader gauge",
+    ]
+    if lease is not None and lease[0] is not None:
+        out.append(f'hivejobs_coordinator_leader{{holder="{lease[0]}"}} {int(lease[2])}')
+    out += [
+        "# HELP hivejobs_coordinator_term the lease term (grows on every change of leader)",
+        "# TYPE hivejobs_coordinator_term gauge",
+        f"hivejobs_coordinator_term {lease[1] if lease else 0}",
+    ]
+    workers = store.workers()
+    out += [
+        "# HELP hivejobs_worker_processes live worker processes by role",
+        "# TYPE hivejobs_worker_processes gauge",
+    ]
+    roles: dict[str, int] = defaultdict(int)
+    for w in workers:
+        roles[w.role] += 1
+    for role in ("pool", "coordinator"):
+        out.append(f'hivejobs_worker_processes{{role="{role}"}} {roles[role]}')
+
+
+def render(store: Store, broker: Broker) -> str:
+    """The whole exposition; a part whose backend fails is left out and `hivejobs_up` says
+    which (a scrape never fails outright because Redis or Postgres blinked)."""
+    out: list[str] = []
+    redis_ok = pg_ok = 1
+    try:
+        render_counters(read_redis(broker), out)
+    except redis.RedisError as exc:
+        redis_ok = 0
+        logger.warning("metrics: Redis unreadable", error=repr(exc))
+    try:
+        render_gauges(store, out)
+    except psycopg.Error as exc:
+        pg_ok = 0
+        logger.warning("metrics: Postgres unreadable", error=repr(exc))
+    out += [
+        "# HELP hivejobs_up 1 when the backend answered this scrape",
+        "# TYPE hivejobs_up gauge",
+        f'hivejobs_up{{backend="redis"}} {redis_ok}',
+        f'hivejobs_up{{backend="postgres"}} {pg_ok}',
+    ]
+    return "\n".join(out) + "\n"
+
+
+class MetricsServer:
+    """`hivejobs run --metrics-port`: GET /metrics on a thread of the metrics child process."""
+
+    def __init__(self, settings: Settings, host: str, port: int) -> None:
+        self.store = Store(settings.database_url, max_size=2)
+        self.broker = Broker(settings)
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 - http.server's name
+                if self.path.split("?", 1)[0] != "/metrics":
+                    self.send_error(404, "only /metrics here")
+                    return
+                body = render(outer.store, outer.broker).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", CONTENT_TYPE)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, format: str, *args: object) -> None:  # noqa: A002
+                return  # scrapes are not news
+
+        self.httpd = ThreadingHTTPServer((host, port), Handler)
+        self.httpd.daemon_threads = True
+
+    def serve(self, stop: threading.Event) -> None:
+        thread = threading.Thread(target=self.httpd.serve_forever, name="metrics", daemon=True)
+        thread.start()
+        logger.info("metrics listening", port=self.httpd.server_address[1])
+        stop.wait()
+        self.httpd.shutdown()
+        self.store.close()
+        self.broker.close()

@@ -1,0 +1,43 @@
+"""`hivejobs serve`: the HTTP API, the dashboard and /metrics as one ASGI app (Litestar).
+
+    from hivejobs.web import create_app
+    asgi = create_app(app, admin_tokens=["..."])   # mount it in your own ASGI app
+
+Needs the `web` extra (`pip install hivejobs[web]`); importing this package does not (the CLI
+builds its parser from web/options.py without Litestar installed).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from litestar import Litestar
+
+    from hivejobs.app import App
+
+
+def create_app(
+    app: App,
+    *,
+    read_tokens: Sequence[str] = (),
+    admin_tokens: Sequence[str] = (),
+    max_body_bytes: int = 2 * 1024 * 1024,
+    base_path: str = "",
+    debug: bool = False,
+) -> Litestar:
+    """The ASGI app over `app` (its job types, its Postgres and Redis); see web/asgi.py.
+
+    `base_path`: where the host app mounts it, for the dashboard's links when the host does
+    not say so in the ASGI `root_path` (Starlette's Mount does; Litestar's mounts do not)."""
+    from hivejobs.web.asgi import create_app as build
+
+    return build(
+        app,
+        read_tokens=read_tokens,
+        admin_tokens=admin_tokens,
+        max_body_bytes=max_body_bytes,
+        base_path=base_path,
+        debug=debug,
+    )

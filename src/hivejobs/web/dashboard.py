@@ -1,0 +1,343 @@
+"""The dashboard: server-rendered pages (render.py), live by re-fetching their own fragment.
+
+Pages: job types with throughput charts, a type's jobs by state, one job, failed jobs with bulk
+replay/cancel, chains and one chain's DAG, workers and the coordinator. Lists are keyset pages
+(store/dashboard.py): no OFFSET, no count over the archive. Nothing here writes: the buttons
+call the JSON API, whose admin guard applies.
+"""
+
+from typing import Annotated, Any
+
+from litestar import MediaType, Request, Response, get, post
+from litestar.datastructures import State
+from litestar.enums import RequestEncodingType
+from litestar.params import Body, Parameter, QueryParameter
+from litestar.response import Redirect
+
+from hivejobs.app import App
+from hivejobs.errors import JobNotFound
+from hivejobs.store.dashboard import DashboardStore, JobRow, ListName
+from hivejobs.web.auth import COOKIE
+from hivejobs.web.fleet import job_type_rows, read_throughput
+from hivejobs.web.render import (
+    badge,
+    dag,
+    esc,
+    link,
+    page,
+    pretty,
+    seconds,
+    seg,
+    sparkline,
+    table,
+    when,
+)
+from hivejobs.web.threads import threaded
+
+PAGE = 50
+
+Fragment = Annotated[bool, QueryParameter(name="fragment")]
+After = Annotated[str | None, Parameter(max_length=600)]
+SERVICES = (
+    ("traverser", "runs chains: starts jobs whose predecessors succeeded"),
+    ("promoter", "queues scheduled and retry-delayed jobs when due; ends expired ones"),
+    ("rescuer", "requeues or fails the jobs of processes whose heartbeat stopped"),
+    ("callback timeouts", "ends callback jobs whose status callback never came"),
+    ("reconciler", "re-pushes queued ids that Redis lost"),
+    ("gauges", "measures queue depth and jobs in flight"),
+    ("compactor", "gives a drained hot table's space back"),
+)
+
+
+def _app(state: State) -> App:
+    app: App = state.hivejobs
+    return app
+
+
+def _base(request: Request[Any, Any, Any]) -> str:
+    root = str(request.scope.get("root_path", "")) or str(request.app.state.base_path)
+    return root.rstrip("/")
+
+
+def _html(request: Request[Any, Any, Any], title: str, fragment: str, only: bool) -> Response[str]:
+    body = fragment if only else page(_base(request), title, fragment)
+    return Response(body, media_type=MediaType.HTML)
+
+
+def _job_rows(base: str, rows: list[JobRow], pick: bool) -> list[list[str]]:
+    out = []
+    for r in rows:
+        cells = [f'<input type="checkbox" class="pick" value="{esc(r.id)}">'] if pick else []
+        cells += [
+            link(base, f"/dashboard/jobs/{seg(r.name)}/{seg(r.id)}", r.id),
+            esc(r.name),
+            badge(r.state),
+            f"{r.attempt}/{r.attempts}",
+            esc(when(r.finished_at or r.started_at or r.run_at)),
+            f'<span class="muted">{esc((r.error or "").strip().splitlines()[-1:])}</span>'
+            if r.error
+            else "",
+        ]
+        out.append(cells)
+    return out
+
+
+def _job_list(base: str, path: str, rows: list[JobRow], nxt: str | None, **q: str | None) -> str:
+    bulk = (
+        f'<button data-bulk="replay" data-url="{esc(base)}/v1/bulk">Replay selected</button>'
+        f'<button data-bulk="cancel" data-url="{esc(base)}/v1/bulk">Cancel selected</button>'
+    )
+    headers = ["", "id", "type", "state", "attempt", "at", "error"]
+    more = link(base, path, "next page", after=nxt, **q) if nxt else ""
+    return bulk + table(headers, _job_rows(base, rows, True), "no jobs") + more
+
+
+@get("/dashboard", include_in_schema=False)
+@threaded
+def overview(request: Request[Any, Any, Any], state: State, fragment: Fragment = False) -> Any:
+    app = _app(state)
+    base = _base(request)
+    tp = read_throughput(app, 30)
+    rows = []
+    for t in job_type_rows(app):
+        series = tp.series.get(t.name, {"succeeded": [0] * 30, "failed": [0] * 30})
+        rows.append(
+            [
+                link(base, f"/dashboard/types/{seg(t.name)}", t.name),
+                link(base, f"/dashboard/types/{seg(t.name)}", t.queued, state="queued"),
+                link(base, f"/dashboard/types/{seg(t.name)}", t.scheduled, state="scheduled"),
+                link(base, f"/dashboard/types/{seg(t.name)}", t.running, state="running"),
+                str(sum(series["succeeded"])),
+                link(base, "/dashboard/failed", sum(series["failed"]), type=t.name),
+                sparkline(series["succeeded"], series["failed"]),
+            ]
+        )
+    headers = ["type", "queued", "scheduled", "running", "succeeded 30m", "failed 30m", "per min"]
+    return _html(request, "Job types", table(headers, rows, "no job types yet"), fragment)
+
+
+@get("/dashboard/types/{name:str}", include_in_schema=False)
+@threaded
+def type_jobs(
+    request: Request[Any, Any, Any],
+    state: State,
+    name: str,
+    list_state: Annotated[ListName, QueryParameter(name="state")] = "queued",
+    after: After = None,
+    fragment: Fragment = False,
+) -> Any:
+    base = _base(request)
+    rows, nxt = DashboardStore(_app(state).store).jobs(list_state, name, after, PAGE)
+    path = f"/dashboard/types/{seg(name)}"
+    tabs = " | ".join(
+        link(base, path, s, state=s)
+        for s in ("queued", "scheduled", "running", "failed", "finished")
+    )
+    body = f"<p>{tabs}</p>" + _job_list(base, path, rows, nxt, state=list_state)
+    return _html(request, f"{name}: {list_state}", body, fragment)
+
+
+@get("/dashboard/failed", include_in_schema=False)
+@threaded
+def failed(
+    request: Request[Any, Any, Any],
+    state: State,
+    job_type: Annotated[str | None, QueryParameter(name="type")] = None,
+    after: After = None,
+    fragment: Fragment = False,
+) -> Any:
+    base = _base(request)
+    rows, nxt = DashboardStore(_app(state).store).jobs("failed", job_type, after, PAGE)
+    body = _job_list(base, "/dashboard/failed", rows, nxt, type=job_type)
+    return _html(request, "Failed jobs", body, fragment)
+
+
+@get("/dashboard/jobs/{name:str}/{job_id:str}", include_in_schema=False)
+@threaded
+def job_page(
+    request: Request[Any, Any, Any],
+    state: State,
+    name: str,
+    job_id: str,
+    fragment: Fragment = False,
+) -> Any:
+    app, base = _app(state), _base(request)
+    info = app.get_job(job_id)
+    if info.name != name:
+        raise JobNotFound(job_id)
+    url = f"{esc(base)}/v1/jobs/{esc(seg(name))}/{esc(seg(job_id))}"
+    buttons = ""
+    if info.state in ("scheduled", "queued", "running"):
+        buttons += f'<button id="cancel" data-method="DELETE" data-url="{url}">Cancel</button>'
+    else:
+        buttons += f'<button id="replay" data-url="{url}/replay">Replay</button>'
+    facts = [
+        ("state", badge(info.state)),
+        ("type", esc(info.name)),
+        ("attempt", f"{info.attempt} of {info.attempts}"),
+        ("priority", esc(info.priority)),
+        ("delivery", esc(info.delivery)),
+        ("created", esc(when(info.created_at))),
+        ("due", esc(when(info.run_at))),
+        ("started", esc(when(info.started_at))),
+        ("finished", esc(when(info.finished_at))),
+        ("waited", esc(seconds(info.run_at, info.started_at))),
+        ("ran", esc(seconds(info.started_at, info.finished_at))),
+        ("expires", esc(when(info.expires_at))),
+    ]
+    dl = "<dl>" + "".join(f"<dt>{k}</dt><dd>{v}</dd>" for k, v in facts) + "</dl>"
+    body = f"{buttons}{dl}<h3>Payload</h3><pre>{pretty(info.payload)}</pre>"
+    if info.error:
+        body += f'<h3>Error</h3><pre class="error">{esc(info.error)}</pre>'
+    if info.result is not None:
+        body += f"<h3>Result</h3><pre>{pretty(info.result)}</pre>"
+    return _html(request, f"Job {job_id}", body, fragment)
+
+
+@get("/dashboard/chains", include_in_schema=False)
+@threaded
+def chains(
+    request: Request[Any, Any, Any], state: State, after: After = None, fragment: Fragment = False
+) -> Any:
+    base = _base(request)
+    rows, nxt = DashboardStore(_app(state).store).chains(after, PAGE)
+    cells = [
+        [
+            link(base, f"/dashboard/chains/{seg(c.id)}", c.id),
+            esc(c.name),
+            badge(c.state),
+            f"{c.succeeded}/{c.jobs}",
+            esc(when(c.created_at)),
+            esc(when(c.finished_at)),
+        ]
+        for c in rows
+    ]
+    more = link(base, "/dashboard/chains", "next page", after=nxt) if nxt else ""
+    body = table(["id", "name", "state", "done", "created", "finished"], cells, "no chains") + more
+    return _html(request, "Chains", body, fragment)
+
+
+@get("/dashboard/chains/{request_id:str}", include_in_schema=False)
+@threaded
+def chain_page(
+    request: Request[Any, Any, Any], state: State, request_id: str, fragment: Fragment = False
+) -> Any:
+    app, base = _app(state), _base(request)
+    status = app.chain_status(request_id)
+    log = app.job_log(request_id)
+    stop = ""
+    if status.state in ("pending", "running", "suspended") and not status.stop_requested:
+        url = f"{esc(base)}/v1/chains/{esc(seg(request_id))}/stop"
+        stop = f'<button id="stop" data-url="{url}">Stop chain</button>'
+    jobs = [
+        [
+            esc(j.key),
+            esc(j.type),
+            badge(j.state),
+            f"{j.try_}/{j.tries}",
+            esc(j.status or ""),
+            link(base, f"/dashboard/jobs/{seg(j.type)}/{seg(j.job_id)}", j.job_id)
+            if j.job_id
+            else "-",
+        ]
+        for j in status.jobs
+    ]
+    entries = [
+        [esc(e.key), str(e.try_), badge(e.state), esc(when(e.finished_at)), esc(e.error or "")]
+        for e in log
+    ]
+    body = (
+        f"<p>{esc(status.name)} {badge(status.state)} created {esc(when(status.created_at))}</p>"
+        f"{stop}{dag(base, status.jobs)}"
+        + table(["key", "type", "state", "try", "status", "job"], jobs)
+        + "<h3>Job log</h3>"
+        + table(["key", "try", "state", "finished", "error"], entries, "no tries yet")
+    )
+    return _html(request, f"Chain {request_id}", body, fragment)
+
+
+@get("/dashboard/workers", include_in_schema=False)
+@threaded
+def workers_page(request: Request[Any, Any, Any], state: State, fragment: Fragment = False) -> Any:
+    app = _app(state)
+    dash = DashboardStore(app.store)
+    lead = dash.leader()
+    rows = [
+        [
+            esc(w.id[:8]),
+            esc(w.host),
+            str(w.pid),
+            esc(w.role) + (" (leader)" if lead and lead.valid and lead.holder == w.id else ""),
+            esc(w.pool or "-"),
+            esc(when(w.started_at)),
+            f'<span class="hb">{w.heartbeat_age_s:.1f} s ago</span>',
+            str(w.running),
+        ]
+        for w in app.store.workers()
+    ]
+    headers = ["id", "host", "pid", "role", "pool", "started", "heartbeat", "running"]
+    if lead is None or lead.holder is None:
+        coord = "<p>No coordinator holds the lease.</p>"
+    else:
+        coord = (
+            f"<p>Leader {esc(lead.holder[:8])}, term {lead.term}, lease "
+            f"{'valid' if lead.valid else 'expired'} ({lead.expires_in_s:.1f} s left)</p>"
+        )
+    services = table(["service", "what it does"], [[esc(n), esc(d)] for n, d in SERVICES])
+    body = table(headers, rows, "no worker running") + "<h3>Coordinator</h3>" + coord + services
+    return _html(request, "Workers", body, fragment)
+
+
+@get("/dashboard/login", opt={"public": True}, include_in_schema=False)
+@threaded
+def login_form(request: Request[Any, Any, Any]) -> Response[str]:
+    form = (
+        f'<form method="post" action="{esc(_base(request))}/dashboard/login">'
+        '<input type="password" name="token" placeholder="token" autofocus> '
+        '<button id="signin">Sign in</button></form>'
+    )
+    return Response(page(_base(request), "Sign in", form, live=False), media_type=MediaType.HTML)
+
+
+@post(
+    "/dashboard/login",
+    opt={"public": True},
+    status_code=303,
+    include_in_schema=False,
+)
+@threaded
+def login(
+    request: Request[Any, Any, Any],
+    state: State,
+    data: Annotated[dict[str, str], Body(media_type=RequestEncodingType.URL_ENCODED)],
+) -> Redirect:
+    token = data.get("token", "")
+    ok = state.tokens.role_of(token) is not None
+    target = "/dashboard" if ok else "/dashboard/login"
+    response = Redirect(_base(request) + target, status_code=303)
+    if ok:
+        secure = request.url.scheme == "https"
+        response.set_cookie(
+            COOKIE, token, httponly=True, samesite="strict", secure=secure, path="/"
+        )
+    return response
+
+
+@get("/", include_in_schema=False)
+@threaded
+def root(request: Request[Any, Any, Any]) -> Redirect:
+    return Redirect(_base(request) + "/dashboard")
+
+
+HANDLERS: list[Any] = [
+    overview,
+    type_jobs,
+    failed,
+    job_page,
+    chains,
+    chain_page,
+    workers_page,
+    login_form,
+    login,
+    root,
+]

@@ -1,0 +1,141 @@
+"""Every error the API answers, as one JSON shape (ErrorOut) with the status that says what
+went wrong: 400 malformed JSON, 401/403 auth, 404 unknown type or id, 409 conflicts, 413
+oversize, 422 invalid options or payload, 503 Postgres/Redis down. Nothing is stored on any of
+them: every check runs before the first write (App's rule)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+import psycopg
+import redis
+from litestar import Request, Response
+from litestar.exceptions import ClientException, HTTPException, ValidationException
+from litestar.openapi.datastructures import ResponseSpec
+from loguru import logger
+
+from hivejobs.errors import (
+    CallbackRefused,
+    ChainAlreadyFinished,
+    ChainInvalid,
+    ChainNotFound,
+    ConnectionFailed,
+    HivejobsError,
+    InvalidArgument,
+    JobAlreadyFinished,
+    JobIdConflict,
+    JobNotFinished,
+    JobNotFound,
+    PayloadInvalid,
+    PayloadTooLarge,
+    UnknownJobType,
+)
+from hivejobs.web.schemas import ErrorOut
+
+STATUS_OF: list[tuple[type[HivejobsError], int]] = [
+    (UnknownJobType, 404),
+    (JobNotFound, 404),
+    (ChainNotFound, 404),
+    (JobIdConflict, 409),
+    (JobNotFinished, 409),
+    (JobAlreadyFinished, 409),
+    (ChainAlreadyFinished, 409),
+    (CallbackRefused, 409),
+    (PayloadTooLarge, 413),
+    (PayloadInvalid, 422),
+    (InvalidArgument, 422),
+    (ChainInvalid, 422),
+    (ConnectionFailed, 503),
+]
+DESCRIPTIONS = {
+    200: "the existing job (same id, same type and payload)",
+    201: "stored now",
+    400: "malformed JSON",
+    401: "no valid token",
+    403: "a read-only token cannot change anything",
+    404: "unknown job type, job or chain",
+    409: "conflict with the job's current state or payload",
+    413: "body over the size limit",
+    422: "invalid options or payload; `details` names the fields",
+    503: "Postgres or Redis does not answer",
+}
+
+
+def ERROR_RESPONSES(  # noqa: N802 - reads as a table
+    *codes: int, health: bool = False
+) -> dict[int, ResponseSpec]:
+    """OpenAPI entries for the errors a route can answer (401/403 go with every route)."""
+    from hivejobs.web.schemas import JobOut
+
+    out: dict[int, ResponseSpec] = {}
+    for code in sorted({*codes, 400, 401, 403, 422, 503}):
+        model: Any = JobOut if code in (200, 201) else ErrorOut
+        if code == 503 and health:
+            from hivejobs.web.schemas import Health
+
+            model = Health
+        out[code] = ResponseSpec(data_container=model, description=DESCRIPTIONS[code])
+    return out
+
+
+def _json(status: int, message: str, details: list[dict[str, Any]] | None = None) -> Response[Any]:
+    body = msgspec.json.encode(ErrorOut(error=message, status=status, details=details))
+    return Response(body, status_code=status, media_type="application/json")
+
+
+def on_hivejobs_error(_: Request[Any, Any, Any], exc: Exception) -> Response[Any]:
+    for cls, status in STATUS_OF:
+        if isinstance(exc, cls):
+            return _json(status, str(exc))
+    return _json(400, str(exc))
+
+
+def on_validation(_: Request[Any, Any, Any], exc: Exception) -> Response[Any]:
+    """Litestar's 400 for a body or parameter: malformed JSON stays 400; JSON that does not
+    fit the schema (wrong type, out of range, unknown field) is 422 with the fields named."""
+    assert isinstance(exc, ValidationException)
+    extra = exc.extra if isinstance(exc.extra, list) else None
+    if extra:
+        parts = [f"{e.get('key')}: {e.get('message')}" for e in extra if isinstance(e, dict)]
+        return _json(422, "invalid request: " + "; ".join(parts), extra)
+    detail = str(exc.detail)
+    if "malformed" not in detail.lower():
+        detail = f"request body is not valid JSON (JSON is malformed: {detail})"
+    return _json(400, detail)
+
+
+def on_http(_: Request[Any, Any, Any], exc: Exception) -> Response[Any]:
+    assert isinstance(exc, HTTPException)
+    if exc.status_code == 413:
+        return _json(413, "request body over the size limit (see --max-body-bytes)")
+    if type(exc) is ClientException and exc.status_code == 400:
+        # Litestar raises a bare ClientException when the body does not decode.
+        return _json(400, f"request body is not valid JSON (malformed: {exc.detail})")
+    response = _json(exc.status_code, str(exc.detail))
+    if exc.headers:
+        response.headers.update(exc.headers)
+    return response
+
+
+def on_backend_down(_: Request[Any, Any, Any], exc: Exception) -> Response[Any]:
+    """Postgres or Redis did not answer: the request may be retried; nothing is half-done
+    that a retry could not fix (enqueue with your id is idempotent)."""
+    service = "Redis" if isinstance(exc, redis.RedisError) else "Postgres"
+    logger.warning("request failed: backend down", service=service, error=repr(exc))
+    return _json(503, f"{service} does not answer; retry later")
+
+
+def on_unexpected(_: Request[Any, Any, Any], exc: Exception) -> Response[Any]:
+    logger.opt(exception=exc).error("request failed unexpectedly")
+    return _json(500, "internal error: see the server's log")
+
+
+HANDLERS: dict[int | type[Exception], Any] = {
+    HivejobsError: on_hivejobs_error,
+    ValidationException: on_validation,
+    HTTPException: on_http,
+    psycopg.OperationalError: on_backend_down,
+    redis.RedisError: on_backend_down,
+    Exception: on_unexpected,
+}

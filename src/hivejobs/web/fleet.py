@@ -1,0 +1,152 @@
+"""The HTTP API's fleet views: job types with live counts, workers and the coordinator lease,
+throughput per minute, /healthz and /metrics. Read-only; no SQL here (store/dashboard.py).
+
+No `from __future__ import annotations`: see web/threads.py.
+"""
+
+import time
+from typing import Annotated, Any
+
+import msgspec
+import redis
+from litestar import Response, get
+from litestar.datastructures import State
+from litestar.params import Parameter
+from litestar.response import Response as LitestarResponse
+
+from hivejobs.app import App
+from hivejobs.exposition import CONTENT_TYPE, render
+from hivejobs.store.dashboard import DashboardStore
+from hivejobs.web.api import PUBLIC, hj
+from hivejobs.web.errors import ERROR_RESPONSES
+from hivejobs.web.schemas import Health, JobTypeOut, LeaderOut, ThroughputOut, WorkerOut, WorkersOut
+from hivejobs.web.threads import threaded
+
+
+@get(
+    "/v1/jobtypes",
+    summary="Job types and their live counts",
+    operation_id="job_types",
+    responses=ERROR_RESPONSES(),
+)
+@threaded
+def job_types(state: State) -> list[JobTypeOut]:
+    return job_type_rows(hj(state))
+
+
+def job_type_rows(app: App) -> list[JobTypeOut]:
+    """Declared types (the fleet's and this process's own) with their live counts."""
+    counts = DashboardStore(app.store).live_counts()
+    declared = {t.name: t for t in app.store.job_types()}
+    for jt in app.types.values():  # this process's own types, even before a worker ran
+        declared.setdefault(jt.name, jt.info())
+    out = []
+    for name in sorted(set(declared) | set(counts)):
+        t = declared.get(name)
+        c = counts.get(name, {})
+        out.append(
+            JobTypeOut(
+                name=name,
+                concurrency=t.concurrency if t else 0,
+                processes=t.processes if t else 0,
+                attempts=t.attempts if t else 0,
+                delivery=t.delivery if t else "unknown",
+                timeout_s=t.timeout_s if t else None,
+                callback=t.callback if t else False,
+                callback_timeout_s=t.callback_timeout_s if t else None,
+                queued=c.get("queued", 0),
+                scheduled=c.get("scheduled", 0),
+                running=c.get("running", 0),
+            )
+        )
+    return out
+
+
+@get(
+    "/v1/workers",
+    summary="Worker processes, heartbeats, the leader",
+    operation_id="workers",
+    responses=ERROR_RESPONSES(),
+)
+@threaded
+def workers(state: State) -> WorkersOut:
+    app = hj(state)
+    rows = [WorkerOut(**msgspec.structs.asdict(w)) for w in app.store.workers()]
+    lead = DashboardStore(app.store).leader()
+    leader = (
+        LeaderOut(
+            holder=lead.holder, term=lead.term, valid=lead.valid, expires_in_s=lead.expires_in_s
+        )
+        if lead is not None
+        else None
+    )
+    return WorkersOut(workers=rows, leader=leader)
+
+
+@get(
+    "/v1/throughput",
+    summary="Jobs finished per minute, per type",
+    operation_id="throughput",
+    responses=ERROR_RESPONSES(),
+)
+@threaded
+def throughput(
+    state: State, minutes: Annotated[int, Parameter(ge=1, le=120)] = 30
+) -> ThroughputOut:
+    return read_throughput(hj(state), minutes)
+
+
+def read_throughput(app: App, minutes: int) -> ThroughputOut:
+    now = int(time.time() // 60)
+    span = list(range(now - minutes + 1, now + 1))
+    pipe = app.broker.redis.pipeline(transaction=False)
+    for minute in span:
+        pipe.hgetall(app.broker.throughput_key(minute))
+    series: dict[str, dict[str, list[int]]] = {}
+    for i, raw in enumerate(pipe.execute()):
+        for field, value in raw.items():
+            name, _, outcome = field.decode().rpartition(":")
+            per = series.setdefault(name, {"succeeded": [0] * minutes, "failed": [0] * minutes})
+            if outcome in per:
+                per[outcome][i] = int(value)
+    return ThroughputOut(minutes=span, series=series)
+
+
+@get(
+    "/healthz",
+    opt=PUBLIC,
+    summary="Liveness: Postgres and Redis answer",
+    operation_id="healthz",
+    responses=ERROR_RESPONSES(503, health=True),
+)
+@threaded
+def healthz(state: State) -> Response[Health]:
+    app = hj(state)
+    pg = rd = True
+    try:
+        app.store.now()
+    except Exception:  # noqa: BLE001 - any failure means "not healthy", reported, not raised
+        pg = False
+    try:
+        app.broker.redis.ping()
+    except (redis.RedisError, OSError):
+        rd = False
+    ok = pg and rd
+    body = Health(status="ok" if ok else "degraded", postgres=pg, redis=rd)
+    return Response(body, status_code=200 if ok else 503)
+
+
+@get(
+    "/metrics",
+    responses=ERROR_RESPONSES(),
+    operation_id="metrics",
+    summary="Prometheus metrics of the whole fleet",
+    media_type=CONTENT_TYPE,
+)
+@threaded
+def metrics(state: State) -> LitestarResponse[str]:
+    app = hj(state)
+    return LitestarResponse(render(app.store, app.broker), media_type=CONTENT_TYPE)
+
+
+HANDLERS: list[Any] = [job_types, workers, throughput, healthz, metrics]

@@ -1,0 +1,240 @@
+"""Request and response bodies of the HTTP API: msgspec Structs, from which Litestar builds
+the OpenAPI schema and with which it decodes bodies (a type error is a 422 naming the field).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+import msgspec
+
+from hivejobs.app import MAX_DELAY_S
+
+Priority = Annotated[int, msgspec.Meta(ge=0, le=9, description="0 runs first")]
+Delay = Annotated[float, msgspec.Meta(ge=0, le=MAX_DELAY_S, description="seconds from now")]
+MAX_BATCH = 10_000
+
+
+class EnqueueBody(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """One job: `data` is its payload (validated against the job type's schema)."""
+
+    data: Any = None
+    priority: Priority | None = None
+    delay: Delay | None = None
+    run_at: datetime | None = None
+    expires_at: datetime | None = None
+
+
+class BatchBody(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """Many jobs of one type with the same options: one payload per element of `data`."""
+
+    data: Annotated[list[Any], msgspec.Meta(min_length=1, max_length=MAX_BATCH)]
+    priority: Priority | None = None
+    delay: Delay | None = None
+    expires_at: datetime | None = None
+
+
+class CallbackBody(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """rickover's status callback: the outcome of attempt `attempt`, from the other service."""
+
+    status: Literal["succeeded", "failed"]
+    attempt: Annotated[int, msgspec.Meta(ge=1, le=2**31 - 1)]
+    retryable: bool = False
+    error: Annotated[str, msgspec.Meta(max_length=65536)] | None = None
+
+
+class BulkBody(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    action: Literal["replay", "cancel"]
+    ids: Annotated[
+        list[Annotated[str, msgspec.Meta(min_length=1, max_length=255)]],
+        msgspec.Meta(min_length=1, max_length=500),
+    ]
+
+
+class JobOut(msgspec.Struct, kw_only=True):
+    id: str
+    name: str
+    state: str
+    attempt: int
+    attempts: int
+    priority: int
+    delivery: str
+    payload: Any
+    created_at: datetime
+    run_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    expires_at: datetime | None
+    error: str | None
+    result: Any
+
+
+class BatchOut(msgspec.Struct, kw_only=True):
+    ids: list[str]
+
+
+class CancelOut(msgspec.Struct, kw_only=True):
+    id: str
+    outcome: Literal["cancelled", "cancel_requested", "already_cancelled"]
+
+
+class BulkItem(msgspec.Struct, kw_only=True, omit_defaults=True):
+    id: str
+    ok: bool
+    new_id: str | None = None
+    error: str | None = None
+
+
+class BulkOut(msgspec.Struct, kw_only=True):
+    results: list[BulkItem]
+
+
+class JobListItem(msgspec.Struct, kw_only=True):
+    id: str
+    name: str
+    state: str
+    attempt: int
+    attempts: int
+    priority: int
+    created_at: datetime
+    run_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    error: str | None
+
+
+class JobPage(msgspec.Struct, kw_only=True):
+    jobs: list[JobListItem]
+    next: str | None  # the `after` of the next page; null on the last page
+
+
+class JobTypeOut(msgspec.Struct, kw_only=True):
+    name: str
+    concurrency: int
+    processes: int
+    attempts: int
+    delivery: str
+    timeout_s: float | None
+    callback: bool
+    callback_timeout_s: float | None
+    queued: int
+    scheduled: int
+    running: int
+
+
+class WorkerOut(msgspec.Struct, kw_only=True):
+    id: str
+    host: str
+    pid: int
+    role: str
+    pool: str | None
+    started_at: datetime
+    heartbeat_at: datetime
+    heartbeat_age_s: float
+    running: int
+
+
+class LeaderOut(msgspec.Struct, kw_only=True):
+    holder: str | None
+    term: int
+    valid: bool
+    expires_in_s: float
+
+
+class WorkersOut(msgspec.Struct, kw_only=True):
+    workers: list[WorkerOut]
+    leader: LeaderOut | None
+
+
+class ChainCreated(msgspec.Struct, kw_only=True):
+    id: str
+
+
+class ChainStopOut(msgspec.Struct, kw_only=True):
+    id: str
+    stop_requested: bool
+
+
+class ChainJobOut(msgspec.Struct, kw_only=True):
+    key: str
+    type: str
+    state: str
+    after: list[str]
+    sequence: str | None
+    try_: int = msgspec.field(name="try")
+    tries: int
+    total_tries: int
+    sequence_try: int | None
+    job_id: str | None
+    started_at: datetime | None
+    finished_at: datetime | None
+    status: str | None
+    result: Any
+    error: str | None
+
+
+class JobLogOut(msgspec.Struct, kw_only=True):
+    key: str
+    try_: int = msgspec.field(name="try")
+    type: str
+    job_id: str
+    sequence_try: int | None
+    state: str
+    started_at: datetime | None
+    finished_at: datetime
+    duration_s: float | None
+    error: str | None
+    stdout: str | None = None  # the try's captured output, bounded (job_log_output_bytes)
+    stderr: str | None = None
+    output_truncated: bool = False
+
+
+class ChainOut(msgspec.Struct, kw_only=True):
+    id: str
+    name: str
+    state: str
+    args: Any
+    stop_requested: bool
+    suspensions: int
+    created_at: datetime
+    started_at: datetime | None
+    suspended_at: datetime | None
+    resumed_at: datetime | None
+    finished_at: datetime | None
+    jobs: list[ChainJobOut]
+    log: list[JobLogOut]
+
+
+class ChainListItem(msgspec.Struct, kw_only=True):
+    id: str
+    name: str
+    state: str
+    jobs: int
+    succeeded: int
+    created_at: datetime
+    finished_at: datetime | None
+
+
+class ChainPage(msgspec.Struct, kw_only=True):
+    chains: list[ChainListItem]
+    next: str | None
+
+
+class Health(msgspec.Struct, kw_only=True):
+    status: Literal["ok", "degraded"]
+    postgres: bool
+    redis: bool
+
+
+class ErrorOut(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """Every error: `error` names the problem and what to do; `details` lists field errors."""
+
+    error: str
+    status: int
+    details: list[dict[str, Any]] | None = None
+
+
+class ThroughputOut(msgspec.Struct, kw_only=True):
+    minutes: list[int]  # epoch minutes, oldest first
+    series: dict[str, dict[str, list[int]]]  # type -> outcome -> count per minute

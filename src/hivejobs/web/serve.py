@@ -1,0 +1,63 @@
+"""`hivejobs serve [MODULE:APP]`: uvicorn running create_app, with the binding rule: no token
+configured means loopback only (anyone who can connect would be admin)."""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import os
+import socket
+
+from loguru import logger
+
+from hivejobs.errors import ConfigError
+from hivejobs.web.auth import parse_tokens
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        try:
+            return all(
+                ipaddress.ip_address(info[4][0]).is_loopback
+                for info in socket.getaddrinfo(host, None)
+            )
+        except (OSError, ValueError):
+            return False
+
+
+def serve_main(args: argparse.Namespace) -> int:
+    from hivejobs.app import App
+    from hivejobs.cli import UsageError, load_app
+
+    try:
+        import uvicorn
+
+        from hivejobs.web.asgi import create_app
+    except ImportError as exc:
+        raise UsageError(f"{exc.name} is missing: pip install 'hivejobs[web]'") from None
+    spec = args.app_spec or os.environ.get("HIVEJOBS_APP")
+    app = load_app(spec) if spec else App()
+    read = parse_tokens(os.environ.get("HIVEJOBS_READ_TOKENS"))
+    admin = parse_tokens(os.environ.get("HIVEJOBS_ADMIN_TOKENS"))
+    if not read and not admin:
+        if not is_loopback(args.host):
+            raise ConfigError(
+                f"no token configured, so every client would be admin: refusing to listen on "
+                f"{args.host}. Set HIVEJOBS_ADMIN_TOKENS (and HIVEJOBS_READ_TOKENS), or "
+                "listen on 127.0.0.1"
+            )
+        logger.warning(
+            "no token configured: listening on loopback only, every local client is admin",
+            host=args.host,
+        )
+    if args.max_body_bytes <= 0:
+        raise UsageError("--max-body-bytes must be positive")
+    app.store.check_schema()  # a clear `hivejobs migrate` message before listening
+    asgi = create_app(app, read_tokens=read, admin_tokens=admin, max_body_bytes=args.max_body_bytes)
+    logger.info("serving", host=args.host, port=args.port, tokens=len(read) + len(admin))
+    uvicorn.run(asgi, host=args.host, port=args.port, log_level="warning", access_log=False)
+    return 0

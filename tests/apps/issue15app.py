@@ -1,0 +1,133 @@
+"""The app of issue 15's process tests: `hivejobs run tests.apps.issue15app:app`.
+
+Chain job types (stop timeout, job log output, data from further up) and plain ones (Fail,
+replay, restart of one pool, listings). Handlers write ledger lines as the other test apps
+do: `start <job id> <attempt> <pid>` and `end <job id> <attempt> <outcome> <pid>`.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from typing import Any
+
+import msgspec
+
+from hivejobs import App, Fail, Interrupted, JobContext, NotAnAncestor
+from tests.apps.ledger import note
+
+app = App()
+
+
+class DeployArgs(msgspec.Struct):
+    """Chain args as a Struct: validated at run_chain, read back with ctx.chain.args_as."""
+
+    env: str
+    replicas: int
+
+
+def start(ctx: JobContext) -> None:
+    note("start", ctx.job_id, ctx.attempt, os.getpid())
+
+
+def end(ctx: JobContext, outcome: str) -> None:
+    note("end", ctx.job_id, ctx.attempt, outcome, os.getpid())
+
+
+@app.job("step", concurrency=4)
+def step(ctx: JobContext, payload: dict[str, Any]) -> dict[str, Any]:
+    start(ctx)
+    end(ctx, "ok")
+    info = ctx.chain
+    return {"key": info.key if info else None, "n": payload.get("n", 0)}
+
+
+@app.job("coop", concurrency=4)
+def coop(ctx: JobContext, payload: dict[str, Any]) -> str:
+    """Works `s` seconds with a status line; stops when told (ctx.stopping)."""
+    start(ctx)
+    began = time.monotonic()
+    while time.monotonic() - began < float(payload.get("s", 30)):
+        ctx.set_status(f"working {time.monotonic() - began:.0f}s")
+        if ctx.stopping.wait(0.1):
+            end(ctx, "interrupted")
+            raise Interrupted()
+    end(ctx, "ok")
+    return "done"
+
+
+@app.job("stubborn", concurrency=2)
+def stubborn(ctx: JobContext, payload: dict[str, Any]) -> str:
+    """Ignores ctx.stopping for `s` seconds (the stop timeout's reason to exist)."""
+    start(ctx)
+    ctx.set_status("not listening")
+    time.sleep(float(payload.get("s", 30)))
+    end(ctx, "ok")
+    return "finished anyway"
+
+
+@app.job("broken", concurrency=2)
+def broken(ctx: JobContext, payload: dict[str, Any]) -> None:
+    start(ctx)
+    end(ctx, "error")
+    raise RuntimeError("broken on purpose")
+
+
+@app.job("printer", concurrency=2)
+def printer(ctx: JobContext, payload: dict[str, Any]) -> str:
+    """Prints `lines` numbered lines to stdout and one to stderr; fails its first try."""
+    start(ctx)
+    info = ctx.chain
+    assert info is not None
+    for i in range(int(payload.get("lines", 3))):
+        print(f"out line {i} of try {info.try_number}")
+    print(f"err line of try {info.try_number}", file=sys.stderr)
+    if info.try_number == 1:
+        end(ctx, "error")
+        raise ValueError("printer fails its first try")
+    end(ctx, "ok")
+    return "printed"
+
+
+@app.job("reader", concurrency=2)
+def reader(ctx: JobContext, payload: dict[str, Any]) -> dict[str, Any]:
+    """Reads results from further up, the chain's Struct args, and a non-ancestor."""
+    start(ctx)
+    info = ctx.chain
+    assert info is not None
+    args = info.args_as(DeployArgs)
+    try:
+        info.result_of(payload["not_ancestor"])
+        refused = ""
+    except NotAnAncestor as exc:
+        refused = str(exc)
+    end(ctx, "ok")
+    return {
+        "grandparent": info.result_of(payload["grandparent"]),
+        "env": args.env,
+        "replicas": args.replicas,
+        "refused": refused,
+    }
+
+
+@app.job("final", concurrency=2, attempts=5)
+def final(ctx: JobContext, payload: dict[str, Any]) -> None:
+    """Fails for good on its first attempt although it has five (rickover's retryable)."""
+    start(ctx)
+    end(ctx, "fail")
+    raise Fail(f"card declined: {payload.get('card', '?')}")
+
+
+@app.job("quick", concurrency=2, retention=float(os.environ.get("HJ_RETENTION_QUICK", 0)) or None)
+def quick(ctx: JobContext, payload: dict[str, Any]) -> str:
+    start(ctx)
+    end(ctx, "ok")
+    return "ok"
+
+
+# HJ_TYPES=a,b runs only those pools: fewer processes on a busy test machine.
+_SELECTED = set(filter(None, os.environ.get("HJ_TYPES", "").split(",")))
+for _name in list(app.types):
+    if _SELECTED and _name not in _SELECTED:
+        del app.types[_name]

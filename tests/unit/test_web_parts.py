@@ -1,0 +1,153 @@
+"""Pure parts of the web layer and the metrics: token roles, keyset cursors, the DAG layout,
+the Prometheus text, and the recorder keeping increments across a failed flush."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import fakeredis
+import pytest
+import redis
+from prometheus_client.parser import text_string_to_metric_families
+
+from hivejobs.broker import Broker
+from hivejobs.config import Settings
+from hivejobs.exposition import render_counters
+from hivejobs.metrics import BUCKETS, Recorder, _bucket
+from hivejobs.records import ChainJobStatus, ClaimedJob, Completion
+from hivejobs.store.dashboard import EPOCH, FAR_FUTURE, decode_cursor, encode_cursor
+from hivejobs.web.auth import Tokens, bearer, parse_tokens
+from hivejobs.web.render import dag, esc
+
+
+def test_token_roles() -> None:
+    tokens = Tokens(read=("r1", "r2"), admin=("a1",))
+    assert [tokens.role_of(t) for t in ("a1", "r2", "r1", "nope", "", None)] == [
+        "admin",
+        "read",
+        "read",
+        None,
+        None,
+        None,
+    ]
+    assert Tokens().open and Tokens().role_of(None) == "admin"
+    assert parse_tokens(" a, ,b ") == ("a", "b") and parse_tokens(None) == ()
+    assert bearer("Bearer xyz") == "xyz" and bearer("bearer  xyz ") == "xyz"
+    assert bearer("Basic xyz") is None and bearer("Bearer ") is None and bearer(None) is None
+
+
+def test_cursor_round_trip_and_garbage() -> None:
+    at = datetime(2026, 12, 3, 12, 0, tzinfo=UTC)
+    assert decode_cursor(encode_cursor(at, "id|with|bars"), True) == (at, "id|with|bars")
+    assert decode_cursor(None, True) == (FAR_FUTURE, "")
+    assert decode_cursor("not a cursor", False) == (EPOCH, "")
+    assert decode_cursor("2026-01-01T00:00:00|x", False) == (EPOCH, "")  # naive: refused
+
+
+def _job(key: str, state: str, after: list[str]) -> ChainJobStatus:
+    return ChainJobStatus(
+        key=key,
+        type="t",
+        state=state,
+        after=after,
+        sequence=None,
+        try_=1,
+        tries=1,
+        total_tries=1,
+        sequence_try=None,
+        job_id=None,
+        started_at=None,
+        finished_at=None,
+        status="<b>" if key == "c" else None,
+        result=None,
+        error=None,
+    )
+
+
+def test_dag_layers_edges_colours_and_escaping() -> None:
+    svg = dag(
+        "",
+        [_job("a", "succeeded", []), _job("b", "failed", ["a"]), _job("c", "pending", ["a", "b"])],
+    )
+    assert svg.count("<line") == 3
+    assert svg.count('class="node"') == 3
+    assert 'data-key="b" data-state="failed"><rect x="250"' in svg  # layer 1
+    assert 'data-key="c" data-state="pending"><rect x="480"' in svg  # layer 2: after b
+    assert "&lt;b&gt;" in svg and "<b>" not in svg
+    assert esc('"<&>') == "&quot;&lt;&amp;&gt;"
+
+
+def test_buckets() -> None:
+    assert _bucket(0.0) == 0 and _bucket(BUCKETS[-1]) == len(BUCKETS) - 1
+    assert _bucket(BUCKETS[-1] + 1) == len(BUCKETS)
+
+
+def test_prometheus_text_parses_and_buckets_are_cumulative() -> None:
+    fields = {
+        "c:succeeded:email": "3",
+        "h:run:email:0": "2",
+        "h:run:email:3": "1",
+        "h:run:email:14": "1",
+        "hs:run:email": "301.5",
+        "c:bogus": "1",  # malformed fields are skipped, not fatal
+    }
+    out: list[str] = []
+    render_counters(fields, out)
+    samples = {
+        (s.name, s.labels.get("le")): s.value
+        for f in text_string_to_metric_families("\n".join(out) + "\n")
+        for s in f.samples
+    }
+    assert samples[("hivejobs_jobs_succeeded_total", None)] == 3
+    assert samples[("hivejobs_job_run_seconds_bucket", "0.005")] == 2
+    assert samples[("hivejobs_job_run_seconds_bucket", "0.05")] == 3
+    assert samples[("hivejobs_job_run_seconds_bucket", "+Inf")] == 4
+    assert samples[("hivejobs_job_run_seconds_count", None)] == 4
+    assert samples[("hivejobs_job_run_seconds_sum", None)] == 301.5
+
+
+class FlakyRedis(fakeredis.FakeRedis):
+    fail = True
+
+    def pipeline(self, *args: object, **kwargs: object):  # type: ignore[no-untyped-def]
+        if FlakyRedis.fail:
+            raise redis.ConnectionError("down")
+        return super().pipeline(*args, **kwargs)
+
+
+@pytest.fixture
+def broker() -> Broker:
+    b = Broker(Settings(database_url="postgresql://x/y", redis_url="redis://127.0.0.1:1/0"))
+    b.redis = FlakyRedis()
+    return b
+
+
+def test_recorder_keeps_increments_across_a_failed_flush(broker: Broker) -> None:
+    rec = Recorder(broker)
+    done = Completion(id="j", claim_token=1, outcome="succeeded")
+    rec.completion("email", done)
+    rec.completion("email", Completion(id="k", claim_token=2, outcome="retry"))
+    job = ClaimedJob(
+        id="j",
+        name="email",
+        attempt=1,
+        attempts=1,
+        delivery="at_least_once",
+        payload=b"{}",
+        claim_token=1,
+        priority=0,
+        pickup_s=0.02,
+    )
+    rec.picked_up([job])
+    FlakyRedis.fail = True
+    assert rec.flush() is False
+    rec.completion("email", done)
+    FlakyRedis.fail = False
+    assert rec.flush() is True
+    stored = {k.decode(): v.decode() for k, v in broker.redis.hgetall(broker.metrics_key).items()}
+    assert stored["c:succeeded:email"] == "2"
+    assert stored["c:retried:email"] == "1"
+    assert stored["h:pickup:email:2"] == "1"
+    assert float(stored["hs:pickup:email"]) == pytest.approx(0.02)
+    assert rec.flush() is True  # nothing left: no second write
+    assert broker.redis.hget(broker.metrics_key, "c:succeeded:email") == b"2"
