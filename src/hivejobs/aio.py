@@ -63,5 +63,5 @@ class AsyncBackendsByLoop:
 
 
 async def _open(settings: Settings) -> AsyncBackends:
-    store = await AsyncStore.open(settings.database_url)
+    store = await AsyncStore.open(settings.database_url, pooled=settings.pgbouncer)
     return AsyncBackends(store, AsyncBroker(settings))

@@ -178,12 +178,13 @@ class App:
         database_url: str | None = None,
         redis_url: str | None = None,
         prefix: str | None = None,
-        **settings: float | int,
+        **settings: float | int | str,
     ) -> None:
         self.settings: Settings = settings_from_env(database_url, redis_url, prefix, **settings)
         self.types: dict[str, JobType] = {}
         self.schedules: dict[str, Schedule] = {}
         self._store: Store | None = None
+        self._read_store: Store | None = None
         self._broker: Broker | None = None
         self._pusher: Pusher | None = None
         self.embedded: EmbeddedServers | None = None
@@ -418,10 +419,24 @@ class App:
             self.resolve_backends()
             with self._lock:
                 if self._store is None:
-                    store = Store(self.settings.database_url)
+                    store = Store(self.settings.database_url, pooled=self.settings.pgbouncer)
                     store.check_schema()
                     self._store = store
         return self._store
+
+    @property
+    def read_store(self) -> Store:
+        """The store listings and dashboards read from: HIVEJOBS_READ_DATABASE_URL (e.g. a
+        replica, which may lag) when set, else the primary's."""
+        if not self.settings.read_database_url:
+            return self.store
+        if self._read_store is None:
+            with self._lock:
+                if self._read_store is None:
+                    self._read_store = Store(
+                        self.settings.read_database_url, max_size=2, pooled=self.settings.pgbouncer
+                    )
+        return self._read_store
 
     @property
     def pusher(self) -> Pusher:
@@ -446,7 +461,7 @@ class App:
 
         self.resolve_backends()
         create_database_if_missing(self.settings.database_url)
-        store = Store(self.settings.database_url)
+        store = Store(self.settings.database_url, pooled=self.settings.pgbouncer)
         try:
             return store.migrate()
         finally:
@@ -464,6 +479,9 @@ class App:
         if self._store is not None:
             self._store.close()
             self._store = None
+        if self._read_store is not None:
+            self._read_store.close()
+            self._read_store = None
         if self._broker is not None:
             self._broker.close()
             self._broker = None

@@ -7,13 +7,18 @@ Keys (all under the prefix, default ``hivejobs:``):
   ``{prefix}boot``                  string, set by the coordinator after a full restore; missing
                                   means Redis was flushed or restarted empty (R1).
   ``{prefix}control``               pub/sub channel: cancel/stop/restart messages to pools.
+  ``{prefix}wake``                  pub/sub channel: chain ids whose try just finished, from
+                                  pools to the coordinator, when Postgres LISTEN is out of
+                                  reach (a transaction-mode pooler, no listen URL). A hint:
+                                  the periodic traversal finds the same work.
   ``{prefix}metrics``               hash of fleet-wide counters and histogram buckets (HINCRBY by
                                   pools, coordinator and API; read by /metrics; see metrics.py).
   ``{prefix}tp:<minute>``           hash of jobs finished per type and outcome in that minute
                                   (epoch minute), expires after two hours: the dashboard chart.
 
 Everything here may fail or lose data; Postgres is the truth, so callers treat a Redis error
-as latency, never as loss. Imports nothing of ours but config.
+as latency, never as loss. Imports nothing of ours but config and broker_client (which
+opens the client for a single server, Sentinel or Cluster).
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ import redis
 import redis.asyncio
 from loguru import logger
 
+from hivejobs.broker_client import AsyncClient, Client, async_client, sync_client
 from hivejobs.config import Settings, redact_url, scrub, url_secrets
 from hivejobs.errors import ConnectionFailed
 from hivejobs.records import PRIORITIES
@@ -72,7 +78,7 @@ class Broker:
         self.prefix = settings.prefix
         self.block_s = settings.pop_block_s
         self.url = settings.redis_url
-        self.redis = redis.Redis.from_url(
+        self.redis: Client = sync_client(
             settings.redis_url,
             socket_timeout=settings.redis_socket_timeout_s,
             socket_connect_timeout=settings.redis_socket_timeout_s,
@@ -208,6 +214,13 @@ class Broker:
     def publish_control(self, message: ControlMessage) -> None:
         self.redis.publish(self.control_channel, msgspec.json.encode(message))
 
+    @property
+    def wake_channel(self) -> str:
+        return f"{self.prefix}wake"
+
+    def publish_wake(self, chain_ids: Iterable[str]) -> None:
+        self.redis.publish(self.wake_channel, ",".join(sorted(set(chain_ids))))
+
     def decode_control(self, raw: bytes) -> ControlMessage | None:
         try:
             return _control_decoder.decode(raw)
@@ -223,7 +236,7 @@ class AsyncBroker:
 
     def __init__(self, settings: Settings) -> None:
         self.prefix = settings.prefix
-        self.redis = redis.asyncio.Redis.from_url(
+        self.redis: AsyncClient = async_client(
             settings.redis_url,
             socket_timeout=settings.redis_socket_timeout_s,
             socket_connect_timeout=settings.redis_socket_timeout_s,

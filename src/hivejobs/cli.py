@@ -231,7 +231,7 @@ def cmd_jobs(args: argparse.Namespace) -> int:
     if listing:
         return _list_jobs(args)
     app = _app(args)
-    rows = app.store.type_counts()
+    rows = app.read_store.type_counts()
     live = _live_pools(app)
     if args.json:
         _print_json([{**msgspec.to_builtins(r), "live_pools": live.get(r.name, 0)} for r in rows])
@@ -295,7 +295,7 @@ def _list_jobs(args: argparse.Namespace) -> int:
 
 
 def cmd_workers(args: argparse.Namespace) -> int:
-    rows = _app(args).store.workers()
+    rows = _app(args).read_store.workers()
     if args.json:
         _print_json(msgspec.to_builtins(rows))
         return 0

@@ -25,7 +25,10 @@ DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 DEFAULT_PREFIX = "hivejobs:"
 # fullmatch, not `$`: `$` also matches before a trailing newline.
 PREFIX_RE = re.compile(r"[A-Za-z0-9_.\-:]{1,64}")
-REDIS_SCHEMES = ("redis", "rediss", "unix")
+# redis(s)+sentinel://host:port,host:port/mastername and redis(s)+cluster://host:port,...
+# are opened by broker_client.py with redis-py's Sentinel and RedisCluster.
+REDIS_SCHEMES: tuple[str, ...] = ("redis", "rediss", "unix", "redis+sentinel", "rediss+sentinel")
+REDIS_SCHEMES += ("redis+cluster", "rediss+cluster")
 POSTGRES_SCHEMES = ("postgresql", "postgres")
 # Conninfo keys whose value is a secret (libpq's "password" and the SSL key's passphrase).
 _SECRET_KEYS = ("password", "sslpassword")
@@ -76,6 +79,14 @@ class Settings(msgspec.Struct, kw_only=True):
     job_log_output_bytes: Count = 64 * 1024
     # A drained hot table (a few live rows) bigger than this is vacuumed and reindexed; 0 off.
     compact_above_bytes: Annotated[float, msgspec.Meta(ge=0, le=2.0**62)] = 16 * 1024 * 1024
+    # Postgres is reached through a transaction-mode pooler (PgBouncer): no startup options,
+    # no prepared statements, session settings per transaction (docs/scaling.md).
+    pgbouncer: bool = False
+    # A direct (not pooled) URL for the coordinator's LISTEN; empty: database_url.
+    listen_database_url: str = ""
+    # Listings and dashboards (status, workers, chain lists) read here, e.g. a replica;
+    # empty: database_url. Never used for a read that decides a write.
+    read_database_url: str = ""
 
     def __post_init__(self) -> None:
         if not isinstance(self.prefix, str) or not PREFIX_RE.fullmatch(self.prefix):
@@ -93,6 +104,10 @@ class Settings(msgspec.Struct, kw_only=True):
             raise ConfigError("redis_socket_timeout_s must exceed pop_block_s (a paused Redis)")
         check_database_url(self.database_url)
         check_redis_url(self.redis_url)
+        for extra in (self.listen_database_url, self.read_database_url):
+            if extra:
+                check_database_url(extra)
+                remember_secrets(extra)
         remember_secrets(self.database_url, self.redis_url)
 
     def __repr__(self) -> str:
@@ -128,7 +143,7 @@ def settings_from_env(
     database_url: str | None = None,
     redis_url: str | None = None,
     prefix: str | None = None,
-    **overrides: float | int,
+    **overrides: float | int | str,
 ) -> Settings:
     """Arguments win over HIVEJOBS_* variables, which win over DATABASE_URL/REDIS_URL."""
     db, rd = configured_urls(database_url, redis_url)
@@ -215,7 +230,7 @@ def check_redis_url(url: str) -> None:
         shown = redact_url(url) if isinstance(url, str) else type(url).__name__
         raise ConfigError(f"URL {shown!r} should start with redis://")
     try:
-        parse_redis_url(url)
+        parse_redis_url(one_redis_server(url))
     except (ValueError, TypeError):
         raise ConfigError(
             "the Redis URL is malformed: percent-encode special characters in the password "
@@ -228,7 +243,7 @@ def url_secrets(url: str) -> list[str]:
     found: list[str] = []
     try:
         if is_redis_url(url):
-            found += [str(parse_redis_url(url).get("password") or "")]
+            found += [str(parse_redis_url(one_redis_server(url)).get("password") or "")]
         else:
             params = conninfo_to_dict(url)
             found += [str(params.get(key) or "") for key in _SECRET_KEYS]
@@ -317,12 +332,32 @@ def _redact_postgres(url: str) -> str:
     return f"postgresql://{netloc}/{quote(dbname, safe='')}{query}"
 
 
+def one_redis_server(url: str) -> str:
+    """A redis(s)+sentinel / +cluster URL as one server's (the first host, a sentinel's
+    master name dropped), for redis-py's parser to read user, password, db and query."""
+    scheme, _, rest = url.partition("://")
+    base, plus, kind = scheme.partition("+")
+    if not plus:
+        return url
+    cut = min((i for i in (rest.find("/"), rest.find("?")) if i >= 0), default=len(rest))
+    netloc, tail = rest[:cut], rest[cut:]
+    creds, at, hosts = netloc.rpartition("@")
+    path, mark, query = tail.partition("?")
+    segments = [s for s in path.split("/") if s]
+    if kind.lower() == "sentinel":
+        segments = segments[1:]
+    return f"{base}://{creds}{at}{hosts.split(',')[0]}/{'/'.join(segments)}{mark}{query}"
+
+
 def _redact_redis(url: str) -> str:
-    parts = parse_redis_url(url)
+    parts = parse_redis_url(one_redis_server(url))
     scheme = url.split("://", 1)[0].lower()
     user = str(parts.get("username") or "")
     userinfo = quote(user, safe="") + (":***" if parts.get("password") else "")
     at = userinfo + "@" if userinfo else ""
+    if "+" in scheme:  # the hosts as given, and a sentinel's master name
+        rest = url.split("://", 1)[1].split("?", 1)[0]
+        return f"{scheme}://{at}{rest.rsplit('@', 1)[-1]}"
     if scheme == "unix":
         db = parts.get("db")
         return f"unix://{at}{parts.get('path', '')}" + (f"?db={db}" if db is not None else "")

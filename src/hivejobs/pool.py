@@ -72,8 +72,12 @@ class Pool:
             settings.database_url,
             max_size=3,
             session={"synchronous_commit": "off"} if self.async_commit else None,
+            pooled=settings.pgbouncer,
         )
         self.broker = Broker(settings)
+        # No LISTEN session behind a pooler without a listen URL: chain hops are announced
+        # over Redis instead (coordinator.listen_url).
+        self.wake_over_redis = settings.pgbouncer and not settings.listen_database_url
         self.metrics = Recorder(self.broker)
         self.completer = Completer(
             self.store,
@@ -340,6 +344,15 @@ class Pool:
                 if self.held.get(c.id) == c.claim_token:
                     del self.held[c.id]
             self.lock.notify_all()
+        if self.wake_over_redis:
+            # Chain try ids are "<chain>:<key>:<try>"; a plain id with a colon only costs
+            # the coordinator a look at a chain that is not there.
+            chains = [c.id.split(":", 1)[0] for c in written if ":" in c.id]
+            if chains:
+                try:
+                    self.broker.publish_wake(chains)
+                except redis.RedisError as exc:
+                    self.log.debug("chain wake-up not published", error=repr(exc))
 
     def _release_untracked_claims(self) -> None:
         """After a Postgres crash an asynchronously committed completion may be gone, leaving

@@ -58,6 +58,21 @@ class Child:
         return f"pool {self.pool}#{self.slot}" if self.role == "pool" else self.role
 
 
+# Postgres connections each process may hold at most (the pools are bounded): a pool process
+# its Store (3) and its App's (4: handlers' enqueues, chain context); the coordinator its
+# Store (2), its LISTEN (1) and a compaction's (1); the supervisor 1, while it starts or
+# releases a dead child's claims.
+POOL_PROCESS_CONNECTIONS = 3 + 4
+COORDINATOR_CONNECTIONS = 2 + 1 + 1
+SUPERVISOR_CONNECTIONS = 1
+
+
+def postgres_connections_max(children: list[Child]) -> int:
+    """The most Postgres connections this instance can open, reported at start."""
+    per_role = {"pool": POOL_PROCESS_CONNECTIONS, "coordinator": COORDINATOR_CONNECTIONS}
+    return SUPERVISOR_CONNECTIONS + sum(per_role.get(c.role, 0) for c in children)
+
+
 class Supervisor:
     def __init__(
         self,
@@ -92,7 +107,7 @@ class Supervisor:
         setup_logging("supervisor")
         setproctitle(f"hivejobs supervisor {self.app_spec}")
         self.app.resolve_backends()  # before forking: children inherit the chosen URLs
-        store = Store(self.settings.database_url, max_size=1)
+        store = Store(self.settings.database_url, max_size=1, pooled=self.settings.pgbouncer)
         try:
             store.check_schema()
             store.upsert_job_types([jt.info() for jt in self.app.types.values()])
@@ -119,6 +134,7 @@ class Supervisor:
             app=self.app_spec,
             instance=f"{socket.gethostname()}:{os.getpid()}",
             pools={jt.name: jt.processes for jt in self.app.types.values()},
+            postgres_connections_max=postgres_connections_max(self.children),
         )
         for child in self.children:
             self._spawn(child)
@@ -267,7 +283,7 @@ class Supervisor:
         """R8: a child we saw die cannot finish its jobs; release them now, not after
         stuck_after. A short-lived pool: nothing stays open across the next fork."""
         try:
-            store = Store(self.settings.database_url, max_size=1)
+            store = Store(self.settings.database_url, max_size=1, pooled=self.settings.pgbouncer)
             try:
                 rescued = rescue_isolated(store, worker_ids, self.settings.poison_pill_after)
             finally:

@@ -52,7 +52,9 @@ def test_small_bench_writes_json_and_leaves_nothing_behind(admin_url: str, tmp_p
             "hivejobs",
             "bench",
             "--scenarios",
-            "enqueue,throughput,latency",
+            "enqueue,throughput,latency,prune",
+            "--backlog-jobs",
+            "3000",
             "--jobs",
             "300",
             "--repeats",
@@ -97,6 +99,8 @@ def test_small_bench_writes_json_and_leaves_nothing_behind(admin_url: str, tmp_p
     }
     assert {"pickup_p50_ms", "pickup_p99_ms"} <= set(report["medians"]["latency"])
     assert report["medians"]["throughput"]["throughput_jobs_per_s"] > 0
+    assert report["medians"]["prune"]["prune_rows"] >= 2_998  # 3 days of 999 rows
+    assert report["medians"]["prune"]["prune_rows_per_s"] > 0
     assert (tmp_path / "bench.png").read_bytes().startswith(b"\x89PNG")
 
     databases_after = {

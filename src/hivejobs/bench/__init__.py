@@ -20,7 +20,7 @@ import msgspec
 from hivejobs.bench import scenarios
 from hivejobs.bench.environment import BenchEnvironment
 
-SCENARIOS = ("enqueue", "throughput", "latency", "chain", "backlog", "stale-stats")
+SCENARIOS = ("enqueue", "throughput", "latency", "chain", "backlog", "stale-stats", "prune")
 DEFAULT_SCENARIOS = "enqueue,throughput,latency"
 
 
@@ -172,6 +172,10 @@ def run_scenarios(env: BenchEnvironment, opts: BenchOptions) -> dict[str, Any]:
                 ),
             )
         )
+    if "prune" in opts.scenarios:
+        from hivejobs.bench.prune import prune_scenario
+
+        plan.append(("prune", lambda: prune_scenario(env, opts.backlog_jobs)))
     runs: dict[str, list[scenarios.Figures]] = {}
     started = time.perf_counter()
     for name, fn in plan:

@@ -72,6 +72,12 @@ def run_chain(app: App, chain: Chain, conn: object | None = None) -> str:
     raw = driver_connection(conn) if conn is not None else None
     ChainStore(app.store).create(ready.head, ready.jobs, ready.sequences, raw)
     logger.info("chain stored", chain_id=ready.request_id, chain=chain.name, jobs=len(ready.jobs))
+    if raw is None and app.settings.pgbouncer and not app.settings.listen_database_url:
+        # Committed, and no coordinator hears the NOTIFY behind a pooler: say it over Redis.
+        try:
+            app.broker.publish_wake([ready.request_id])
+        except redis.RedisError as exc:
+            logger.warning("chain wake-up not published; found within a second", error=str(exc))
     return ready.request_id
 
 
@@ -239,7 +245,7 @@ def job_log(app: App, request_id: str) -> list[JobLogEntry]:
 
 
 def list_chains(app: App, query: ChainQuery) -> list[ChainSummary]:
-    return [ChainSummary(**row) for row in ChainStore(app.store).list_chains(query)]
+    return [ChainSummary(**row) for row in ChainStore(app.read_store).list_chains(query)]
 
 
 _STATES: dict[str, ChainState] = {s: s for s in get_args(ChainState)}

@@ -23,6 +23,7 @@ from hivejobs.chains.traverser import Traverser
 from hivejobs.config import Settings
 from hivejobs.coordinator.callbacks import CallbackTimeouts
 from hivejobs.coordinator.elector import Elector
+from hivejobs.coordinator.pruner import Pruner
 from hivejobs.coordinator.scheduler import Scheduler
 from hivejobs.coordinator.services import Compactor, Gauges, Promoter, Reconciler, Rescuer
 from hivejobs.errors import ConnectionFailed
@@ -30,8 +31,11 @@ from hivejobs.failpoints import failpoint
 from hivejobs.logs import error_fields
 from hivejobs.store import Store, connect
 from hivejobs.store.enqueue import parse_dispatch
-from hivejobs.store.upkeep import prune_archive
 
+GUARD_RECHECK_S = 10.0  # a coordinator refusing to lead looks again this often
+# A pass runs until the archive is caught up (coordinator/pruner.py): a short interval only
+# matters when a pass ended early (lease lost, or the 50 s cap while far behind).
+PRUNE_EVERY_S = 10.0
 MSG_BAD_DISPATCH = "malformed dispatch notifications ignored (the first is shown)"
 
 
@@ -47,13 +51,19 @@ class Coordinator:
             settings.database_url,
             max_size=2,
             session={"idle_in_transaction_session_timeout": str(idle_ms), "lock_timeout": "2000"},
+            pooled=settings.pgbouncer,
         )
+        # Without that guard a paused leader would block every follower: such a coordinator
+        # never leads (it says why, and checks again now and then).
+        self._guard_checked_at: float | None = None
+        self._guard_missing: list[str] = []
         self.broker = Broker(settings)
         self.elector = Elector(self.store, worker_id, settings)
         self.promoter = Promoter(self.store, self.broker)
         self.rescuer = Rescuer(self.store, self.broker, settings)
         self.reconciler = Reconciler(self.store, self.broker)
         self.gauges = Gauges(self.store)
+        self.pruner = Pruner(self.store, settings.archive_retention_s)
         self.compactor = Compactor(self.store, settings)
         self.callback_timeouts = CallbackTimeouts(self.store, self.broker)
         self.traverser = Traverser(self.store, self.broker)
@@ -63,6 +73,7 @@ class Coordinator:
         self.stop = threading.Event()
         self._due: dict[str, float] = {}
         self._listen: psycopg.Connection[object] | None = None
+        self._wake: redis.client.PubSub | None = None  # Redis wake-ups, without a LISTEN
 
     def run(self) -> int:
         if threading.current_thread() is threading.main_thread():
@@ -73,7 +84,8 @@ class Coordinator:
         )
         last_beat = 0.0
         while not self.stop.is_set():
-            self.elector.tick()
+            if self._stall_guard_in_force():
+                self.elector.tick()
             if time.monotonic() - last_beat > self.settings.heartbeat_s:
                 last_beat = time.monotonic()
                 self._guard("heartbeat", self._heartbeat)
@@ -85,6 +97,27 @@ class Coordinator:
         self.elector.resign()
         self._guard("deregister", lambda: self.store.deregister_worker(self.worker_id))
         return 0
+
+    def _stall_guard_in_force(self) -> bool:
+        now = time.monotonic()
+        if self._guard_checked_at is None or (
+            self._guard_missing and now - self._guard_checked_at > GUARD_RECHECK_S
+        ):
+            try:
+                missing = self.store.session_not_in_force()
+            except psycopg.Error as exc:
+                logger.warning("could not check the stall guard", error=repr(exc))
+                return False
+            self._guard_checked_at = now
+            if missing and missing != self._guard_missing:
+                logger.error(
+                    "this coordinator will not lead: its stall guard is not in force in its "
+                    "transactions (a paused leader would block every follower); behind a "
+                    "pooler set HIVEJOBS_PGBOUNCER=1, or let the role have these settings",
+                    missing=missing,
+                )
+            self._guard_missing = missing
+        return not self._guard_missing
 
     def _heartbeat(self) -> None:
         if not self.store.heartbeat(self.worker_id):  # declared dead while we were away
@@ -119,9 +152,9 @@ class Coordinator:
             self._guard("reconcile", lambda: self.reconciler.run_once(lease))
         if self._every("gauges", max(5.0, s.coordinator_interval_s)):
             self._guard("gauges", self.gauges.run_once)
-        if self._every("prune", 60.0):
+        if self._every("prune", PRUNE_EVERY_S):
             # Per job type retention where one is declared, else the global setting.
-            self._guard("prune", lambda: prune_archive(self.store, s.archive_retention_s))
+            self.pruner.start(lambda: self.elector.term == lease[1])
         if self._every("compact", max(10.0, s.coordinator_interval_s)):
             self._guard("compact", lambda: self.compactor.run_once(self.gauges.in_flight))
 
@@ -142,18 +175,27 @@ class Coordinator:
         timeout = 0.0 if busy else self.settings.promote_interval_s
         try:
             if self._listen is None:
-                self._listen = connect(self.settings.database_url)
+                url = listen_url(self.settings)
+                if url is None:
+                    # LISTEN through a transaction-mode pooler hears nothing: pools announce
+                    # finished chain tries over Redis instead; transactional enqueues wait
+                    # for the reconciler (docs/scaling.md: HIVEJOBS_LISTEN_DATABASE_URL).
+                    self._wait_for_redis_wake(leader, timeout)
+                    return
+                self._listen = connect(url)
                 self._listen.execute("LISTEN hivejobs_dispatch")
                 self._listen.execute("LISTEN hivejobs_chain")
             entries: list[tuple[str, str, int]] = []
-            notes = self._listen.notifies(timeout=timeout, stop_after=1000)
-            woken = self._collect(notes, entries, stop_at_wake=True)
-            if woken:
+            # stop_after=1 returns with the first packet of notifications, all of it (never
+            # leave a notifies() generator early: the rest of its packet would be lost).
+            notes = list(self._listen.notifies(timeout=timeout, stop_after=1))
+            if notes:
                 # A chain try finished (or a chain came, or was stopped): traverse now, this
-                # is the hop latency between a job and its successor. One pass serves every
-                # wake-up already here, so collect those first.
-                notes = self._listen.notifies(timeout=0.0, stop_after=1000)
-                self._collect(notes, entries, stop_at_wake=False)
+                # is the hop latency between a job and its successor; a transactional
+                # enqueue committed: push it now, this is its pickup latency. One pass
+                # serves every notification already here, so collect those too.
+                notes += self._listen.notifies(timeout=0.0, stop_after=1000)
+            self._collect(notes, entries)
             if not leader:
                 # Followers keep no wake-ups: a new leader starts with a full search anyway.
                 self._chain_hints.clear()
@@ -163,8 +205,24 @@ class Coordinator:
             logger.warning("dispatch listener failed", **error_fields(exc))
             if self._listen is not None:
                 self._listen.close()
-            self._listen = None
+            if self._wake is not None:
+                self._wake.close()
+            self._listen, self._wake = None, None
             self.stop.wait(timeout)
+
+    def _wait_for_redis_wake(self, leader: bool, timeout: float) -> None:
+        if self._wake is None:
+            wake = self.broker.redis.pubsub(  # type: ignore[no-untyped-call]
+                ignore_subscribe_messages=True
+            )
+            wake.subscribe(self.broker.wake_channel)
+            self._wake = wake
+        message = self._wake.get_message(timeout=timeout)
+        while message is not None:
+            # One pass serves every wake-up already here.
+            if leader and isinstance(message.get("data"), bytes):
+                self._chain_hints.update(filter(None, message["data"].decode().split(",")))
+            message = self._wake.get_message(timeout=0.0)
 
     def _push(self, entries: list[tuple[str, str, int]]) -> None:
         """A push that fails (Redis down, a refused key) loses only latency: the reconciler
@@ -182,10 +240,9 @@ class Coordinator:
         self,
         notes: Iterable[psycopg.Notify],
         entries: list[tuple[str, str, int]],
-        stop_at_wake: bool,
     ) -> bool:
         """Sort notifications into dispatch entries and chain wake-ups; True if a chain
-        wake-up came (with `stop_at_wake`, stop there: the caller traverses before waiting)."""
+        wake-up came."""
         woken = False
         malformed: list[psycopg.Notify] = []
         for note in notes:
@@ -195,13 +252,11 @@ class Coordinator:
                 else:
                     self._chains_due = True
                 woken = True
-                if stop_at_wake:
-                    break
-                continue
-            try:
-                entries.extend(parse_dispatch(note.payload))
-            except ValueError:
-                malformed.append(note)  # only this one is lost: the rest are dispatched
+            else:
+                try:
+                    entries.extend(parse_dispatch(note.payload))
+                except ValueError:
+                    malformed.append(note)  # only this one is lost: the rest are dispatched
         if malformed:
             # Anyone who can connect may NOTIFY: one line per batch, however many came.
             first = malformed[0]
@@ -209,6 +264,14 @@ class Coordinator:
                 MSG_BAD_DISPATCH, notes=len(malformed), payload=first.payload[:200], pid=first.pid
             )
         return woken
+
+
+def listen_url(settings: Settings) -> str | None:
+    """Where the coordinator LISTENs: its own direct URL if given, else the database URL
+    unless that is a transaction-mode pooler (None: no session to listen on)."""
+    if settings.listen_database_url:
+        return settings.listen_database_url
+    return None if settings.pgbouncer else settings.database_url
 
 
 def run_coordinator(settings: Settings, worker_id: str) -> int:

@@ -48,6 +48,12 @@ from hivejobs.store.enqueue import (
     run_plan,
 )
 from hivejobs.store.migrate import apply_migrations, check_schema
+from hivejobs.store.pooling import (
+    configure_for,
+    connect_kwargs,
+    pooler_refused,
+    settings_not_in_force,
+)
 from hivejobs.store.sql import load_queries
 
 Conn = psycopg.Connection[Any]
@@ -71,11 +77,16 @@ def connection_failed(url: str, exc: psycopg.Error) -> ConnectionFailed:
     return ConnectionFailed("Postgres", redact_url(url), reason)
 
 
-def connect(url: str, **kwargs: Any) -> Conn:
-    """A plain autocommit connection, with a clear error when the server does not answer."""
+def connect(url: str, pooled: bool = False, **kwargs: Any) -> Conn:
+    """A plain autocommit connection, with a clear error when the server does not answer.
+    `pooled`: through a transaction-mode pooler (no prepared statements)."""
+    kwargs = {**connect_kwargs(pooled, None), **kwargs}
     try:
-        return psycopg.connect(url, autocommit=True, connect_timeout=5, **kwargs)
+        return psycopg.connect(url, **kwargs)
     except psycopg.OperationalError as exc:
+        refused = pooler_refused(scrub(str(exc), url_secrets(url)))
+        if refused is not None:
+            raise refused from None
         raise connection_failed(url, exc) from None
 
 
@@ -116,16 +127,26 @@ class Store:
     """A connection pool plus one method per statement."""
 
     def __init__(
-        self, url: str, max_size: int = 4, min_size: int = 1, session: dict[str, str] | None = None
+        self,
+        url: str,
+        max_size: int = 4,
+        min_size: int = 1,
+        session: dict[str, str] | None = None,
+        pooled: bool = False,
     ) -> None:
-        """`session`: Postgres settings for every connection (sent at connect, no round trip)."""
+        """`session`: Postgres settings for every connection: sent at connect (no round trip)
+        or, `pooled` (a transaction-mode pooler), set for each transaction the store opens and
+        sent along with each statement outside one (store/pooling.py)."""
         self.url = url
-        connect(url).close()  # fail fast with a clear message
-        kwargs: dict[str, Any] = {"autocommit": True, "connect_timeout": 5}
-        if session:
-            kwargs["options"] = " ".join(f"-c {k}={v}" for k, v in session.items())
+        self.pooled = pooled
+        self.session = dict(session or {})
+        kwargs = connect_kwargs(pooled, session)
+        connect(url, **kwargs).close()  # fail fast with a clear message
+        connection_class, configure = configure_for(pooled, session)
         self._pool: ConnectionPool[Conn] = ConnectionPool(
             url,
+            connection_class=connection_class,
+            configure=configure,
             min_size=min_size,
             max_size=max_size,
             kwargs=kwargs,
@@ -400,6 +421,14 @@ class Store:
             ).fetchone()
         return None if row is None else int(row[0])
 
+    def session_not_in_force(self) -> list[str]:
+        """The session settings this store asked for that a transaction of its own does not
+        have (`name=found, wanted value`); empty when all are in force."""
+        if not self.session:
+            return []
+        with self.connection() as conn:
+            return settings_not_in_force(conn, self.session)
+
     def lease_resign(self, holder: str) -> None:
         with self.connection() as conn:
             conn.execute(QUERIES["lease_resign"], {"holder": holder})
@@ -473,8 +502,12 @@ class Store:
         CONCURRENTLY rebuilds the indexes (VACUUM only marks their pages reusable). Both run
         online, beside enqueues and claims, on a connection of their own without the
         coordinator's lock timeout; leftovers of an interrupted earlier run are dropped."""
-        options = f"-c statement_timeout={int(timeout_s * 1000)}"
-        with connect(self.url, options=options) as conn:
+        # Behind a pooler no statement_timeout: a session SET would outlive us on a server
+        # connection that other clients get next, and VACUUM cannot run in a transaction.
+        options = (
+            {} if self.pooled else {"options": f"-c statement_timeout={int(timeout_s * 1000)}"}
+        )
+        with connect(self.url, self.pooled, **options) as conn:
             for (name,) in conn.execute(QUERIES["invalid_hot_indexes"]).fetchall():
                 conn.execute(
                     psycopg.sql.SQL("DROP INDEX CONCURRENTLY IF EXISTS {}").format(

@@ -32,6 +32,7 @@ from hivejobs.store.enqueue import (
     queued_pushes,
 )
 from hivejobs.store.migrate import schema_check_plan
+from hivejobs.store.pooling import connect_kwargs
 
 AsyncConn = psycopg.AsyncConnection[Any]
 
@@ -47,13 +48,13 @@ class AsyncStore:
         self._pool = pool
 
     @classmethod
-    async def open(cls, url: str, max_size: int = 4) -> AsyncStore:
+    async def open(cls, url: str, max_size: int = 4, pooled: bool = False) -> AsyncStore:
         """Open the pool, failing in seconds with a clear error, and check the schema."""
         pool: AsyncConnectionPool[AsyncConn] = AsyncConnectionPool(
             url,
             min_size=1,
             max_size=max_size,
-            kwargs={"autocommit": True, "connect_timeout": 5},
+            kwargs=connect_kwargs(pooled, None),
             open=False,
             name="hivejobs-async",
             timeout=5.0,

@@ -31,33 +31,37 @@ def latest_version() -> int:
 
 
 def apply_migrations(conn: psycopg.Connection[object]) -> list[str]:
-    """Apply what is pending; return the file names applied (empty when up to date)."""
+    """Apply what is pending; return the file names applied (empty when up to date).
+
+    The lock is the migration transaction's own (pg_advisory_xact_lock): released by its
+    commit or rollback, so behind a transaction-mode pooler it can never stay behind on a
+    server connection that other clients get next. Each transaction re-reads the version
+    under the lock, so concurrent migrates apply each file once."""
     conn.autocommit = True
-    conn.execute("SELECT pg_advisory_lock(%s)", (_LOCK_KEY,))
-    try:
-        conn.execute(
-            "CREATE TABLE IF NOT EXISTS hivejobs_schema_version ("
-            " version integer PRIMARY KEY, name text NOT NULL,"
-            " applied_at timestamptz NOT NULL DEFAULT now())"
-        )
-        rows = conn.execute("SELECT version FROM hivejobs_schema_version").fetchall()
-        done = {int(r[0]) for r in rows}  # type: ignore[index]
-        applied = []
-        # Every missing version, not only those above the highest: files written on branches
-        # at the same time may land with numbers below one already applied.
-        for version, name, sql in migration_files():
-            if version in done:
-                continue
-            with conn.transaction():
-                conn.execute(sql.encode())
-                conn.execute(
-                    "INSERT INTO hivejobs_schema_version (version, name) VALUES (%s, %s)",
-                    (version, name),
-                )
-            applied.append(name)
-        return applied
-    finally:
-        conn.execute("SELECT pg_advisory_unlock(%s)", (_LOCK_KEY,))
+    applied: list[str] = []
+    files = migration_files()
+    while True:
+        with conn.transaction():
+            conn.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK_KEY,))
+            conn.execute(
+                "CREATE TABLE IF NOT EXISTS hivejobs_schema_version ("
+                " version integer PRIMARY KEY, name text NOT NULL,"
+                " applied_at timestamptz NOT NULL DEFAULT now())"
+            )
+            rows = conn.execute("SELECT version FROM hivejobs_schema_version").fetchall()
+            done = {int(r[0]) for r in rows}  # type: ignore[index]
+            # Every missing version, not only those above the highest: files written on
+            # branches at the same time may land with numbers below one already applied.
+            pending = [(v, name, sql) for v, name, sql in files if v not in done]
+            if not pending:
+                return applied
+            version, name, sql = pending[0]
+            conn.execute(sql.encode())
+            conn.execute(
+                "INSERT INTO hivejobs_schema_version (version, name) VALUES (%s, %s)",
+                (version, name),
+            )
+        applied.append(name)
 
 
 def check_schema(conn: psycopg.Connection[Any]) -> None:

@@ -1,0 +1,78 @@
+"""Archive retention that keeps up: the leader deletes expired archive rows in batches of
+10,000 in a thread of its own until none is left, instead of one batch a minute (which
+capped retention at 167 jobs/s sustained).
+
+Runs only while this coordinator holds the lease; never touches live jobs (hivejobs_job).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+import msgspec
+import psycopg
+from loguru import logger
+
+from hivejobs.store import Store
+from hivejobs.store.upkeep import PRUNE_BATCH, prune_archive
+
+
+class PruneResult(msgspec.Struct):
+    deleted: int = 0
+    seconds: float = 0.0
+    caught_up: bool = True
+
+
+class Pruner:
+    """Owns at most one pruning thread at a time (`_thread`, touched only by the
+    coordinator's loop); the thread stops after a batch when `still_leader()` is false."""
+
+    def __init__(self, store: Store, retention_s: float, max_run_s: float = 50.0) -> None:
+        self.store = store
+        self.retention_s = retention_s
+        self.max_run_s = max_run_s
+        self.last: PruneResult | None = None
+        self._thread: threading.Thread | None = None
+
+    def run_once(self, still_leader: Callable[[], bool]) -> PruneResult:
+        """Delete batches until a short batch (caught up), the lease is gone, or
+        max_run_s has passed; in the caller's thread (tests, bench)."""
+        began = time.monotonic()
+        deleted = 0
+        while True:
+            n = prune_archive(self.store, self.retention_s)  # each type's own retention
+            deleted += n
+            if n < PRUNE_BATCH:
+                return PruneResult(deleted, time.monotonic() - began, True)
+            if not still_leader() or time.monotonic() - began > self.max_run_s:
+                return PruneResult(deleted, time.monotonic() - began, False)
+
+    def start(self, still_leader: Callable[[], bool]) -> bool:
+        """Start a pruning pass in the background unless one runs; True if started."""
+        if self._thread is not None and self._thread.is_alive():
+            return False
+        self._thread = threading.Thread(
+            target=self._run, args=(still_leader,), name="pruner", daemon=True
+        )
+        self._thread.start()
+        return True
+
+    def join(self, timeout_s: float) -> None:
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+
+    def _run(self, still_leader: Callable[[], bool]) -> None:
+        try:
+            self.last = result = self.run_once(still_leader)
+        except psycopg.Error as exc:
+            logger.warning("archive prune failed; retried later", error=repr(exc))
+            return
+        if result.deleted:
+            logger.info(
+                "pruned the archive",
+                rows=result.deleted,
+                rows_per_s=round(result.deleted / max(result.seconds, 1e-3)),
+                caught_up=result.caught_up,
+            )

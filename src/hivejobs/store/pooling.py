@@ -1,0 +1,143 @@
+"""Connections that work the same direct and behind a transaction-mode pooler (PgBouncer).
+
+A transaction-mode pooler hands each transaction to whichever server connection is free:
+it refuses startup `options`, a session `SET` would reach another client's transactions,
+and psycopg's automatic prepared statements would be looked up on a connection that never
+prepared them. So, `pooled`: no startup options, no prepared statements, and the session
+settings a store wants are set with `set_config(..., is_local => true)` right after BEGIN of
+every transaction it opens, and pipelined ahead of each statement run outside one (the two
+share one implicit transaction, one round trip). Direct, they go as startup options.
+
+Never changes a setting outside a transaction, and never touches a caller's connection.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any, Self, cast
+
+import psycopg
+import psycopg.sql
+from psycopg import Transaction
+from psycopg.abc import Params, Query
+from psycopg.pq import TransactionStatus
+from psycopg.rows import Row
+
+from hivejobs.errors import ConfigError
+
+
+class LocalSettingsCursor(psycopg.Cursor[Row]):
+    """Outside a transaction, sends the settings with each statement, so that they are in
+    force for it as they would be in a direct session: the coordinator's lock_timeout on
+    a lease attempt, the pool's synchronous_commit on a claim."""
+
+    def execute(
+        self,
+        query: Query,
+        params: Params | None = None,
+        *,
+        prepare: bool | None = None,
+        binary: bool | None = None,
+    ) -> Self:
+        # Forwarded as received: psycopg's own overloads already checked the arguments.
+        run = cast(Callable[..., Self], super().execute)
+        conn = self.connection
+        if (
+            isinstance(conn, LocalSettingsConnection)
+            and conn.local_settings
+            and conn.autocommit
+            and conn.info.transaction_status == TransactionStatus.IDLE
+        ):
+            # One flight, one implicit transaction: in a pipeline, statements up to the Sync
+            # share it, so set_config(..., is_local) holds for the statement and ends with
+            # it (BEGIN and COMMIT would be two more round trips). Results are read after.
+            with conn.pipeline():
+                psycopg.Cursor(conn).execute(conn.local_settings)
+                run(query, params, prepare=prepare, binary=binary)
+            return self
+        return run(query, params, prepare=prepare, binary=binary)
+
+
+class LocalSettingsConnection(psycopg.Connection[Any]):
+    """A connection whose outermost transactions start with `local_settings` (a SELECT of
+    set_config calls, or empty), and whose statements outside a transaction each run in
+    one (LocalSettingsCursor). Owned by one pool; set once by the pool's configure."""
+
+    local_settings: bytes = b""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.cursor_factory = LocalSettingsCursor
+
+    @contextmanager
+    def transaction(
+        self, savepoint_name: str | None = None, force_rollback: bool = False
+    ) -> Iterator[Transaction]:
+        outer = self.info.transaction_status == TransactionStatus.IDLE
+        with super().transaction(savepoint_name, force_rollback) as tx:
+            if outer and self.local_settings:
+                psycopg.Cursor(self).execute(self.local_settings)
+            yield tx
+
+
+def local_settings_sql(session: Mapping[str, str]) -> bytes:
+    """One statement setting every name for the current transaction only."""
+    calls = psycopg.sql.SQL(", ").join(
+        psycopg.sql.SQL("set_config({}, {}, true)").format(
+            psycopg.sql.Literal(name), psycopg.sql.Literal(value)
+        )
+        for name, value in session.items()
+    )
+    return psycopg.sql.SQL("SELECT {}").format(calls).as_string(None).encode()
+
+
+def connect_kwargs(pooled: bool, session: Mapping[str, str] | None) -> dict[str, Any]:
+    """psycopg connect arguments: autocommit, a connect timeout; direct, the session as
+    startup options; pooled, no prepared statements (they live on one server connection)."""
+    kwargs: dict[str, Any] = {"autocommit": True, "connect_timeout": 5}
+    if pooled:
+        kwargs["prepare_threshold"] = None
+    elif session:
+        kwargs["options"] = " ".join(f"-c {k}={v}" for k, v in session.items())
+    return kwargs
+
+
+def configure_for(
+    pooled: bool, session: Mapping[str, str] | None
+) -> tuple[type[psycopg.Connection[Any]], Any]:
+    """(connection class, configure callback) for a pool with these settings."""
+    if not (pooled and session):
+        return psycopg.Connection, None
+    statement = local_settings_sql(session)
+
+    def configure(conn: psycopg.Connection[Any]) -> None:
+        if isinstance(conn, LocalSettingsConnection):
+            conn.local_settings = statement
+
+    return LocalSettingsConnection, configure
+
+
+def settings_not_in_force(conn: psycopg.Connection[Any], wanted: Mapping[str, str]) -> list[str]:
+    """Inside one of the store's transactions, the wanted settings that Postgres does not
+    have (as `name=found, wanted value`): empty when every one is in force."""
+    missing: list[str] = []
+    with conn.transaction():
+        rows = conn.execute(
+            "SELECT name, setting FROM pg_settings WHERE name = ANY(%s)", (list(wanted),)
+        ).fetchall()
+    found = {str(r[0]): str(r[1]) for r in rows}
+    for name, value in wanted.items():
+        if found.get(name) != value:
+            missing.append(f"{name}={found.get(name)!r}, wanted {value!r}")
+    return missing
+
+
+def pooler_refused(reason: str) -> ConfigError | None:
+    """A pooler's refusal of startup options, turned into what to do about it."""
+    if "unsupported startup parameter" not in reason:
+        return None
+    return ConfigError(
+        f"the server refused a startup parameter ({reason.strip()}): this is a connection "
+        "pooler (PgBouncer); set HIVEJOBS_PGBOUNCER=1 (see docs/scaling.md)"
+    )
