@@ -114,3 +114,14 @@ def capturing(limit: int) -> Iterator[Captured]:
         yield captured
     finally:
         _local.captured = None
+
+
+@contextmanager
+def uncaptured() -> Iterator[None]:
+    """Writes of this thread inside the block are not captured (hivejobs' own lines)."""
+    saved = getattr(_local, "captured", None)
+    _local.captured = None
+    try:
+        yield
+    finally:
+        _local.captured = saved

@@ -11,13 +11,16 @@ from __future__ import annotations
 import time
 import traceback
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from hivejobs.capture import uncaptured
 from hivejobs.errors import HivejobsError, Interrupted, PayloadInvalid, ResultTooLarge
 from hivejobs.records import ClaimedJob, Completion, Outcome
 from hivejobs.serialization import encode_result, storable_text
 
 if TYPE_CHECKING:
+    from loguru import Logger
+
     from hivejobs.app import JobType
     from hivejobs.context import JobContext
 
@@ -49,7 +52,7 @@ def execute(
 
     log = ctx.logger
     names = {"job_type": job.name, "job_id": job.id}
-    log.info(MSG_STARTED, **names)
+    _say(log, "INFO", MSG_STARTED, **names)
     started = time.monotonic()
     try:
         if jt.handler is None:
@@ -62,11 +65,11 @@ def execute(
             raise ResultTooLarge(len(encoded), max_result_bytes)
     except PayloadInvalid as exc:
         # Schema drift will not fix itself on retry: fail for good, keep the pool alive.
-        log.error("payload does not decode", error=str(exc), **names)
+        _say(log, "ERROR", "payload does not decode", error=str(exc), **names)
         return ended(job, "failed", str(exc), max_result_bytes)
     except Fail as exc:
         # The handler says another attempt cannot help: failed now, attempts left or not.
-        log.error(MSG_FAIL, error=str(exc), **names)
+        _say(log, "ERROR", MSG_FAIL, error=str(exc), **names)
         outcome: Outcome = "cancelled" if ctx.cancelled else "failed"
         return ended(job, outcome, f"Fail: {exc}", max_result_bytes)
     except ResultTooLarge as exc:
@@ -80,7 +83,13 @@ def execute(
             # A stop is not an attempt, whatever exception the handler raised (R9).
             at_most_once = job.delivery == "at_most_once"
             # At-most-once and started: fail it, never run it again; else suspend (uncounted).
-            log.info(MSG_INTERRUPTED, then="failed" if at_most_once else "suspended", **names)
+            _say(
+                log,
+                "INFO",
+                MSG_INTERRUPTED,
+                then="failed" if at_most_once else "suspended",
+                **names,
+            )
             if at_most_once:
                 return ended(job, "failed", "interrupted by shutdown", max_result_bytes)
             return Completion(id=job.id, claim_token=job.claim_token, outcome="suspend")
@@ -89,14 +98,14 @@ def execute(
     elapsed_s = round(time.monotonic() - started, 3)
     if jt.callback:
         # The other service has the work now: the job stays running until its callback.
-        log.info(MSG_AWAITING, elapsed_s=elapsed_s, **names)
+        _say(log, "INFO", MSG_AWAITING, elapsed_s=elapsed_s, **names)
         return Completion(
             id=job.id,
             claim_token=job.claim_token,
             outcome="await_callback",
             callback_timeout_s=jt.callback_timeout_s or 3600.0,
         )
-    log.info(MSG_SUCCEEDED, elapsed_s=elapsed_s, **names)
+    _say(log, "INFO", MSG_SUCCEEDED, elapsed_s=elapsed_s, **names)
     return Completion(id=job.id, claim_token=job.claim_token, outcome="succeeded", result=encoded)
 
 
@@ -114,10 +123,10 @@ def failed(
     names = {"job_type": job.name, "job_id": job.id}
     last_line = error.strip().splitlines()[-1][:500] if error.strip() else ""
     if ctx.cancelled:
-        ctx.logger.info(MSG_CANCELLED, **names)
+        _say(ctx.logger, "INFO", MSG_CANCELLED, **names)
         return ended(job, "cancelled", error, max_result_bytes)
     if job.attempt < job.attempts:
-        ctx.logger.warning(MSG_RETRY, delay_s=round(delay, 1), error=last_line, **names)
+        _say(ctx.logger, "WARNING", MSG_RETRY, delay_s=round(delay, 1), error=last_line, **names)
         return Completion(
             id=job.id,
             claim_token=job.claim_token,
@@ -126,12 +135,21 @@ def failed(
             retry_delay_s=delay,
         )
     if exc is not None:  # the traceback follows the line, its last line says the error
-        ctx.logger.opt(exception=exc).error(MSG_FAILED, **names)
+        _say(ctx.logger, "ERROR", MSG_FAILED, exc=exc, **names)
     else:
-        ctx.logger.error(MSG_FAILED, error=last_line, **names)
+        _say(ctx.logger, "ERROR", MSG_FAILED, error=last_line, **names)
     return ended(job, "failed", error, max_result_bytes)
 
 
 def ended(job: ClaimedJob, outcome: Outcome, error: str, max_result_bytes: int) -> Completion:
     error = storable_text(error, max_result_bytes)
     return Completion(id=job.id, claim_token=job.claim_token, outcome=outcome, error=error)
+
+
+def _say(log: Logger, level: str, message: str, **fields: Any) -> None:
+    """hivejobs' own lines about an attempt (started, succeeded, its traceback) are not the
+    attempt's output: they stay out of a chain try's captured stdout/stderr (the job log).
+    `exc=` logs that exception's traceback after the line."""
+    exc: BaseException | None = fields.pop("exc", None)
+    with uncaptured():
+        log.opt(exception=exc).log(level, message, **fields)
