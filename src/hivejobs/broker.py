@@ -6,7 +6,8 @@ Keys (all under the prefix, default ``hivejobs:``):
                                   braces is a hash tag: one type's priorities share a cluster slot.
   ``{prefix}boot``                  string, set by the coordinator after a full restore; missing
                                   means Redis was flushed or restarted empty (R1).
-  ``{prefix}control``               pub/sub channel: cancel/stop/restart messages to pools.
+  ``{prefix}control``               pub/sub channel: cancel/stop/restart messages to pools
+                                  (each pool process subscribes: ControlSubscription).
   ``{prefix}wake``                  pub/sub channel: chain ids whose try just finished, from
                                   pools to the coordinator, when Postgres LISTEN is out of
                                   reach (a transaction-mode pooler, no listen URL). A hint:
@@ -17,17 +18,14 @@ Keys (all under the prefix, default ``hivejobs:``):
                                   (epoch minute), expires after two hours: the dashboard chart.
 
 Everything here may fail or lose data; Postgres is the truth, so callers treat a Redis error
-as latency, never as loss. Imports nothing of ours but config and broker_client (which
-opens the client for a single server, Sentinel or Cluster).
+as latency, never as loss. Imports nothing of ours but config, errors, records, batching
+and broker_client (which opens the client for a single server, Sentinel or Cluster).
 """
 
 from __future__ import annotations
 
 import atexit
 import os
-import queue
-import threading
-import time
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 
@@ -36,12 +34,14 @@ import redis
 import redis.asyncio
 from loguru import logger
 
+from hivejobs.batching import Batcher
 from hivejobs.broker_client import AsyncClient, Client, async_client, sync_client
 from hivejobs.config import Settings, redact_url, scrub, url_secrets
 from hivejobs.errors import ConnectionFailed
 from hivejobs.records import PRIORITIES
 
 MAX_ID_LENGTH = 255
+PUSH_BATCH = 10_000  # ids per pipeline from the Pusher
 
 
 class ControlMessage(msgspec.Struct, frozen=True, kw_only=True):
@@ -227,6 +227,31 @@ class Broker:
         except msgspec.DecodeError:
             return None
 
+    def subscribe_control(self) -> ControlSubscription:
+        """A subscription of its own to the control channel (raises RedisError if down)."""
+        return ControlSubscription(self)
+
+
+class ControlSubscription:
+    """One pub/sub connection on the control channel, for a pool's liveness thread: owns
+    that connection (closed by close()) and hands out decoded messages, dropping what does
+    not decode (anyone who can publish may write garbage there)."""
+
+    def __init__(self, broker: Broker) -> None:
+        self._broker = broker
+        self._pubsub = broker.redis.pubsub(  # type: ignore[no-untyped-call]
+            ignore_subscribe_messages=True
+        )
+        self._pubsub.subscribe(broker.control_channel)
+
+    def get(self, timeout_s: float) -> ControlMessage | None:
+        """The next message, or None after `timeout_s` without one."""
+        msg = self._pubsub.get_message(timeout=timeout_s)
+        return None if msg is None else self._broker.decode_control(msg["data"])
+
+    def close(self) -> None:
+        self._pubsub.close()
+
 
 class AsyncBroker:
     """The enqueuer's side of the broker for event loops: RPUSH of ids over redis.asyncio.
@@ -256,60 +281,41 @@ class Pusher:
     enqueue returns once Postgres has committed the job (that is the acknowledgement, R1);
     the Redis push is only a hint for speed, so it need not hold the caller up. Pushes that
     arrive while one is in flight go out together in one pipeline. A push lost (Redis down,
-    process killed) costs latency only: the coordinator's reconciler re-pushes.
+    process killed) costs latency only: the coordinator's reconciler re-pushes. Owns one
+    Batcher (a queue and its thread) per process: a forked child makes its own on first use.
     """
 
     def __init__(self, broker: Broker) -> None:
         self.broker = broker
         self._pid = -1
-        self._queue: queue.SimpleQueue[tuple[str, str, int] | None] = queue.SimpleQueue()
-        self._pending = 0
-        self._cond = threading.Condition()
+        self._batcher: Batcher[tuple[str, str, int]] | None = None
 
     def submit(self, name: str, priority: int, ids: Sequence[str]) -> None:
-        if self._pid != os.getpid():  # first use, or a forked child: threads do not survive
+        batcher = self._batcher
+        if self._pid != os.getpid() or batcher is None:
+            # First use, or a forked child: threads do not survive a fork.
             self._pid = os.getpid()
-            self._queue = queue.SimpleQueue()
-            self._pending = 0
-            threading.Thread(target=self._run, name="hivejobs-pusher", daemon=True).start()
-            atexit.register(self.flush, 5.0)
-        with self._cond:
-            self._pending += len(ids)
-        for job_id in ids:
-            self._queue.put((job_id, name, priority))
+            batcher = self._batcher = Batcher(
+                self._push, max_batch=PUSH_BATCH, name="hivejobs-pusher"
+            )
+            batcher.start()
+            atexit.register(batcher.flush, 5.0)
+        batcher.submit_many([(job_id, name, priority) for job_id in ids])
 
     def flush(self, timeout_s: float) -> bool:
         """Wait until every submitted id was pushed (or its push failed)."""
-        deadline = time.monotonic() + timeout_s
-        with self._cond:
-            while self._pending:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return False
-                self._cond.wait(left)
-        return True
+        return self._batcher is None or self._batcher.flush(timeout_s)
 
-    def _run(self) -> None:
-        while True:
-            batch = [self._queue.get()]
-            while len(batch) < 10_000:
-                try:
-                    batch.append(self._queue.get_nowait())
-                except queue.Empty:
-                    break
-            entries = [e for e in batch if e is not None]
-            try:
-                self.broker.push_many(entries)
-            except redis.RedisError as exc:
-                logger.warning(
-                    "jobs stored but push to Redis failed; the coordinator will dispatch them",
-                    jobs=len(entries),
-                    error=str(exc),
-                    error_type=type(exc).__name__,
-                )
-            with self._cond:
-                self._pending -= len(batch)
-                self._cond.notify_all()
+    def _push(self, entries: list[tuple[str, str, int]]) -> None:
+        try:
+            self.broker.push_many(entries)
+        except redis.RedisError as exc:
+            logger.warning(
+                "jobs stored but push to Redis failed; the coordinator will dispatch them",
+                jobs=len(entries),
+                error=str(exc),
+                error_type=type(exc).__name__,
+            )
 
 
 def queue_key(prefix: str, name: str, priority: int) -> str:

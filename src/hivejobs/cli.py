@@ -128,7 +128,7 @@ def cmd_migrate(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from hivejobs.supervisor import Supervisor
+    from hivejobs.worker.supervisor import Supervisor
 
     # Checked before the app is imported: a NaN here would SIGKILL every pool on SIGTERM.
     timeout = args.shutdown_timeout

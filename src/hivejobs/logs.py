@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from loguru import logger
@@ -20,8 +19,6 @@ if TYPE_CHECKING:
 
 from hivejobs.config import scrub_known
 from hivejobs.errors import ConfigError
-
-EXIT_THREAD_CRASHED = 70
 
 _TEXT_FORMAT = (
     "<green>{time:YYYY-MM-DD HH:mm:ss.SSS}</green> <level>{level: <7}</level> "
@@ -127,21 +124,6 @@ def error_text(exc: BaseException) -> str:
     of a ConnectionError or ResponseError drops the message."""
     text = str(exc).strip()
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
-
-
-def fatal_on_error(target: Callable[[], None]) -> Callable[[], None]:
-    """A pool thread that dies of an unexpected error would leave claims nobody finishes
-    while the heartbeat says all is well: exit instead, so the supervisor releases them and
-    starts a fresh process."""
-
-    def guarded() -> None:
-        try:
-            target()
-        except BaseException as exc:  # noqa: BLE001 - anything here is a bug or a failpoint
-            logger.opt(exception=exc).critical("pool thread crashed: exiting the process")
-            os._exit(EXIT_THREAD_CRASHED)
-
-    return guarded
 
 
 def error_fields(exc: BaseException) -> dict[str, str]:

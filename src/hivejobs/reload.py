@@ -1,4 +1,4 @@
-"""`hivejobs run --reload`: a watcher child that exits with EXIT_RELOAD when the app's code
+"""`hivejobs run --reload`: a watcher child that exits with ChildExit.RELOAD when the app's code
 changes; the supervisor then stops its pools gracefully and re-execs itself (the same path
 as `hivejobs restart`). Only Python files count. Never touches a job."""
 
@@ -10,7 +10,8 @@ import sys
 
 from loguru import logger
 
-EXIT_RELOAD = 75  # the supervisor's: reload, never a crash
+from hivejobs.worker.exits import ChildExit
+
 DEBOUNCE_MS = 300  # an editor's save is several writes: wait for them to settle
 
 
@@ -39,5 +40,5 @@ def watch_for_changes(paths: list[str]) -> int:
     for changes in watch(*paths, watch_filter=PythonFilter(), debounce=DEBOUNCE_MS):
         changed = sorted({os.path.relpath(path) for _, path in changes})
         logger.info("code changed: reloading", files=changed[:5])
-        return EXIT_RELOAD
+        return ChildExit.RELOAD
     return 0

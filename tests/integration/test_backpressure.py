@@ -14,37 +14,29 @@ import psycopg
 import pytest
 
 from hivejobs import App, JobContext
-from hivejobs.pool import UNWRITTEN_PER_RUNNER
+from hivejobs.worker.fetcher import UNWRITTEN_PER_RUNNER
+from hivejobs.worker.pool import Pool
 from tests.harness import wait_until
-from tests.integration.test_lifecycle import FAST, ThreadPool
+from tests.integration.test_lifecycle import FAST, start_pool_thread, stop_pool_thread
 
 CONCURRENCY = 2
 JOBS = 40
 
 
 @pytest.fixture
-def pool_thread() -> Iterator[Callable[[App, str], ThreadPool]]:
-    started: list[tuple[ThreadPool, threading.Thread]] = []
+def pool_thread() -> Iterator[Callable[[App, str], Pool]]:
+    started: list[tuple[Pool, threading.Thread]] = []
 
-    def start(app: App, name: str) -> ThreadPool:
-        pool = ThreadPool(app, name)
-        thread = threading.Thread(target=pool.run, name=f"pool-{name}", daemon=True)
-        thread.start()
+    def start(app: App, name: str) -> Pool:
+        pool, thread = start_pool_thread(app, name)
         started.append((pool, thread))
         return pool
 
     yield start
     for pool, _ in started:
-        pool.stop_acquiring.set()
+        pool.stop.signal()
     for pool, thread in started:
-        thread.join(15)
-        assert not thread.is_alive(), "pool did not stop"
-        for done in (pool.fetcher_done, pool.control_done):
-            wait_until(done.is_set, timeout=5, what="fetcher and control threads stopped")
-        for _ in range(pool.jt.concurrency):
-            pool.work.put(None)
-        pool.store.close()
-        pool.broker.close()
+        stop_pool_thread(pool, thread)
 
 
 def count(url: str, query: str) -> int:
@@ -57,7 +49,7 @@ def count(url: str, query: str) -> int:
 def test_pool_stops_claiming_while_its_completions_cannot_be_written(
     make_app: Callable[..., App],
     database_url: str,
-    pool_thread: Callable[[App, str], ThreadPool],
+    pool_thread: Callable[[App, str], Pool],
 ) -> None:
     app = make_app(**FAST)
     ran: list[int] = []
@@ -76,15 +68,15 @@ def test_pool_stops_claiming_while_its_completions_cannot_be_written(
 
         def stalled() -> bool:
             # Every claim ran (`ran`), handed its completion over and freed its slot.
-            with pool.lock:
-                return len(ran) >= limit and pool.reserved == 0
+            with pool.slots.cond:
+                return len(ran) >= limit and pool.slots.reserved == 0
 
         wait_until(stalled, timeout=10, what="the pool to hold its limit of unwritten claims")
         # Every claim it holds has finished running and waits for the completer; none is in
         # hand, and the fetcher has no room: it claims nothing more until a write happens.
-        with pool.lock:
-            assert len(pool.held) == limit
-            assert pool.claim_room() <= 0
+        with pool.slots.cond:
+            assert len(pool.fetcher.claims.held) == limit
+            assert pool.fetcher.claim_room() <= 0
         assert len(ran) == limit
         assert not pool.completer.idle()
         running = "SELECT count(*) FROM hivejobs_job WHERE state = 'running'"
@@ -95,4 +87,4 @@ def test_pool_stops_claiming_while_its_completions_cannot_be_written(
     succeeded = "SELECT count(*) FROM hivejobs_archive WHERE state = 'succeeded'"
     wait_until(lambda: count(database_url, succeeded) == JOBS, timeout=20, what="all written")
     assert sorted(ran) == list(range(JOBS))
-    assert pool.counts["paused_for_completions"] >= 1
+    assert pool.fetcher.counts["paused_for_completions"] >= 1

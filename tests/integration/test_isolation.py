@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from hivejobs import App
-from hivejobs.completer import Completer
 from hivejobs.coordinator.services import rescue_isolated
 from hivejobs.records import ClaimedJob, Completion
 from hivejobs.store import new_worker_id
+from hivejobs.worker.completer import Completer
 from tests.harness import sql
 
 

@@ -10,12 +10,10 @@ from __future__ import annotations
 
 import math
 import threading
-import time
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 
 import msgspec
-import psycopg
 import pytest
 
 from hivejobs import (
@@ -29,8 +27,8 @@ from hivejobs import (
     Retry,
 )
 from hivejobs.coordinator.services import Lease, Promoter
-from hivejobs.pool import Pool
 from hivejobs.store import new_worker_id
+from hivejobs.worker.pool import Pool
 from tests.harness import wait_until
 
 # A short blocking pop, so that a stopped pool's fetcher lets go quickly.
@@ -43,73 +41,39 @@ class Resize(msgspec.Struct):
     height: int
 
 
-class ThreadPool(Pool):
-    """A real Pool run in a thread of the test process.
-
-    Only its two endless daemon loops are replaced, by copies that end with run(): in a
-    pool process they live until the process exits, and here a heartbeat that finds the
-    worker row gone (after the pool deregistered) would call os._exit(3) on pytest.
-    """
-
-    def __init__(self, app: App, name: str) -> None:
-        super().__init__(app, app.types[name], new_worker_id(), app.settings)
-        self.ended = threading.Event()
-        self.subscribed = threading.Event()
-        self.fetcher_done = threading.Event()
-        self.control_done = threading.Event()
-
-    def run(self) -> int:
-        try:
-            return super().run()
-        finally:
-            self.ended.set()
-
-    def _fetcher(self) -> None:
-        try:
-            super()._fetcher()
-        finally:
-            self.fetcher_done.set()
-
-    def _heartbeat(self) -> None:
-        while not self.ended.is_set():
-            try:
-                if self.store.heartbeat(self.worker_id):
-                    self.last_heartbeat_ok = time.monotonic()
-            except psycopg.Error:
-                pass
-            self.ended.wait(self.settings.heartbeat_s)
-
-    def _control(self) -> None:
-        redis = self.broker.redis
-        pubsub = redis.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
-        pubsub.subscribe(self.broker.control_channel)
-        self.subscribed.set()
-        try:
-            while not self.ended.is_set():
-                msg = pubsub.get_message(timeout=0.1)
-                if msg is not None:
-                    self._on_control(msg["data"])
-        finally:
-            pubsub.close()
-            self.control_done.set()
+StartPool = Callable[[App, str], Pool]
 
 
-StartPool = Callable[[App, str], ThreadPool]
+def start_pool_thread(app: App, name: str) -> tuple[Pool, threading.Thread]:
+    """A real Pool, run in a thread of the test process (its signal handlers stay off)."""
+    pool = Pool(app, app.types[name], new_worker_id(), app.settings)
+    thread = threading.Thread(target=pool.run, name=f"pool-{name}", daemon=True)
+    thread.start()
+    return pool, thread
+
+
+def stop_pool_thread(pool: Pool, thread: threading.Thread) -> None:
+    """Join a pool thread after `pool.stop.signal()`, then close its connections once no
+    thread of it uses them: its blocking pop ends within pop_block_s and its control
+    subscription within a poll (closing Redis under them would raise)."""
+    thread.join(15)
+    assert not thread.is_alive(), "pool did not stop"
+    assert pool.fetcher.join(5), "fetcher thread did not stop"
+    assert pool.liveness.join(5), "heartbeat and control threads did not stop"
+    pool.close()
 
 
 @pytest.fixture
 def start_pool(make_app: Callable[..., App]) -> Iterator[StartPool]:
     """Start a pool thread for one job type; stopped (as on SIGTERM) after the test."""
-    started: list[tuple[ThreadPool, threading.Thread]] = []
+    started: list[tuple[Pool, threading.Thread]] = []
 
-    def start(app: App, name: str) -> ThreadPool:
-        pool = ThreadPool(app, name)
-        thread = threading.Thread(target=pool.run, name=f"pool-{name}", daemon=True)
-        thread.start()
+    def start(app: App, name: str) -> Pool:
+        pool, thread = start_pool_thread(app, name)
         started.append((pool, thread))
         wait_until(
             lambda: (
-                pool.subscribed.is_set()
+                pool.liveness.subscribed.is_set()
                 and any(w.id == pool.worker_id for w in app.store.workers())
             ),
             timeout=5,
@@ -119,17 +83,9 @@ def start_pool(make_app: Callable[..., App]) -> Iterator[StartPool]:
 
     yield start
     for pool, _ in started:
-        pool.stop_acquiring.set()
+        pool.stop.signal()
     for pool, thread in started:
-        thread.join(15)
-        assert not thread.is_alive(), "pool did not stop"
-        # Its blocking pop ends within pop_block_s; closing Redis under it would raise.
-        for done in (pool.fetcher_done, pool.control_done):
-            wait_until(done.is_set, timeout=5, what="fetcher and control threads stopped")
-        for _ in range(pool.jt.concurrency):
-            pool.work.put(None)  # end the idle runner threads
-        pool.store.close()
-        pool.broker.close()
+        stop_pool_thread(pool, thread)
 
 
 def take_lease(app: App) -> tuple[Promoter, Lease]:

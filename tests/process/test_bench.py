@@ -11,7 +11,7 @@ import pytest
 import redis
 
 from hivejobs.cli import main
-from hivejobs.pool import PREFETCH, UNWRITTEN_PER_RUNNER
+from hivejobs.worker.fetcher import PREFETCH, UNWRITTEN_PER_RUNNER
 from tests.harness import REDIS_URL, ROOT, sql
 
 

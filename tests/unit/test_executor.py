@@ -10,8 +10,8 @@ import pytest
 from hivejobs import App, Interrupted, JobContext, Retry
 from hivejobs.app import Fail
 from hivejobs.context import JobContext as Ctx
-from hivejobs.executor import execute
 from hivejobs.records import ClaimedJob, Delivery
+from hivejobs.worker.executor import execute
 
 
 def raise_(exc: BaseException) -> Callable[[JobContext, object], object]:

@@ -29,10 +29,10 @@ import msgspec
 from hivejobs.app import App, JobType
 from hivejobs.context import JobContext
 from hivejobs.errors import DrainIncomplete, UnknownJobType
-from hivejobs.executor import execute
 from hivejobs.records import PRIORITIES, ClaimedJob, Completion, Outcome
 from hivejobs.serialization import decode_json
 from hivejobs.store import new_worker_id
+from hivejobs.worker.executor import execute
 
 __all__ = ["DrainResult", "JobRun", "drain", "inline", "run_job"]
 

@@ -141,6 +141,16 @@ def failed(
     return ended(job, "failed", error, max_result_bytes)
 
 
+def interrupted(job: ClaimedJob, *, started: bool, max_result_bytes: int) -> Completion:
+    """A claim that a stop takes back (shutdown, a suspect's quarantine, a timeout's
+    neighbours): suspended, back to the queue with the attempt uncounted (R9: a graceful stop
+    is not an attempt), unless an at-most-once job may have started."""
+    if started and job.delivery == "at_most_once":
+        # At-most-once and maybe started: fail it, never requeue.
+        return ended(job, "failed", "interrupted by shutdown", max_result_bytes)
+    return Completion(id=job.id, claim_token=job.claim_token, outcome="suspend")
+
+
 def ended(job: ClaimedJob, outcome: Outcome, error: str, max_result_bytes: int) -> Completion:
     error = storable_text(error, max_result_bytes)
     return Completion(id=job.id, claim_token=job.claim_token, outcome=outcome, error=error)

@@ -34,9 +34,9 @@ from hivejobs.metrics import bump
 from hivejobs.store import Store, new_worker_id
 from hivejobs.store.schedules import ScheduleStore
 from hivejobs.store.upkeep import set_type_retentions
+from hivejobs.worker.exits import ChildExit
 
 PR_SET_PDEATHSIG = 1
-EXIT_RELOAD = 75  # a pool asked for a reload (`hivejobs restart`): re-exec for new code
 RESTART_BACKOFF_MAX_S = 30.0
 WAITING_EVERY_S = 5.0  # how often a stopping supervisor says what it still waits for
 HEALTHY_AFTER_S = 3.0  # lived this long: it started fine, so a death is not a crash loop
@@ -44,6 +44,10 @@ HEALTHY_AFTER_S = 3.0  # lived this long: it started fine, so a death is not a c
 
 @dataclass
 class Child:
+    """One child the supervisor keeps running: its role, and the state of its current
+    process (pid 0 while none runs) and of its restarts. Only the supervisor's main loop
+    reads or writes it (signal handlers only set flags on the Supervisor)."""
+
     role: str  # "pool", "coordinator", "metrics" (`--metrics-port`) or "watcher" (--reload)
     pool: str | None
     slot: int
@@ -74,6 +78,13 @@ def postgres_connections_max(children: list[Child]) -> int:
 
 
 class Supervisor:
+    """Owns the children of `hivejobs run` (one per pool process, the coordinator, and the
+    optional metrics and watcher children) and the instance's signals. Single-threaded: its
+    signal handlers only set `stopping`, `stop_now` and `reload` and wake the main loop
+    through a self-pipe, which reaps, restarts and shuts down. Keeps R8 (docs/concepts/
+    reliability.md): a child seen dead has its claims released at once, not after
+    `stuck_after`."""
+
     def __init__(
         self,
         app: App,
@@ -184,7 +195,7 @@ class Supervisor:
         child.restart_at = None
         pid = os.fork()
         if pid == 0:  # child
-            code = 1
+            code: int = ChildExit.CRASHED
             try:
                 if child.role == "pool":
                     _own_group(0)
@@ -220,7 +231,7 @@ class Supervisor:
         if child.role == "metrics":
             assert self.metrics is not None
             return run_metrics_child(self.settings, *self.metrics)
-        from hivejobs.pool import run_pool
+        from hivejobs.worker.pool import run_pool
 
         assert child.pool is not None
         return run_pool(self.app, child.pool, child.worker_id, self.settings)
@@ -245,18 +256,18 @@ class Supervisor:
             self._on_child_exit(child, status)
 
     def _on_child_exit(self, child: Child, status: int) -> None:
-        clean = os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+        clean = os.WIFEXITED(status) and os.WEXITSTATUS(status) == ChildExit.RECYCLE
         how = (
             f"exit {os.WEXITSTATUS(status)}"
             if os.WIFEXITED(status)
             else f"signal {os.WTERMSIG(status)}"
         )
-        reload = os.WIFEXITED(status) and os.WEXITSTATUS(status) == EXIT_RELOAD
+        reload = os.WIFEXITED(status) and os.WEXITSTATUS(status) == ChildExit.RELOAD
         if not clean and not reload and child.role != "watcher":  # a watcher claims nothing
             self._release_claims([child.worker_id])
         if self.stopping:
             return
-        if os.WIFEXITED(status) and os.WEXITSTATUS(status) == EXIT_RELOAD:
+        if reload:
             self.reload = True
             return
         if clean:
@@ -427,4 +438,4 @@ def _die_with_parent() -> None:
     except (OSError, AttributeError):
         pass
     if os.getppid() == 1:
-        os._exit(1)
+        os._exit(ChildExit.CRASHED)

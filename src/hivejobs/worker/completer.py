@@ -1,16 +1,15 @@
 """Group commit of finished attempts: one transaction per batch, never waiting to fill one.
 
-Worker threads hand Completions over; this thread writes whatever has accumulated while the
-previous batch was committing. The writes are fenced by claim token, so retrying a batch
-after an ambiguous commit (connection lost during COMMIT) is safe. A completion that cannot
-be written (its data, not the connection) is isolated by splitting the batch: it never holds
-up the others, and never kills the process.
+Runner threads hand Completions over; one writer thread (hivejobs.batching, shared with
+the broker's Pusher) writes whatever has accumulated while the previous batch was
+committing. The writes are fenced by claim token, so retrying a batch after an ambiguous
+commit (connection lost during COMMIT) is safe. A completion that cannot be written (its
+data, not the connection) is isolated by splitting the batch: it never holds up the others,
+and never kills the process.
 """
 
 from __future__ import annotations
 
-import queue
-import threading
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -19,12 +18,14 @@ import psycopg
 import redis
 from loguru import logger
 
+from hivejobs.batching import Batcher
 from hivejobs.broker import Broker
 from hivejobs.failpoints import failpoint
-from hivejobs.logs import error_fields, fatal_on_error
+from hivejobs.logs import error_fields
 from hivejobs.records import Completion
 from hivejobs.serialization import storable_text
 from hivejobs.store import Store, is_data_error
+from hivejobs.worker.exits import fatal_on_error
 
 MAX_BATCH = 500
 T = TypeVar("T")
@@ -38,6 +39,11 @@ MSG_ABANDONED = "job cannot be finished in Postgres: left running until this pro
 
 
 class Completer:
+    """Owns the writing of finished attempts: the batcher (its queue, its one writer thread
+    and its pending count) and the counters below, which only the writer thread changes.
+    Keeps the invariant that every submitted completion is written, fenced out, or (if it
+    cannot be written at all) let go and reported through `on_written`, exactly once."""
+
     def __init__(
         self,
         store: Store,
@@ -50,11 +56,8 @@ class Completer:
         self.broker = broker
         self.on_written = on_written
         self.on_submit = on_submit  # sees every outcome once (metrics)
-        self._queue: queue.SimpleQueue[Completion | None] = queue.SimpleQueue()
-        self._pending = 0
-        self._idle = threading.Condition()
-        self._thread = threading.Thread(
-            target=fatal_on_error(self._run), name="completer", daemon=True
+        self._batcher = Batcher(
+            self._write, max_batch=MAX_BATCH, name="completer", guard=fatal_on_error
         )
         self.max_error_bytes = max_error_bytes
         self.fenced_out = 0
@@ -62,49 +65,19 @@ class Completer:
         self.unwritable = 0  # completions that could not be written as they were
 
     def start(self) -> None:
-        self._thread.start()
+        self._batcher.start()
 
     def submit(self, completion: Completion) -> None:
         if self.on_submit is not None:
             self.on_submit(completion)
-        with self._idle:
-            self._pending += 1
-        self._queue.put(completion)
+        self._batcher.submit(completion)
 
     def idle(self) -> bool:
-        with self._idle:
-            return self._pending == 0
+        return self._batcher.idle()
 
     def flush(self, timeout_s: float) -> bool:
         """Wait until everything submitted so far is written; False on timeout."""
-        deadline = time.monotonic() + timeout_s
-        with self._idle:
-            while self._pending:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return False
-                self._idle.wait(left)
-        return True
-
-    def _run(self) -> None:
-        while True:
-            first = self._queue.get()
-            if first is None:
-                return
-            batch = [first]
-            while len(batch) < MAX_BATCH:
-                try:
-                    item = self._queue.get_nowait()
-                except queue.Empty:
-                    break
-                if item is None:
-                    self._queue.put(None)
-                    break
-                batch.append(item)
-            self._write(batch)
-            with self._idle:
-                self._pending -= len(batch)
-                self._idle.notify_all()
+        return self._batcher.flush(timeout_s)
 
     def _write(self, batch: list[Completion]) -> None:
         """Write a batch; a batch that cannot be written is split until the completions that

@@ -1,0 +1,17 @@
+"""The worker side of `hivejobs run`: the supervisor and the pool processes it forks.
+
+  supervisor.py  fork one process per pool (and the coordinator), restart, shut down
+  pool.py        a pool process's composition root: builds the roles below, runs, stops
+  fetcher.py     pop ids, claim them in Postgres, prefetch; the claims this process holds
+  slots.py       runner slots: reservation, the attempts running, quarantine of suspects
+  runner.py      runner threads: take a reserved claim, execute it, hand over the result
+  executor.py    the pure `execute(...) -> Completion`, the one place a handler is called
+  completer.py   group commit of finished attempts
+  watchdog.py    job timeouts: ask to stop, then fail the attempt and recycle the process
+  liveness.py    heartbeat, release of untracked claims, control messages
+  shutdown.py    the stop state, and the drain by a deadline that reports what it suspended
+  exits.py       ChildExit: every exit code of a child, and what the supervisor does
+
+This package's `__init__` imports nothing, so that light modules (reload.py, testing)
+can import one of its modules without loading the others.
+"""

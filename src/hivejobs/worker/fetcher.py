@@ -1,0 +1,239 @@
+"""The fetcher of a pool process: pop ids from Redis, claim them in Postgres, hand them to
+the runner slots; and the map of claims this process holds.
+
+One pop takes as many ids as there are free slots (one BLMPOP), one UPDATE claims them by
+primary key. Never claims a job of another type (the claim matches our type), never claims
+while this process cannot prove it is alive, and never lets claims run ahead of a lagging
+completer (claim_room: backpressure).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+import psycopg
+import redis
+from loguru import logger
+
+from hivejobs.app import JobType
+from hivejobs.broker import Broker, Popped
+from hivejobs.config import Settings
+from hivejobs.failpoints import failpoint
+from hivejobs.logs import error_fields
+from hivejobs.metrics import Recorder
+from hivejobs.records import Completion
+from hivejobs.store import Store
+from hivejobs.worker.exits import fatal_on_error
+from hivejobs.worker.slots import Slots
+
+PREFETCH = 64
+PREFETCH_BELOW_S = 0.005
+MSG_FOREIGN_ID = (
+    "foreign job id dropped: a job of another type was in this pool's list (logged once per"
+    " list; counted in foreign_ids)"
+)
+# Backpressure (issue 21): finished attempts whose completion is not yet written, per runner
+# thread, that a pool may hold beside a full set of claims in hand. A runner slot frees when
+# a job finishes running, not when its completion is written, so without this bound a lagging
+# completer let claims run far ahead: rows stood `running` by the ten thousand, and finished
+# work that lives only in this process's memory is lost work if it dies.
+UNWRITTEN_PER_RUNNER = 2
+
+
+class Claims:
+    """The claims this process holds in Postgres and has not seen written: id -> claim token
+    (waiting, running, or finished and not yet written).
+
+    `held` is guarded by the slots' condition (`cond`, passed in): the claim room reads it
+    with the slots' counters. `lock` (the claim lock) is held around each claim statement
+    and its addition to `held`, and around the liveness check that compares `held` with
+    Postgres, so that check never sees a claim committed but not yet added. Lock order:
+    `lock`, then `cond`; never the other way.
+    """
+
+    def __init__(self, cond: threading.Condition) -> None:
+        self.held: dict[str, int] = {}
+        self.lock = threading.Lock()
+        self._cond = cond
+
+    def forget(self, written: list[Completion]) -> None:
+        """The completer wrote these (or let them go): they no longer count, room frees."""
+        with self._cond:
+            for c in written:
+                if self.held.get(c.id) == c.claim_token:
+                    del self.held[c.id]
+            self._cond.notify_all()
+
+    def untracked(self, read: Callable[[], list[tuple[str, int]]]) -> list[tuple[str, int]]:
+        """Claims that Postgres says we hold (`read`) and we do not."""
+        with self.lock:
+            rows = read()
+            with self._cond:
+                return [(i, t) for i, t in rows if self.held.get(i) != t]
+
+
+class Fetcher:
+    """Owns the fetcher thread, the claims (`claims`), the prefetch decision and the fetch
+    counters (`counts`, `foreign_keys`: written by the fetcher thread; `paused_for_completions`
+    under `slots.cond`). `avg_run_s` is a hint written by runners (note_run) and read here
+    without a lock: a float, a stale read only shifts the prefetch by one pass."""
+
+    def __init__(
+        self,
+        jt: JobType,
+        worker_id: str,
+        settings: Settings,
+        store: Store,
+        broker: Broker,
+        metrics: Recorder,
+        slots: Slots,
+        acquiring_stopped: threading.Event,
+        heartbeat_age_s: Callable[[], float],
+    ) -> None:
+        self.jt = jt
+        self.worker_id = worker_id
+        self.settings = settings
+        self.store = store
+        self.broker = broker
+        self.metrics = metrics
+        self.slots = slots
+        self.claims = Claims(slots.cond)
+        self._stopped = acquiring_stopped
+        self._heartbeat_age_s = heartbeat_age_s
+        # Claims beyond `concurrency` cut statements per job for short jobs; never for
+        # at-most-once (a claim dying with us fails it) and not for slow jobs, whose
+        # prefetched claims would wait long and be charged a worker loss if we die.
+        self.prefetch = PREFETCH if jt.delivery == "at_least_once" else 0
+        self.avg_run_s = 1.0  # pessimistic until measured
+        # Logged at exit. foreign_ids: ids of other types found in our lists (dropped);
+        # paused_for_completions: fetcher passes held back by backpressure.
+        self.counts = {
+            "pops": 0,
+            "claim_statements": 0,
+            "claimed": 0,
+            "foreign_ids": 0,
+            "paused_for_completions": 0,
+        }
+        self.foreign_keys: set[str] = set()  # lists a foreign id was found in (logged once)
+        self.log = logger.bind(pool=jt.name, worker_id=worker_id)
+        self._thread = threading.Thread(target=fatal_on_error(self._run), name="fetcher")
+        self._thread.daemon = True
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def join(self, timeout_s: float) -> bool:
+        """Wait for the fetcher thread to end (it does once acquiring stopped and its pop in
+        flight returned); True if it did."""
+        self._thread.join(timeout_s)
+        return not self._thread.is_alive()
+
+    def note_run(self, seconds: float) -> None:
+        """A succeeded attempt's run time, for the prefetch decision."""
+        self.avg_run_s += (seconds - self.avg_run_s) * 0.1
+
+    def claim_room(self) -> int:
+        """How many ids the fetcher may claim now; called with `slots.cond` held.
+
+        Two bounds. Slots: claims in hand (waiting or running) stay within concurrency, plus
+        the prefetch for short at-least-once jobs. Backpressure: every claim not yet written
+        in Postgres (`held`: in hand or finished and unwritten) stays within
+        (UNWRITTEN_PER_RUNNER x concurrency) + prefetch. Every claim in hand may end up
+        unwritten, so finished-but-unwritten completions never exceed that number, nor do
+        this pool's `running` rows; when the completer lags, claiming stops until it writes
+        (Claims.forget wakes the fetcher). With the slots full, the second bound only cuts a
+        claim while more than `concurrency` completions wait to be written: a healthy
+        completer writes a few at a time.
+        """
+        extra = self.prefetch if self.avg_run_s < PREFETCH_BELOW_S else 0
+        slots = self.jt.concurrency + extra - self.slots.reserved
+        unwritten_room = UNWRITTEN_PER_RUNNER * self.jt.concurrency + extra - len(self.claims.held)
+        if unwritten_room < slots and slots > 0:
+            self.counts["paused_for_completions"] += int(unwritten_room <= 0)
+        return min(slots, unwritten_room)
+
+    def _run(self) -> None:
+        backoff = 0.05
+        cond = self.slots.cond
+        while not self._stopped.is_set():
+            with cond:
+                free = self.claim_room()
+                if free <= 0 or self.slots.isolating:
+                    cond.wait(0.5)
+                    continue
+            if self._heartbeat_age_s() > self.settings.stuck_after_s / 2:
+                # We cannot prove we are alive: claims made now could be rescued under us.
+                self._stopped.wait(0.2)
+                continue
+            try:
+                popped = self.broker.pop(self.jt.name, free)
+                self.counts["pops"] += 1
+                if popped.ids:
+                    self._claim(popped)
+                backoff = 0.05
+            except (redis.RedisError, psycopg.Error) as exc:
+                self.log.warning(
+                    "fetch failed, retrying",
+                    keys=self.broker.queue_keys_glob(self.jt.name),
+                    retry_in_s=backoff,
+                    **error_fields(exc),
+                )
+                self._stopped.wait(backoff)
+                backoff = min(backoff * 2, 2.0)
+
+    def _claim(self, popped: Popped) -> None:
+        ids = popped.ids
+        claims = self.claims
+        with claims.lock:
+            try:
+                with self.store.connection() as conn:
+                    jobs = self.store.claim_queued(ids, self.worker_id, conn, name=self.jt.name)
+            except psycopg.Error as exc:
+                failure: psycopg.Error | None = exc
+            else:
+                failure = None
+                with self.slots.cond:
+                    claims.held.update((j.id, j.claim_token) for j in jobs)
+                self.counts["claim_statements"] += 1
+                self.counts["claimed"] += len(jobs)
+        if failure is not None:
+            # Outside the claim lock: the heartbeat's claim check must not wait on an outage.
+            # A popped duplicate of a job we already run is ours for good: never release it.
+            with self.slots.cond:
+                unheld = [i for i in ids if i not in claims.held]
+            self._release_ambiguous(unheld)
+            raise failure
+        failpoint("pool.after_claim_commit")
+        self.metrics.picked_up(jobs)
+        self.slots.hand_over(jobs)
+        if len(jobs) < len(ids):
+            claimed = {j.id for j in jobs}
+            self._drop_foreign(popped.key, [i for i in ids if i not in claimed])
+
+    def _drop_foreign(self, key: str, unclaimed: list[str]) -> None:
+        """Ids we popped but did not claim are mostly duplicates (already claimed or done);
+        those of another type's live jobs were pushed into our list by mistake or malice.
+        The claim never takes them (it matches our type); drop them, count them, and log the
+        first of each list. Their own type's reconciler dispatches them."""
+        foreign = self.store.foreign_ids(unclaimed, self.jt.name)
+        if not foreign:
+            return
+        self.counts["foreign_ids"] += len(foreign)
+        if key not in self.foreign_keys:
+            self.foreign_keys.add(key)
+            job_id, name = foreign[0]
+            self.log.warning(
+                MSG_FOREIGN_ID, key=key, job_id=job_id, job_type=name, jobs=len(foreign)
+            )
+
+    def _release_ambiguous(self, ids: list[str]) -> None:
+        """The claim's COMMIT outcome is unknown: put back what we may hold but never ran."""
+        for _ in range(20):
+            try:
+                rows = self.store.release_unstarted(ids, self.worker_id)
+                self.broker.push_many([(r[0], r[1], r[2]) for r in rows])
+                return
+            except (psycopg.Error, redis.RedisError):
+                if self._stopped.wait(0.5):
+                    return

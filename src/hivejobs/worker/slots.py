@@ -1,0 +1,177 @@
+"""Runner slots of a pool process: the claims handed to runners, the attempts running, and
+the quarantine of suspects (jobs whose process died under them before).
+
+Never runs anything itself; never releases a slot twice: a slot is taken by `hand_over` and
+released when the `take()` or `drain()` block that took its job ends, and nowhere else.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Collection, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+from hivejobs.context import JobContext
+from hivejobs.records import ClaimedJob
+
+
+@dataclass
+class Running:
+    """One attempt in a runner thread. `abandoned` (guarded by Slots.cond) is set once, by
+    the watchdog or the shutdown, when they end the attempt themselves: the runner's result
+    is then dropped, so that only one completion is ever written for the claim."""
+
+    job: ClaimedJob
+    ctx: JobContext
+    started: float = field(default_factory=time.monotonic)
+    abandoned: bool = False
+
+
+class Slots:
+    """Owns the pool's one condition, `cond`, and what it guards:
+
+    - `reserved`: claims handed over and not yet done running (waiting or running). The
+      fetcher keeps it within its claim room; a runner's `take()` block releases one.
+    - `running`: job id -> Running, the attempts in runner threads (and each `abandoned`).
+    - `isolating`: a suspect waits to run alone; no other job starts meanwhile.
+    - the fetcher's `Claims.held` map: claim room depends on both sides, and whoever frees
+      room notifies `cond`, on which the fetcher waits for room and a suspect for its turn.
+
+    `_isolation` (a plain lock, never held with `cond` waited on) lets one suspect at a time
+    into quarantine. The work queue needs no lock (a SimpleQueue).
+    """
+
+    def __init__(self, draining: threading.Event) -> None:
+        self.cond = threading.Condition()
+        self.reserved = 0
+        self.running: dict[str, Running] = {}
+        self.isolating = False
+        self._isolation = threading.Lock()
+        self._draining = draining  # Stop.draining: start nothing new
+        self._work: queue.SimpleQueue[ClaimedJob | None] = queue.SimpleQueue()
+
+    # -- reservation ---------------------------------------------------------------------
+
+    def hand_over(self, jobs: list[ClaimedJob]) -> None:
+        """Reserve one slot per claimed job and queue the jobs for the runners."""
+        with self.cond:
+            self.reserved += len(jobs)
+        for job in jobs:
+            self._work.put(job)
+
+    @contextmanager
+    def take(self) -> Iterator[ClaimedJob | None]:
+        """A runner's next job (blocking); its slot is released when the block ends. None
+        tells the runner to end (close())."""
+        job = self._work.get()
+        if job is None:
+            yield None
+            return
+        try:
+            yield job
+        finally:
+            self._release()
+
+    def drain(self) -> Iterator[ClaimedJob]:
+        """Jobs handed over that no runner took; each slot is released after the caller's
+        loop body has dealt with its job."""
+        while True:
+            try:
+                job = self._work.get_nowait()
+            except queue.Empty:
+                return
+            if job is None:
+                continue
+            try:
+                yield job
+            finally:
+                self._release()
+
+    def close(self, runners: int) -> None:
+        """End `runners` runner threads once they are idle."""
+        for _ in range(runners):
+            self._work.put(None)
+
+    def _release(self) -> None:
+        with self.cond:
+            self.reserved -= 1
+            self.cond.notify_all()
+
+    # -- running -------------------------------------------------------------------------
+
+    def started(self, job: ClaimedJob, ctx: JobContext) -> Running:
+        entry = Running(job, ctx)
+        with self.cond:
+            self.running[job.id] = entry
+        return entry
+
+    def finished(self, entry: Running) -> bool:
+        """Forget a finished attempt; True when its result is still wanted (not abandoned)."""
+        with self.cond:
+            self.running.pop(entry.job.id, None)
+            return not entry.abandoned
+
+    def abandon_running(self) -> list[Running]:
+        """Take over every attempt still running (the shutdown suspends them)."""
+        with self.cond:
+            stragglers = [r for r in self.running.values() if not r.abandoned]
+            for r in stragglers:
+                r.abandoned = True
+        return stragglers
+
+    def any_running(self) -> bool:
+        """Whether an attempt whose result is still wanted runs; called with `cond` held."""
+        return any(not r.abandoned for r in self.running.values())
+
+    def cancel(self, job_id: str) -> None:
+        """A user cancel: the attempt (if it runs here) is asked to stop, as cancelled."""
+        with self.cond:
+            r = self.running.get(job_id)
+            if r is not None:
+                r.ctx.cancelled = True
+                r.ctx.request_stop()
+
+    # -- quarantine ----------------------------------------------------------------------
+
+    @contextmanager
+    def turn(self, job: ClaimedJob, held: Collection[str]) -> Iterator[bool]:
+        """Whether `job` may start now (False: hand it back, uncounted).
+
+        A job whose process died before (`lost`) runs alone, so a poison pill cannot take
+        innocent neighbours down with it again (their deaths would count against them). One
+        suspect at a time; it waits until this process holds no other claim in Postgres
+        (`held`, the fetcher's map, read under `cond`): neighbours give way and their
+        release must be committed, so that a death now is charged to the suspect alone.
+        """
+        if job.lost == 0:
+            with self.cond:
+                may = not self.isolating and not self._draining.is_set()
+            yield may
+            return
+        if not self._isolation.acquire(blocking=False):
+            yield False  # another suspect runs: give way
+            return
+        try:
+            yield self._alone(job.id, held)
+        finally:
+            with self.cond:
+                self.isolating = False
+                self.cond.notify_all()
+            self._isolation.release()
+
+    def _alone(self, suspect_id: str, held: Collection[str]) -> bool:
+        with self.cond:
+            self.isolating = True
+            while not self._draining.is_set():
+                others = [
+                    i
+                    for i in held
+                    if i != suspect_id and not (i in self.running and self.running[i].abandoned)
+                ]
+                if not others:
+                    return True
+                self.cond.wait(0.1)
+            return False
