@@ -197,7 +197,7 @@ class Scenario:
         on purpose: a run that ended ok just before its process died is re-run, by design).
         With `rerun_across` (a monotonic_ns instant: a Postgres crash), an at-least-once job
         whose runs lie on both sides of it is a re-run by design, not a duplicate: its
-        completion was committed asynchronously and lost in the crash (pool.py)."""
+        completion was committed asynchronously and lost in the crash (worker/pool.py)."""
         alo, amo, expected = list(alo), list(amo), expected or {}
         wait_until(lambda: self.live() == 0, timeout=timeout, interval=0.5, what="all done")
         self.judged = True

@@ -74,6 +74,10 @@ class Popped(msgspec.Struct, frozen=True):
 
 
 class Broker:
+    """Owns one Redis client (its connection pool is thread-safe: the threads of a process
+    share it) and the key layout above; its only state is a cache of each type's list keys,
+    filled once per type (a racing fill writes the same list)."""
+
     def __init__(self, settings: Settings) -> None:
         self.prefix = settings.prefix
         self.block_s = settings.pop_block_s

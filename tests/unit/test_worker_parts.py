@@ -1,0 +1,122 @@
+"""Pool roles that need no server: the shared batcher, the slots' one release per claim,
+the quarantine's turn, what a stop hands back, and the stop state's exit code."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from hivejobs.batching import Batcher
+from hivejobs.records import ClaimedJob, Delivery
+from hivejobs.worker.executor import interrupted
+from hivejobs.worker.exits import ChildExit
+from hivejobs.worker.shutdown import Stop, StopReason
+from hivejobs.worker.slots import Slots
+
+
+def job(job_id: str, delivery: Delivery = "at_least_once", lost: int = 0) -> ClaimedJob:
+    return ClaimedJob(
+        id=job_id,
+        name="t",
+        attempt=1,
+        attempts=3,
+        delivery=delivery,
+        payload=b"null",
+        claim_token=7,
+        priority=0,
+        lost=lost,
+    )
+
+
+def test_batcher_writes_what_accumulated_while_the_previous_batch_was_written() -> None:
+    batches: list[list[int]] = []
+    writing = threading.Event()
+    go_on = threading.Event()
+
+    def write(batch: list[int]) -> None:
+        batches.append(batch)
+        if len(batches) == 1:
+            writing.set()
+            assert go_on.wait(5)
+
+    batcher: Batcher[int] = Batcher(write, max_batch=3, name="test-batcher")
+    batcher.start()
+    batcher.submit(0)
+    assert writing.wait(5)
+    batcher.submit_many([1, 2, 3, 4])  # arrive while batch [0] is being written
+    assert not batcher.idle()
+    assert not batcher.flush(0.05)
+    go_on.set()
+    assert batcher.flush(5)
+    assert batcher.idle()
+    assert batches == [[0], [1, 2, 3], [4]]  # never more than max_batch at once
+
+
+def test_a_slot_is_released_once_whichever_way_its_job_leaves() -> None:
+    draining = threading.Event()
+    slots = Slots(draining)
+    slots.hand_over([job("a"), job("b"), job("c")])
+    assert slots.reserved == 3
+    with slots.take() as taken:
+        assert taken is not None and taken.id == "a"
+        assert slots.reserved == 3  # held while the job runs
+    assert slots.reserved == 2
+    with pytest.raises(RuntimeError), slots.take():
+        raise RuntimeError("a runner's error still releases the slot")
+    assert slots.reserved == 1
+    assert [j.id for j in slots.drain()] == ["c"]
+    assert slots.reserved == 0
+    assert list(slots.drain()) == []
+    slots.close(1)
+    with slots.take() as end:
+        assert end is None
+    assert slots.reserved == 0
+
+
+def test_a_suspect_runs_alone_and_others_wait_meanwhile() -> None:
+    draining = threading.Event()
+    slots = Slots(draining)
+    with slots.turn(job("s", lost=1), held={"s"}) as suspect_may:
+        assert suspect_may  # it holds no other claim
+        with slots.turn(job("n"), held={"s", "n"}) as neighbour_may:
+            assert not neighbour_may  # no job starts beside a suspect
+        with slots.turn(job("s2", lost=1), held={"s", "s2"}) as second_may:
+            assert not second_may  # one suspect at a time
+    with slots.turn(job("n"), held={"n"}) as after:
+        assert after
+    draining.set()
+    with slots.turn(job("n"), held={"n"}) as stopping:
+        assert not stopping
+
+
+@pytest.mark.parametrize(
+    ("delivery", "started", "outcome"),
+    [
+        ("at_least_once", False, "suspend"),
+        ("at_least_once", True, "suspend"),
+        ("at_most_once", False, "suspend"),
+        ("at_most_once", True, "failed"),  # maybe started: never run again
+    ],
+)
+def test_a_stop_suspends_unless_an_at_most_once_job_may_have_started(
+    delivery: Delivery, started: bool, outcome: str
+) -> None:
+    done = interrupted(job("j", delivery), started=started, max_result_bytes=1024)
+    assert (done.id, done.claim_token, done.outcome) == ("j", 7, outcome)
+
+
+def test_only_a_reload_request_exits_with_reload() -> None:
+    for reason, code in [
+        (StopReason.SIGNAL, ChildExit.RECYCLE),
+        (StopReason.TIMED_OUT, ChildExit.RECYCLE),
+        (StopReason.POOL_RESTART, ChildExit.RECYCLE),
+        (StopReason.RELOAD, ChildExit.RELOAD),
+    ]:
+        stop = Stop()
+        stop.request(reason)
+        assert stop.acquiring_stopped.is_set() and stop.exit_code == code
+    stop = Stop()
+    stop.request(StopReason.RELOAD)
+    stop.signal()  # a SIGTERM after a restart request still reloads
+    assert stop.exit_code == ChildExit.RELOAD
