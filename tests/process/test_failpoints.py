@@ -45,7 +45,8 @@ def test_instance_failpoint_loses_nothing(
     wait_until(lambda: live_jobs(database_url) == 0, timeout=60, what="all jobs finished")
     states = dict(sql(database_url, "SELECT id, state FROM hivejobs_archive"))
     assert {states[i] for i in ids} == {"succeeded"}
-    assert all(ledger_oks(ledger_dir)[i] >= 1 for i in ids)
+    oks = ledger_oks(ledger_dir)  # read once: the ledger holds a line per attempt
+    assert all(oks[i] >= 1 for i in ids)
     if "pool" in spec:
         assert "child died" in inst.log_text()
 
