@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 from hivejobs import App
 from hivejobs.completer import Completer
-from hivejobs.coordinator.services import rescue_isolated
+from hivejobs.coordinator.rescuer import rescue_isolated
 from hivejobs.records import ClaimedJob, Completion
 from hivejobs.store import new_worker_id
 from tests.harness import sql

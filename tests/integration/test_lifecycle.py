@@ -28,8 +28,9 @@ from hivejobs import (
     JobNotFound,
     Retry,
 )
-from hivejobs.coordinator.services import Lease, Promoter
+from hivejobs.coordinator.promoter import Promoter
 from hivejobs.pool import Pool
+from hivejobs.records import Lease
 from hivejobs.store import new_worker_id
 from tests.harness import wait_until
 
@@ -136,7 +137,7 @@ def take_lease(app: App) -> tuple[Promoter, Lease]:
     holder = new_worker_id()
     term = app.store.lease_acquire(holder, 60.0)
     assert term is not None
-    return Promoter(app.store, app.broker), (holder, term)
+    return Promoter(app.store, app.broker), Lease(holder, term)
 
 
 def promote_until(

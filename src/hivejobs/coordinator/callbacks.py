@@ -12,6 +12,7 @@ from loguru import logger
 
 from hivejobs.broker import Broker
 from hivejobs.metrics import bump
+from hivejobs.records import Lease
 from hivejobs.store import Store
 from hivejobs.store.callbacks import CallbackStore
 
@@ -24,12 +25,17 @@ class TimeoutResult(msgspec.Struct):
 
 
 class CallbackTimeouts:
-    def __init__(self, store: Store, broker: Broker) -> None:
+    """Owns nothing: the deadlines are in the rows."""
+
+    name = "callbacks"
+
+    def __init__(self, store: Store, broker: Broker, interval_s: float = 1.0) -> None:
         self.callbacks = CallbackStore(store)
         self.broker = broker
+        self.interval_s = interval_s
 
-    def run_once(self, lease: tuple[str, int]) -> TimeoutResult:
-        ended = self.callbacks.end_timed_out(lease, BATCH)
+    def run_once(self, lease: Lease) -> TimeoutResult:
+        ended = self.callbacks.end_timed_out_if_leader(lease, BATCH)
         if not ended or not (ended[0] or ended[1]):
             return TimeoutResult()
         retried, failed = ended

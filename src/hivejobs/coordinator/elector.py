@@ -14,6 +14,7 @@ from loguru import logger
 
 from hivejobs.config import Settings
 from hivejobs.logs import error_fields
+from hivejobs.records import Lease
 from hivejobs.store import Store
 
 STALL_S = 3.0  # the loop ticks every fraction of a second; a longer gap is a stall
@@ -68,7 +69,7 @@ class Elector:
         self._next_attempt = now + self.renew_s
 
     @property
-    def lease(self) -> tuple[str, int] | None:
+    def lease(self) -> Lease | None:
         """(holder, term) while the local trust window lasts, else None: step down."""
         if self.term is None:
             return None
@@ -78,7 +79,7 @@ class Elector:
             )
             self.term = None
             return None
-        return (self.holder, self.term)
+        return Lease(self.holder, self.term)
 
     def healthy_for(self) -> float:
         return 0.0 if self.healthy_since is None else time.monotonic() - self.healthy_since

@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING, Any, Literal
 import msgspec
 import psycopg
 
-from hivejobs.records import Completion
+from hivejobs.records import Completion, Lease
+from hivejobs.store.leases import hold_lease
 from hivejobs.store.sql import load_queries
 
 if TYPE_CHECKING:
@@ -23,7 +24,6 @@ if TYPE_CHECKING:
 
 Conn = psycopg.Connection[Any]
 QUERIES = load_queries("callback_queries.sql")
-LEASE_HOLD = load_queries("queries.sql")["lease_hold"]
 CallbackStatus = Literal["succeeded", "failed"]
 
 
@@ -108,12 +108,12 @@ class CallbackStore:
         with self.store.connection() as conn:
             return complete_callback(conn, name, job_id, attempt, status, retry_delay_s, error)
 
-    def end_timed_out(
-        self, lease: tuple[str, int], limit: int
+    def end_timed_out_if_leader(
+        self, lease: Lease, limit: int
     ) -> tuple[list[str], list[str]] | None:
-        """Under the coordinator lease (R7); None when the lease no longer holds."""
+        """Under the coordinator lease (R7, docs/concepts/reliability.md); None when the
+        lease no longer holds."""
         with self.store.connection() as conn, conn.transaction():
-            held = conn.execute(LEASE_HOLD, {"holder": lease[0], "term": lease[1]})
-            if held.fetchone() is None:
+            if not hold_lease(conn, lease):
                 return None
             return end_timed_out_callbacks(conn, limit)

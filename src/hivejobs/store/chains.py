@@ -16,9 +16,10 @@ from typing import TYPE_CHECKING, Any
 
 from psycopg.rows import dict_row
 
-from hivejobs.records import ChainQuery, Completion
-from hivejobs.store.enqueue import Steps, caller_savepoint, owns_transaction, run_plan
-from hivejobs.store.sql import load_queries
+from hivejobs.records import ChainQuery, Completion, Lease, Push
+from hivejobs.store.enqueue import caller_savepoint, owns_transaction
+from hivejobs.store.leases import LEASES
+from hivejobs.store.sql import Steps, load_queries, run_plan
 
 if TYPE_CHECKING:
     import psycopg
@@ -30,9 +31,7 @@ if TYPE_CHECKING:
 
 
 CHAIN_QUERIES = load_queries("chain_queries.sql")
-LEASE_HOLD = load_queries("queries.sql")["lease_hold"]  # pipelined with the reads
-Lease = tuple[str, int]
-Push = tuple[str, str, int]  # (job id, type, priority) for the broker
+LEASE_HOLD = LEASES["lease_hold"]  # pipelined with the reads
 
 
 def create_chain_plan(
@@ -155,7 +154,7 @@ class Plan:
     abandon_error: str = ""
 
 
-class StaleSnapshot(Exception):  # noqa: N818 - control flow: traverse the chain again
+class StaleSnapshot(Exception):  # control flow (traverse the chain again), not an error
     """A plan's fenced update missed a row: the transaction is rolled back, nothing written."""
 
 
@@ -445,4 +444,4 @@ class ChainStore:
         if updated is not None and len(updated.fetchall()) != len(plan.changes):
             # A job changed under the plan (a pool stopped a try meanwhile): roll back.
             raise StaleSnapshot(chain_id)
-        return [(r[0], r[1], r[2]) for r in inserted.fetchall()] if inserted is not None else []
+        return [Push(*r) for r in inserted.fetchall()] if inserted is not None else []
