@@ -342,3 +342,29 @@ class Replayed(msgspec.Struct, frozen=True, kw_only=True):
     delay_s: float | None
     expires_at: datetime | None
     changes: list[str]
+
+
+class Schedule(msgspec.Struct, frozen=True, kw_only=True):
+    """A declared schedule: `name` is unique in the fleet; the payload is encoded JSON."""
+
+    name: str
+    job_type: str
+    cron: str
+    tz: str
+    payload: bytes
+    priority: int
+    catch_up: bool
+
+
+class ScheduleState(msgspec.Struct, frozen=True, kw_only=True):
+    """A schedule as stored, with the last tick enqueued (None: never ran yet)."""
+
+    name: str
+    job_type: str
+    cron: str
+    tz: str
+    payload: bytes
+    priority: int
+    catch_up: bool
+    declared_at: datetime
+    last_tick: datetime | None

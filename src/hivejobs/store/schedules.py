@@ -12,8 +12,7 @@ from typing import TYPE_CHECKING
 
 from psycopg.rows import class_row
 
-from hivejobs.records import Lease, NewJob, Push
-from hivejobs.schedules import Schedule, ScheduleState
+from hivejobs.records import Lease, NewJob, Push, Schedule, ScheduleState
 from hivejobs.store.db import db_now
 from hivejobs.store.enqueue import insert_plan
 from hivejobs.store.leases import hold_lease
