@@ -20,6 +20,8 @@ BATCH = 1000
 
 
 class TimeoutResult(msgspec.Struct):
+    """What one pass ended: jobs retried and jobs failed for want of a callback."""
+
     retried: int = 0
     failed: int = 0
 

@@ -14,6 +14,8 @@ BATCH = 10_000
 
 
 class PromoteResult(msgspec.Struct):
+    """What one pass did: jobs queued, and waiting jobs archived."""
+
     promoted: int = 0
     ended: int = 0
 

@@ -25,6 +25,8 @@ PRUNE_EVERY_S = 10.0
 
 
 class PruneResult(msgspec.Struct):
+    """What one prune did; `caught_up` false when it stopped early."""
+
     deleted: int = 0
     seconds: float = 0.0
     caught_up: bool = True

@@ -25,6 +25,8 @@ MSG_KEY_REFUSED = "Redis refused a queue key (only its own list waits)"
 
 
 class ReconcileResult(msgspec.Struct):
+    """What one pass did: a full restore (no boot marker) or a deficit re-push."""
+
     full_restore: bool = False
     pushed: int = 0
 

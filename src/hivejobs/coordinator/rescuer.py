@@ -30,6 +30,8 @@ MSG_ARCHIVED_DUPLICATE_RESCUED = (
 
 
 class RescueResult(msgspec.Struct):
+    """What one pass did; `skipped_unhealthy` when this coordinator cannot judge yet."""
+
     dead_workers: int = 0
     requeued: int = 0
     failed: int = 0

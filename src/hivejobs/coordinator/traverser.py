@@ -44,6 +44,8 @@ _RANK = {"keep": 0, "reap": 1, "start": 2, "reset": 3}
 
 
 class TraverseResult(msgspec.Struct):
+    """What one pass did over the chains it looked at."""
+
     chains: int = 0
     started: int = 0
     ended: int = 0

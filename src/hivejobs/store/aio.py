@@ -129,7 +129,9 @@ async def _insert_own(conn: AsyncConn, job: NewJob, explicit_id: bool) -> Insert
 
 async def _copy_jobs(conn: AsyncConn, jobs: list[NewJob]) -> list[Push]:
     cur = await conn.execute(SCHEMA["db_now"])
-    now: datetime = (await cur.fetchone())[0]  # type: ignore[index]
+    row = await cur.fetchone()
+    assert row is not None  # SELECT now() returns one row
+    now: datetime = row[0]
     async with conn.cursor().copy(COPY_JOBS) as copy:
         copy.set_types(COPY_TYPES)
         for values in copy_rows(jobs, now):

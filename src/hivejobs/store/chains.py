@@ -2,8 +2,9 @@
 
 Part of store/, so the only chain code that speaks SQL. Decides nothing: the traverser hands
 in a Plan computed from a Snapshot, and this module writes it inside the transaction that
-read the snapshot, under the leader lease (R7) and the chain's row lock. Imported by the
-store package itself (Store.finish suspends chain tries), so it never imports it back.
+read the snapshot, under the leader lease (rule R7 in docs/concepts/reliability.md) and the
+chain's row lock. Imported by the store package itself (Store.finish suspends chain tries),
+so it never imports it back.
 """
 
 from __future__ import annotations
@@ -72,6 +73,8 @@ def create_chain_plan(
 
 @dataclass
 class JobRow:
+    """One chain job as stored (load_chain_jobs); the plan changes it in place."""
+
     key: str
     name: str
     payload: bytes
@@ -90,6 +93,8 @@ class JobRow:
 
 @dataclass
 class FinishedTry:
+    """A try of the chain found in the archive, not yet reaped."""
+
     key: str
     id: str
     state: str  # archive state: succeeded, failed, cancelled, expired
@@ -101,6 +106,8 @@ class FinishedTry:
 
 @dataclass
 class Snapshot:
+    """Everything one pass reads of one chain, in the transaction that writes its plan."""
+
     id: str
     state: str
     stop_requested: bool
@@ -114,6 +121,8 @@ class Snapshot:
 
 @dataclass
 class JobChange:
+    """One chain job's update, fenced on the state it was read in (`was`)."""
+
     key: str
     was: str
     state: str
@@ -130,6 +139,8 @@ class JobChange:
 
 @dataclass
 class LogRow:
+    """One job-log row: a try that ended."""
+
     key: str
     try_: int
     name: str
@@ -143,6 +154,8 @@ class LogRow:
 
 @dataclass
 class Plan:
+    """What one pass decided for one chain: the store writes it as it is."""
+
     state: str
     wake_at: datetime | None = None
     resumed: bool = False

@@ -1,3 +1,6 @@
+-- Jobs (store/jobs.py): enqueue, claim, finish, release, cancel, read; job types.
+-- Rule numbers (R1..R12) are those of docs/concepts/reliability.md.
+
 -- name: insert_job
 -- The run time is computed on the database clock (R5). ON CONFLICT leaves an existing id alone:
 -- the caller compares payloads to tell an idempotent retry from a conflict.

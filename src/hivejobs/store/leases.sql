@@ -1,3 +1,6 @@
+-- The coordinator lease (store/leases.py).
+-- Rule numbers (R1..R12) are those of docs/concepts/reliability.md.
+
 -- name: lease_acquire
 -- Take the lease when free or expired, renew it when ours; the term grows on every change of
 -- holder, and every coordinator write checks it (R7).

@@ -1,3 +1,5 @@
+-- Leader-only upkeep of the job table (store/maintenance.py).
+
 -- name: promote_due
 -- The due ids are collected first, as an array (an InitPlan, run once), and the update finds
 -- them by primary key: `id IN (subquery)` let the planner turn it round into a hash join over

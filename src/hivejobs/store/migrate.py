@@ -31,7 +31,7 @@ def latest_version() -> int:
     return migration_files()[-1][0]
 
 
-def apply_migrations(conn: psycopg.Connection[object]) -> list[str]:
+def apply_migrations(conn: psycopg.Connection[Any]) -> list[str]:
     """Apply what is pending; return the file names applied (empty when up to date).
 
     The lock is the migration transaction's own (pg_advisory_xact_lock): released by its
@@ -46,7 +46,7 @@ def apply_migrations(conn: psycopg.Connection[object]) -> list[str]:
             conn.execute(SCHEMA["migration_lock"], {"key": _LOCK_KEY})
             conn.execute(SCHEMA["create_version_table"])
             rows = conn.execute(SCHEMA["applied_versions"]).fetchall()
-            done = {int(r[0]) for r in rows}  # type: ignore[index]
+            done = {int(r[0]) for r in rows}
             # Every missing version, not only those above the highest: files written on
             # branches at the same time may land with numbers below one already applied.
             pending = [(v, name, sql) for v, name, sql in files if v not in done]

@@ -1,3 +1,5 @@
+-- Schema versions, the database clock, session settings (store/db.py, migrate.py).
+
 -- name: db_now
 -- The database clock, which every time in the schema is judged on.
 SELECT now();

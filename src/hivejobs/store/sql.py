@@ -36,7 +36,8 @@ def run_plan(conn: psycopg.Connection[Any], plan: Steps[T]) -> T:
             cur = conn.execute(*statement)
             statement = plan.send(cur.fetchone() if cur.description else None)
     except StopIteration as done:
-        return done.value  # type: ignore[no-any-return]
+        result: T = done.value
+        return result
 
 
 async def arun_plan(conn: psycopg.AsyncConnection[Any], plan: Steps[T]) -> T:
@@ -47,4 +48,5 @@ async def arun_plan(conn: psycopg.AsyncConnection[Any], plan: Steps[T]) -> T:
             cur = await conn.execute(*statement)
             statement = plan.send(await cur.fetchone() if cur.description else None)
     except StopIteration as done:
-        return done.value  # type: ignore[no-any-return]
+        result: T = done.value
+        return result

@@ -1,3 +1,6 @@
+-- Worker processes (store/workers.py): registration, heartbeats, rescue of dead ones' claims.
+-- Rule numbers (R1..R12) are those of docs/concepts/reliability.md.
+
 -- name: register_worker
 INSERT INTO hivejobs_worker (id, host, pid, role, pool) VALUES (%(id)s, %(host)s, %(pid)s,
        %(role)s, %(pool)s);
