@@ -38,8 +38,8 @@ class CallbackTimeouts:
 
     def run_once(self, lease: Lease) -> TimeoutResult:
         ended = self.callbacks.end_timed_out_if_leader(lease, BATCH)
-        if not ended or not (ended[0] or ended[1]):
-            return TimeoutResult()
+        if ended is None or not (ended.retried or ended.failed):
+            return TimeoutResult()  # the lease is lost, or nothing timed out
         retried, failed = ended
         bump(self.broker, "retried", retried)
         bump(self.broker, "failed", failed, "failed")

@@ -80,8 +80,10 @@ class Traverser:
         self.search_due = self.search_due or search
 
     def forget(self) -> None:
-        """Followers keep no wake-ups: a new leader starts with a full search anyway."""
+        """A follower keeps no wake-ups: whenever it becomes the leader, it starts with a
+        full search instead."""
         self.hints.clear()
+        self.search_due = True
 
     @property
     def pending(self) -> bool:

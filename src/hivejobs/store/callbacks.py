@@ -10,7 +10,7 @@ claim token belonged to a claim that has ended.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 import msgspec
 import psycopg
@@ -82,12 +82,18 @@ def complete_callback(
     return CallbackResult(outcome=None, state=str(row[0]), attempt=int(row[1]))
 
 
-def end_timed_out_callbacks(conn: Conn, limit: int) -> tuple[list[str], list[str]]:
-    """Names of the jobs retried and of those failed because their callback never came.
-    The caller runs this under the coordinator lease (inside its transaction)."""
+class TimedOut(NamedTuple):
+    """The types of the jobs retried, and of those failed, because a callback never came."""
+
+    retried: list[str]
+    failed: list[str]
+
+
+def end_timed_out_callbacks(conn: Conn, limit: int) -> TimedOut:
+    """The caller runs this under the coordinator lease (inside its transaction)."""
     retried = conn.execute(QUERIES["callback_timeouts_retry"], {"limit": limit}).fetchall()
     failed = conn.execute(QUERIES["callback_timeouts_fail"], {"limit": limit}).fetchall()
-    return [r[1] for r in retried], [r[1] for r in failed]
+    return TimedOut([r[1] for r in retried], [r[1] for r in failed])
 
 
 class CallbackStore:
@@ -108,9 +114,7 @@ class CallbackStore:
         with self.store.connection() as conn:
             return complete_callback(conn, name, job_id, attempt, status, retry_delay_s, error)
 
-    def end_timed_out_if_leader(
-        self, lease: Lease, limit: int
-    ) -> tuple[list[str], list[str]] | None:
+    def end_timed_out_if_leader(self, lease: Lease, limit: int) -> TimedOut | None:
         """Under the coordinator lease (R7, docs/concepts/reliability.md); None when the
         lease no longer holds."""
         with self.store.connection() as conn, conn.transaction():

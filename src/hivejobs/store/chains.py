@@ -13,7 +13,7 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from psycopg.rows import dict_row
 
@@ -167,6 +167,16 @@ class Plan:
     abandon_error: str = ""
 
 
+class TryContext(NamedTuple):
+    """A chain try's place in its chain (try_context): the handler's ctx.chain."""
+
+    chain_id: str
+    key: str
+    total_try: int
+    after_keys: list[str]
+    payload: bytes
+
+
 class StaleSnapshot(Exception):  # control flow (traverse the chain again), not an error
     """A plan's fenced update missed a row: the transaction is rolled back, nothing written."""
 
@@ -284,10 +294,14 @@ class ChainStore:
 
     # -- handlers (ctx.chain, ctx.upstream, ctx.set_status) --------------------------------
 
-    def try_context(self, job_id: str) -> tuple[str, str, int, list[str], bytes] | None:
+    def try_context(self, job_id: str) -> TryContext | None:
+        """What a chain try's handler sees of its chain; None for a plain job."""
         with self.store.connection() as conn:
             row = conn.execute(CHAIN_QUERIES["try_context"], {"job_id": job_id}).fetchone()
-        return None if row is None else (row[0], row[1], row[2], row[3], bytes(row[4]))
+        if row is None:
+            return None
+        chain_id, key, total_try, after_keys, payload = row
+        return TryContext(chain_id, key, total_try, after_keys, bytes(payload))
 
     def upstream(self, chain_id: str, keys: list[str]) -> dict[str, bytes | None]:
         with self.store.connection() as conn:
@@ -374,12 +388,20 @@ class ChainStore:
         for start, retries, wait_s, seq_try in seq_cur.fetchall():
             seq_tries[start] = seq_try
             seq_limits[start] = (retries, wait_s)
-        finished = [
-            FinishedTry(r[0], r[1], r[2], r[3], None if r[4] is None else bytes(r[4]), r[5], r[6])
-            for r in finished_cur.fetchall()
-        ]
+        finished = [FinishedTry(*r) for r in finished_cur.fetchall()]
+        for done in finished:
+            done.result = None if done.result is None else bytes(done.result)
+        chain_id, state, stop_requested, now, stop_by = head
         return Snapshot(
-            head[0], head[1], head[2], head[3], jobs, seq_tries, seq_limits, finished, head[4]
+            id=chain_id,
+            state=state,
+            stop_requested=stop_requested,
+            now=now,
+            jobs=jobs,
+            seq_tries=seq_tries,
+            seq_limits=seq_limits,
+            finished=finished,
+            stop_by=stop_by,
         )
 
     def _write(self, conn: Conn, chain_id: str, plan: Plan) -> list[Push]:
