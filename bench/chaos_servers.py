@@ -27,7 +27,7 @@ from tests.harness import (
 )
 
 from hivejobs import App, HivejobsError
-from hivejobs.store.sql import load_queries
+from hivejobs.store import QUERIES
 
 # -- S5 --------------------------------------------------------------------------------
 
@@ -303,7 +303,7 @@ def _query_checks(s: Scenario, app: App) -> tuple[dict[str, float], list[str]]:
     t = time.monotonic()
     app.get_job(one)
     timings["get_job"] = time.monotonic() - t
-    queries = load_queries("queries.sql")
+    queries = QUERIES
     params = {
         "limit": 10_000,
         "stuck_after_s": 30.0,

@@ -550,7 +550,7 @@ class App:
         job_id, created = _outcome(jt, job, inserted)
         if created and own:
             failpoint("enqueue.after_commit_before_push")
-            await self._apush(backends, [(job.id, job.name, job.priority)])
+            await self._apush(backends, [Push(job.id, job.name, job.priority)])
         return job_id
 
     def enqueue_many(

@@ -88,12 +88,12 @@ def render_gauges(store: Store, out: list[str]) -> None:
         "# HELP hivejobs_coordinator_leader 1 for the coordinator holding a valid lease",
         "# TYPE hivejobs_coordinator_leader gauge",
     ]
-    if lease is not None and lease[0] is not None:
-        out.append(f'hivejobs_coordinator_leader{{holder="{lease[0]}"}} {int(lease[2])}')
+    if lease is not None and lease.holder is not None:
+        out.append(f'hivejobs_coordinator_leader{{holder="{lease.holder}"}} {int(lease.valid)}')
     out += [
         "# HELP hivejobs_coordinator_term the lease term (grows on every change of leader)",
         "# TYPE hivejobs_coordinator_term gauge",
-        f"hivejobs_coordinator_term {lease[1] if lease else 0}",
+        f"hivejobs_coordinator_term {lease.term if lease else 0}",
     ]
     workers = store.workers()
     out += [

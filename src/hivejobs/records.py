@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import re
 from datetime import datetime
-from typing import Literal
+from typing import Literal, NamedTuple
 
 import msgspec
 
 JobState = Literal["scheduled", "queued", "running", "succeeded", "failed", "cancelled", "expired"]
-TERMINAL_STATES: frozenset[str] = frozenset({"succeeded", "failed", "cancelled", "expired"})
 Delivery = Literal["at_least_once", "at_most_once"]
 # How a claim ended, as the pool reports it to the completer.
 # "await_callback": a callback type's handler returned; the job stays running, without a
@@ -94,10 +93,70 @@ class Completion(msgspec.Struct, frozen=True, kw_only=True):
     callback_timeout_s: float = 0.0  # await_callback: how long the other service has
 
 
+# -- rows the store hands back ----------------------------------------------------------
+# Tuples by design (NamedTuple): each is read straight off a result row (psycopg class_row),
+# and a Push is what Broker.push_many takes, so a row goes to Redis without being copied.
+
+
+class Push(NamedTuple):
+    """A queued job's id for the broker: its Redis list is (name, priority)."""
+
+    id: str
+    name: str
+    priority: int
+
+
+class Requeued(NamedTuple):
+    """A claim put back by Store.finish: `state` 'queued' (push its id) or 'scheduled'."""
+
+    id: str
+    name: str
+    priority: int
+    state: str
+
+
+class HeldClaim(NamedTuple):
+    """A running job of one process, with the claim token that fences its writes."""
+
+    id: str
+    claim_token: int
+
+
+class JobRef(NamedTuple):
+    """A live job's id and type (foreign ids in a pool's list, a shutdown's running jobs)."""
+
+    id: str
+    name: str
+
+
+class QueuedEntry(NamedTuple):
+    """One row of a queue's keyset page: the last one's (queued_at, id) starts the next."""
+
+    id: str
+    name: str
+    priority: int
+    queued_at: datetime
+
+
+class Lease(NamedTuple):
+    """The coordinator lease as held: every guarded write checks holder and term."""
+
+    holder: str
+    term: int
+
+
+class LeaseInfo(msgspec.Struct, frozen=True, kw_only=True):
+    """The lease row as /metrics shows it: `valid` is false once it expired."""
+
+    holder: str | None
+    term: int
+    valid: bool
+
+
 class Rescued(msgspec.Struct, frozen=True, kw_only=True):
     """What one rescue of dead processes' claims did."""
 
-    requeued: list[tuple[str, str, int]]  # (id, type, priority) to push to Redis
+    requeued: list[Push]  # to push to Redis
     failed: int
     # Claims whose id was already archived: the archived record won, the live row is gone.
     archived_duplicates: list[str]
@@ -283,3 +342,29 @@ class Replayed(msgspec.Struct, frozen=True, kw_only=True):
     delay_s: float | None
     expires_at: datetime | None
     changes: list[str]
+
+
+class Schedule(msgspec.Struct, frozen=True, kw_only=True):
+    """A declared schedule: `name` is unique in the fleet; the payload is encoded JSON."""
+
+    name: str
+    job_type: str
+    cron: str
+    tz: str
+    payload: bytes
+    priority: int
+    catch_up: bool
+
+
+class ScheduleState(msgspec.Struct, frozen=True, kw_only=True):
+    """A schedule as stored, with the last tick enqueued (None: never ran yet)."""
+
+    name: str
+    job_type: str
+    cron: str
+    tz: str
+    payload: bytes
+    priority: int
+    catch_up: bool
+    declared_at: datetime
+    last_tick: datetime | None

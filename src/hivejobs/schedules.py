@@ -12,38 +12,13 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-import msgspec
 from croniter import croniter
 
 from hivejobs.errors import InvalidJobType
+from hivejobs.records import Schedule as Schedule
+from hivejobs.records import ScheduleState as ScheduleState
 
 MAX_TICKS_PER_PASS = 100  # a long outage with catch_up is enqueued over several passes
-
-
-class Schedule(msgspec.Struct, frozen=True, kw_only=True):
-    """A declared schedule: `name` is unique in the fleet; the payload is encoded JSON."""
-
-    name: str
-    job_type: str
-    cron: str
-    tz: str
-    payload: bytes
-    priority: int
-    catch_up: bool
-
-
-class ScheduleState(msgspec.Struct, frozen=True, kw_only=True):
-    """A schedule as stored, with the last tick enqueued (None: never ran yet)."""
-
-    name: str
-    job_type: str
-    cron: str
-    tz: str
-    payload: bytes
-    priority: int
-    catch_up: bool
-    declared_at: datetime
-    last_tick: datetime | None
 
 
 def check_cron(cron: str, tz: str) -> None:

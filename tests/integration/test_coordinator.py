@@ -9,8 +9,11 @@ import psycopg
 import pytest
 
 from hivejobs import App
+from hivejobs.coordinator.compactor import Compactor
 from hivejobs.coordinator.elector import Elector
-from hivejobs.coordinator.services import Compactor, Gauges, Reconciler, Rescuer
+from hivejobs.coordinator.gauges import Gauges
+from hivejobs.coordinator.reconciler import Reconciler
+from hivejobs.coordinator.rescuer import Rescuer
 from hivejobs.store import new_worker_id
 from tests.harness import sql
 
@@ -147,13 +150,15 @@ def test_compactor_gives_a_drained_hot_table_its_space_back(
     make_app: Callable[..., App], database_url: str
 ) -> None:
     app = make(make_app(compact_above_bytes=512 * 1024), database_url)
-    compactor = Compactor(app.store, app.settings)
+    gauges = Gauges(app.store)  # what the last gauges pass measured: queued + running
+    compactor = Compactor(app.store, app.settings, in_flight=lambda: gauges.in_flight)
     empty = app.store.hot_table_size(1)[1]
     app.enqueue_many("thing", [{"n": i} for i in range(20_000)])
     full = app.store.hot_table_size(1)[1]
     assert full > 512 * 1024
-    assert compactor.run_once(20_000) is False  # the gauges say it is not drained
-    assert compactor.run_once(0) is False  # the gauges lag: the count finds 20,000 live rows
+    assert _compact(compactor, gauges, 20_000) is False  # the gauges say it is not drained
+    # The gauges lag: the count finds 20,000 live rows.
+    assert _compact(compactor, gauges, 0) is False
     # Drain all but a few, as finished jobs leave the hot table for the archive.
     sql(
         database_url,
@@ -166,9 +171,9 @@ def test_compactor_gives_a_drained_hot_table_its_space_back(
             database_url,
             "CREATE UNIQUE INDEX CONCURRENTLY hivejobs_job_name_ccnew ON hivejobs_job (name)",
         )
-    assert compactor.run_once(None) is False  # no gauges pass yet: no scan either
-    assert compactor.run_once(5) is True
-    assert compactor.run_once(5) is False  # one compaction at a time
+    assert _compact(compactor, gauges, None) is False  # no gauges pass yet: no scan either
+    assert _compact(compactor, gauges, 5) is True
+    assert _compact(compactor, gauges, 5) is False  # one compaction at a time
     compactor.join(60)
     live, size = app.store.hot_table_size(100)
     assert live == 5
@@ -177,4 +182,10 @@ def test_compactor_gives_a_drained_hot_table_its_space_back(
         database_url,
         "SELECT count(*) FROM pg_index WHERE indrelid = 'hivejobs_job'::regclass AND indisvalid",
     )[0][0] == len(sql(database_url, "SELECT 1 FROM pg_indexes WHERE tablename = 'hivejobs_job'"))
-    assert compactor.run_once(5) is False  # compact now: nothing more to do
+    assert _compact(compactor, gauges, 5) is False  # compact now: nothing more to do
+
+
+def _compact(compactor: Compactor, gauges: Gauges, in_flight: int | None) -> bool:
+    """One compactor pass after a gauges pass that measured `in_flight`."""
+    gauges.in_flight = in_flight
+    return compactor.run_once()

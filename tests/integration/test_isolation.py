@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from hivejobs import App
-from hivejobs.coordinator.services import rescue_isolated
+from hivejobs.coordinator.rescuer import rescue_isolated
 from hivejobs.records import ClaimedJob, Completion
 from hivejobs.store import new_worker_id
 from hivejobs.worker.completer import Completer

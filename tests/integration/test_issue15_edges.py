@@ -16,7 +16,7 @@ import pytest
 import hivejobs.chains.api as chains_api
 from hivejobs import App, Chain, ChainStopPending, InvalidArgument
 from hivejobs.capture import capturing
-from hivejobs.coordinator.services import Gauges
+from hivejobs.coordinator.gauges import Gauges
 from tests.harness import ROOT, sql
 
 

@@ -26,7 +26,8 @@ from hivejobs import (
     JobNotFound,
     Retry,
 )
-from hivejobs.coordinator.services import Lease, Promoter
+from hivejobs.coordinator.promoter import Promoter
+from hivejobs.records import Lease
 from hivejobs.store import new_worker_id
 from hivejobs.worker.pool import Pool
 from tests.harness import wait_until
@@ -92,7 +93,7 @@ def take_lease(app: App) -> tuple[Promoter, Lease]:
     holder = new_worker_id()
     term = app.store.lease_acquire(holder, 60.0)
     assert term is not None
-    return Promoter(app.store, app.broker), (holder, term)
+    return Promoter(app.store, app.broker), Lease(holder, term)
 
 
 def promote_until(

@@ -27,7 +27,7 @@ def test_prune_pass_deletes_days_of_archive_fast_and_keeps_recent_rows(
     sql(database_url, FILL.replace("'old-'", "'new-'"), {"age": week - 86400, "n": 1_000})
     store = Store(database_url)
     try:
-        result = Pruner(store, retention_s=week).run_once(lambda: True)
+        result = Pruner(store, retention_s=week).prune(lambda: True)
     finally:
         store.close()
     assert result.deleted == 120_000 and result.caught_up
@@ -45,7 +45,7 @@ def test_prune_pass_stops_when_the_lease_is_gone(database_url: str) -> None:
     sql(database_url, FILL, {"age": 30 * 86400.0, "n": 25_000})
     store = Store(database_url)
     try:
-        result = Pruner(store, retention_s=86400.0).run_once(lambda: False)
+        result = Pruner(store, retention_s=86400.0).prune(lambda: False)
     finally:
         store.close()
     assert (result.deleted, result.caught_up) == (10_000, False)  # one batch, then stop

@@ -18,7 +18,8 @@ from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 from sqlalchemy.orm import Session
 
 from hivejobs import App, Chain, InvalidArgument, JobIdConflict, JobNotFound, PayloadInvalid
-from hivejobs.store.enqueue import Push, dispatch_payloads, parse_dispatch
+from hivejobs.records import Push
+from hivejobs.store.notify import dispatch_payloads, parse_dispatch
 from tests.harness import sql
 from tests.integration.test_enqueue import (
     GOOD,

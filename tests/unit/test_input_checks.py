@@ -11,7 +11,8 @@ from hivejobs import App, ChainInvalid, ConfigError, InvalidArgument, InvalidJob
 from hivejobs.chains import Chain
 from hivejobs.config import redact_url, scrub, settings_from_env, url_secrets
 from hivejobs.display import escape
-from hivejobs.store.enqueue import Push, parse_dispatch
+from hivejobs.records import Push
+from hivejobs.store.notify import parse_dispatch
 
 MARK = "Zq9MarkerPw"
 NOWHERE = "postgresql://127.0.0.1:1/nowhere"

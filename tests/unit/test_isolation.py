@@ -7,7 +7,7 @@ import pytest
 
 from hivejobs.serialization import storable_text
 from hivejobs.store import is_data_error
-from hivejobs.store.enqueue import parse_dispatch
+from hivejobs.store.notify import parse_dispatch
 
 
 def test_surrogates_and_nul_become_visible_escapes() -> None:

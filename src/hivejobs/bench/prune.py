@@ -33,7 +33,7 @@ def prune_scenario(env: BenchEnvironment, rows: int, days: int = 3) -> dict[str,
         conn.execute("ANALYZE hivejobs_archive")
     store = Store(env.database_url, max_size=1)
     try:
-        result = Pruner(store, RETENTION_S, max_run_s=600.0).run_once(lambda: True)
+        result = Pruner(store, RETENTION_S, max_run_s=600.0).prune(lambda: True)
     finally:
         store.close()
     return {

@@ -1,7 +1,8 @@
 """Job chains: a DAG of jobs run by the coordinator's traverser (spincycle's semantics).
 
 builder.py builds (Python or JSON), validate.py checks the DAG, api.py stores and reads
-chains for the App, traverser.py runs them, context.py is a handler's view of its chain.
+chains for the App, coordinator/traverser.py runs them, context.py is a handler's view of
+its chain.
 Imports here stay light: the store package imports store.chains, never this package.
 """
 

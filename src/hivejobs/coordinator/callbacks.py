@@ -12,6 +12,7 @@ from loguru import logger
 
 from hivejobs.broker import Broker
 from hivejobs.metrics import bump
+from hivejobs.records import Lease
 from hivejobs.store import Store
 from hivejobs.store.callbacks import CallbackStore
 
@@ -19,19 +20,26 @@ BATCH = 1000
 
 
 class TimeoutResult(msgspec.Struct):
+    """What one pass ended: jobs retried and jobs failed for want of a callback."""
+
     retried: int = 0
     failed: int = 0
 
 
 class CallbackTimeouts:
-    def __init__(self, store: Store, broker: Broker) -> None:
+    """Owns nothing: the deadlines are in the rows."""
+
+    name = "callbacks"
+
+    def __init__(self, store: Store, broker: Broker, interval_s: float = 1.0) -> None:
         self.callbacks = CallbackStore(store)
         self.broker = broker
+        self.interval_s = interval_s
 
-    def run_once(self, lease: tuple[str, int]) -> TimeoutResult:
-        ended = self.callbacks.end_timed_out(lease, BATCH)
-        if not ended or not (ended[0] or ended[1]):
-            return TimeoutResult()
+    def run_once(self, lease: Lease) -> TimeoutResult:
+        ended = self.callbacks.end_timed_out_if_leader(lease, BATCH)
+        if ended is None or not (ended.retried or ended.failed):
+            return TimeoutResult()  # the lease is lost, or nothing timed out
         retried, failed = ended
         bump(self.broker, "retried", retried)
         bump(self.broker, "failed", failed, "failed")

@@ -1,4 +1,5 @@
-"""Leader lease in Postgres with a term and a local trust window (R7, after River's elector).
+"""Leader lease in Postgres with a term and a local trust window (after River's elector; rule
+R7 of docs/concepts/reliability.md, whose rule numbers the comments here use).
 
 The lease is renewed on the database clock; locally we trust it only until the monotonic
 window (TTL - margin) since the last successful renewal passes, so a paused or partitioned
@@ -14,12 +15,18 @@ from loguru import logger
 
 from hivejobs.config import Settings
 from hivejobs.logs import error_fields
+from hivejobs.records import Lease
 from hivejobs.store import Store
 
 STALL_S = 3.0  # the loop ticks every fraction of a second; a longer gap is a stall
 
 
 class Elector:
+    """Owns this coordinator's view of the lease: `term` (None: not leading), the monotonic
+    end of the trust window, and since when the database has answered without a gap
+    (`healthy_since`, which the rescuer waits on). Touched only by the coordinator's loop,
+    except `term`, which the pruner's thread reads to stop once leadership is gone."""
+
     def __init__(self, store: Store, holder: str, settings: Settings) -> None:
         self.store = store
         self.holder = holder
@@ -68,7 +75,7 @@ class Elector:
         self._next_attempt = now + self.renew_s
 
     @property
-    def lease(self) -> tuple[str, int] | None:
+    def lease(self) -> Lease | None:
         """(holder, term) while the local trust window lasts, else None: step down."""
         if self.term is None:
             return None
@@ -78,7 +85,7 @@ class Elector:
             )
             self.term = None
             return None
-        return (self.holder, self.term)
+        return Lease(self.holder, self.term)
 
     def healthy_for(self) -> float:
         return 0.0 if self.healthy_since is None else time.monotonic() - self.healthy_since

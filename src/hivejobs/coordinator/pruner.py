@@ -15,11 +15,18 @@ import msgspec
 import psycopg
 from loguru import logger
 
+from hivejobs.records import Lease
 from hivejobs.store import Store
 from hivejobs.store.upkeep import PRUNE_BATCH, prune_archive
 
+# A pass runs until the archive is caught up: a short interval only matters when a pass
+# ended early (lease lost, or the max_run_s cap while far behind).
+PRUNE_EVERY_S = 10.0
+
 
 class PruneResult(msgspec.Struct):
+    """What one prune did; `caught_up` false when it stopped early."""
+
     deleted: int = 0
     seconds: float = 0.0
     caught_up: bool = True
@@ -27,16 +34,31 @@ class PruneResult(msgspec.Struct):
 
 class Pruner:
     """Owns at most one pruning thread at a time (`_thread`, touched only by the
-    coordinator's loop); the thread stops after a batch when `still_leader()` is false."""
+    coordinator's loop); the thread stops after a batch once `still_leading(lease)` is
+    false (the elector's view: no round trip per batch)."""
 
-    def __init__(self, store: Store, retention_s: float, max_run_s: float = 50.0) -> None:
+    name = "prune"
+    interval_s = PRUNE_EVERY_S
+
+    def __init__(
+        self,
+        store: Store,
+        retention_s: float,
+        max_run_s: float = 50.0,
+        still_leading: Callable[[Lease], bool] = lambda lease: True,
+    ) -> None:
         self.store = store
         self.retention_s = retention_s
         self.max_run_s = max_run_s
+        self.still_leading = still_leading
         self.last: PruneResult | None = None
         self._thread: threading.Thread | None = None
 
-    def run_once(self, still_leader: Callable[[], bool]) -> PruneResult:
+    def run_once(self, lease: Lease) -> bool:
+        """Start a pruning pass in the background unless one runs; True if started."""
+        return self.start(lambda: self.still_leading(lease))
+
+    def prune(self, still_leader: Callable[[], bool]) -> PruneResult:
         """Delete batches until a short batch (caught up), the lease is gone, or
         max_run_s has passed; in the caller's thread (tests, bench)."""
         began = time.monotonic()
@@ -65,7 +87,7 @@ class Pruner:
 
     def _run(self, still_leader: Callable[[], bool]) -> None:
         try:
-            self.last = result = self.run_once(still_leader)
+            self.last = result = self.prune(still_leader)
         except psycopg.Error as exc:
             logger.warning("archive prune failed; retried later", error=repr(exc))
             return

@@ -12,7 +12,7 @@ from datetime import datetime
 from loguru import logger
 
 from hivejobs.broker import Broker
-from hivejobs.records import JobTypeInfo, NewJob
+from hivejobs.records import JobTypeInfo, Lease, NewJob
 from hivejobs.schedules import ScheduleState, due_ticks, tick_job_id
 from hivejobs.store import Store
 from hivejobs.store.schedules import ScheduleStore
@@ -21,12 +21,15 @@ from hivejobs.store.schedules import ScheduleStore
 class Scheduler:
     """Owns nothing but its view of the schedules, re-read every pass."""
 
-    def __init__(self, store: Store, broker: Broker) -> None:
+    name = "schedule"
+
+    def __init__(self, store: Store, broker: Broker, interval_s: float = 1.0) -> None:
         self.schedules = ScheduleStore(store)
         self.store = store
         self.broker = broker
+        self.interval_s = interval_s
 
-    def run_once(self, lease: tuple[str, int]) -> int:
+    def run_once(self, lease: Lease) -> int:
         """Enqueue what is due; returns the number of jobs enqueued."""
         states = self.schedules.states()
         if not states:

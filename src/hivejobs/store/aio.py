@@ -14,15 +14,13 @@ from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from hivejobs.config import redact_url
 from hivejobs.errors import ConnectionFailed
-from hivejobs.records import Inserted, NewJob
+from hivejobs.records import Inserted, NewJob, Push
 from hivejobs.store.chains import create_chain_plan
+from hivejobs.store.db import SCHEMA
 from hivejobs.store.enqueue import (
     COPY_JOBS,
     COPY_TYPES,
-    QUERIES,
-    Push,
     acaller_savepoint,
-    arun_plan,
     copy_rows,
     enqueue_plan,
     get_plan,
@@ -33,6 +31,7 @@ from hivejobs.store.enqueue import (
 )
 from hivejobs.store.migrate import schema_check_plan
 from hivejobs.store.pooling import connect_kwargs
+from hivejobs.store.sql import arun_plan
 
 AsyncConn = psycopg.AsyncConnection[Any]
 
@@ -129,8 +128,10 @@ async def _insert_own(conn: AsyncConn, job: NewJob, explicit_id: bool) -> Insert
 
 
 async def _copy_jobs(conn: AsyncConn, jobs: list[NewJob]) -> list[Push]:
-    cur = await conn.execute(QUERIES["db_now"])
-    now: datetime = (await cur.fetchone())[0]  # type: ignore[index]
+    cur = await conn.execute(SCHEMA["db_now"])
+    row = await cur.fetchone()
+    assert row is not None  # SELECT now() returns one row
+    now: datetime = row[0]
     async with conn.cursor().copy(COPY_JOBS) as copy:
         copy.set_types(COPY_TYPES)
         for values in copy_rows(jobs, now):

@@ -10,12 +10,13 @@ claim token belonged to a claim that has ended.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 import msgspec
 import psycopg
 
-from hivejobs.records import Completion
+from hivejobs.records import Completion, Lease
+from hivejobs.store.leases import hold_lease
 from hivejobs.store.sql import load_queries
 
 if TYPE_CHECKING:
@@ -23,7 +24,6 @@ if TYPE_CHECKING:
 
 Conn = psycopg.Connection[Any]
 QUERIES = load_queries("callback_queries.sql")
-LEASE_HOLD = load_queries("queries.sql")["lease_hold"]
 CallbackStatus = Literal["succeeded", "failed"]
 
 
@@ -82,12 +82,18 @@ def complete_callback(
     return CallbackResult(outcome=None, state=str(row[0]), attempt=int(row[1]))
 
 
-def end_timed_out_callbacks(conn: Conn, limit: int) -> tuple[list[str], list[str]]:
-    """Names of the jobs retried and of those failed because their callback never came.
-    The caller runs this under the coordinator lease (inside its transaction)."""
+class TimedOut(NamedTuple):
+    """The types of the jobs retried, and of those failed, because a callback never came."""
+
+    retried: list[str]
+    failed: list[str]
+
+
+def end_timed_out_callbacks(conn: Conn, limit: int) -> TimedOut:
+    """The caller runs this under the coordinator lease (inside its transaction)."""
     retried = conn.execute(QUERIES["callback_timeouts_retry"], {"limit": limit}).fetchall()
     failed = conn.execute(QUERIES["callback_timeouts_fail"], {"limit": limit}).fetchall()
-    return [r[1] for r in retried], [r[1] for r in failed]
+    return TimedOut([r[1] for r in retried], [r[1] for r in failed])
 
 
 class CallbackStore:
@@ -108,12 +114,10 @@ class CallbackStore:
         with self.store.connection() as conn:
             return complete_callback(conn, name, job_id, attempt, status, retry_delay_s, error)
 
-    def end_timed_out(
-        self, lease: tuple[str, int], limit: int
-    ) -> tuple[list[str], list[str]] | None:
-        """Under the coordinator lease (R7); None when the lease no longer holds."""
+    def end_timed_out_if_leader(self, lease: Lease, limit: int) -> TimedOut | None:
+        """Under the coordinator lease (R7, docs/concepts/reliability.md); None when the
+        lease no longer holds."""
         with self.store.connection() as conn, conn.transaction():
-            held = conn.execute(LEASE_HOLD, {"holder": lease[0], "term": lease[1]})
-            if held.fetchone() is None:
+            if not hold_lease(conn, lease):
                 return None
             return end_timed_out_callbacks(conn, limit)

@@ -1,4 +1,5 @@
--- Chain statements (store/chains.py), one named block each, as in queries.sql.
+-- Chain statements (store/chains.py), one named block each.
+-- Rule numbers (R1..R12) are those of docs/concepts/reliability.md.
 
 -- name: insert_chain
 INSERT INTO hivejobs_chain (id, name, args, jobs) VALUES (%(id)s, %(name)s, %(args)s, %(jobs)s);

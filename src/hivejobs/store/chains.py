@@ -2,8 +2,9 @@
 
 Part of store/, so the only chain code that speaks SQL. Decides nothing: the traverser hands
 in a Plan computed from a Snapshot, and this module writes it inside the transaction that
-read the snapshot, under the leader lease (R7) and the chain's row lock. Imported by the
-store package itself (Store.finish suspends chain tries), so it never imports it back.
+read the snapshot, under the leader lease (rule R7 in docs/concepts/reliability.md) and the
+chain's row lock. Imported by the store package itself (Store.finish suspends chain tries),
+so it never imports it back.
 """
 
 from __future__ import annotations
@@ -12,13 +13,14 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from psycopg.rows import dict_row
 
-from hivejobs.records import ChainQuery, Completion
-from hivejobs.store.enqueue import Steps, caller_savepoint, owns_transaction, run_plan
-from hivejobs.store.sql import load_queries
+from hivejobs.records import ChainQuery, Completion, Lease, Push
+from hivejobs.store.enqueue import caller_savepoint, owns_transaction
+from hivejobs.store.leases import LEASES
+from hivejobs.store.sql import Steps, load_queries, run_plan
 
 if TYPE_CHECKING:
     import psycopg
@@ -30,9 +32,7 @@ if TYPE_CHECKING:
 
 
 CHAIN_QUERIES = load_queries("chain_queries.sql")
-LEASE_HOLD = load_queries("queries.sql")["lease_hold"]  # pipelined with the reads
-Lease = tuple[str, int]
-Push = tuple[str, str, int]  # (job id, type, priority) for the broker
+LEASE_HOLD = LEASES["lease_hold"]  # pipelined with the reads
 
 
 def create_chain_plan(
@@ -73,6 +73,8 @@ def create_chain_plan(
 
 @dataclass
 class JobRow:
+    """One chain job as stored (load_chain_jobs); the plan changes it in place."""
+
     key: str
     name: str
     payload: bytes
@@ -91,6 +93,8 @@ class JobRow:
 
 @dataclass
 class FinishedTry:
+    """A try of the chain found in the archive, not yet reaped."""
+
     key: str
     id: str
     state: str  # archive state: succeeded, failed, cancelled, expired
@@ -102,6 +106,8 @@ class FinishedTry:
 
 @dataclass
 class Snapshot:
+    """Everything one pass reads of one chain, in the transaction that writes its plan."""
+
     id: str
     state: str
     stop_requested: bool
@@ -115,6 +121,8 @@ class Snapshot:
 
 @dataclass
 class JobChange:
+    """One chain job's update, fenced on the state it was read in (`was`)."""
+
     key: str
     was: str
     state: str
@@ -131,6 +139,8 @@ class JobChange:
 
 @dataclass
 class LogRow:
+    """One job-log row: a try that ended."""
+
     key: str
     try_: int
     name: str
@@ -144,6 +154,8 @@ class LogRow:
 
 @dataclass
 class Plan:
+    """What one pass decided for one chain: the store writes it as it is."""
+
     state: str
     wake_at: datetime | None = None
     resumed: bool = False
@@ -155,7 +167,17 @@ class Plan:
     abandon_error: str = ""
 
 
-class StaleSnapshot(Exception):  # noqa: N818 - control flow: traverse the chain again
+class TryContext(NamedTuple):
+    """A chain try's place in its chain (try_context): the handler's ctx.chain."""
+
+    chain_id: str
+    key: str
+    total_try: int
+    after_keys: list[str]
+    payload: bytes
+
+
+class StaleSnapshot(Exception):  # control flow (traverse the chain again), not an error
     """A plan's fenced update missed a row: the transaction is rolled back, nothing written."""
 
 
@@ -272,10 +294,14 @@ class ChainStore:
 
     # -- handlers (ctx.chain, ctx.upstream, ctx.set_status) --------------------------------
 
-    def try_context(self, job_id: str) -> tuple[str, str, int, list[str], bytes] | None:
+    def try_context(self, job_id: str) -> TryContext | None:
+        """What a chain try's handler sees of its chain; None for a plain job."""
         with self.store.connection() as conn:
             row = conn.execute(CHAIN_QUERIES["try_context"], {"job_id": job_id}).fetchone()
-        return None if row is None else (row[0], row[1], row[2], row[3], bytes(row[4]))
+        if row is None:
+            return None
+        chain_id, key, total_try, after_keys, payload = row
+        return TryContext(chain_id, key, total_try, after_keys, bytes(payload))
 
     def upstream(self, chain_id: str, keys: list[str]) -> dict[str, bytes | None]:
         with self.store.connection() as conn:
@@ -362,12 +388,20 @@ class ChainStore:
         for start, retries, wait_s, seq_try in seq_cur.fetchall():
             seq_tries[start] = seq_try
             seq_limits[start] = (retries, wait_s)
-        finished = [
-            FinishedTry(r[0], r[1], r[2], r[3], None if r[4] is None else bytes(r[4]), r[5], r[6])
-            for r in finished_cur.fetchall()
-        ]
+        finished = [FinishedTry(*r) for r in finished_cur.fetchall()]
+        for done in finished:
+            done.result = None if done.result is None else bytes(done.result)
+        chain_id, state, stop_requested, now, stop_by = head
         return Snapshot(
-            head[0], head[1], head[2], head[3], jobs, seq_tries, seq_limits, finished, head[4]
+            id=chain_id,
+            state=state,
+            stop_requested=stop_requested,
+            now=now,
+            jobs=jobs,
+            seq_tries=seq_tries,
+            seq_limits=seq_limits,
+            finished=finished,
+            stop_by=stop_by,
         )
 
     def _write(self, conn: Conn, chain_id: str, plan: Plan) -> list[Push]:
@@ -445,4 +479,4 @@ class ChainStore:
         if updated is not None and len(updated.fetchall()) != len(plan.changes):
             # A job changed under the plan (a pool stopped a try meanwhile): roll back.
             raise StaleSnapshot(chain_id)
-        return [(r[0], r[1], r[2]) for r in inserted.fetchall()] if inserted is not None else []
+        return [Push(*r) for r in inserted.fetchall()] if inserted is not None else []

@@ -33,6 +33,8 @@ FAR_FUTURE = datetime(9999, 1, 1, tzinfo=UTC)
 
 
 class JobRow(msgspec.Struct, frozen=True, kw_only=True):
+    """A job as a dashboard or API list shows it; `sort_at` is its keyset position."""
+
     id: str
     name: str
     state: str
@@ -48,6 +50,8 @@ class JobRow(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class ChainRow(msgspec.Struct, frozen=True, kw_only=True):
+    """A chain as the dashboard lists it, with its job counts."""
+
     id: str
     name: str
     state: str
@@ -59,6 +63,8 @@ class ChainRow(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class LeaderRow(msgspec.Struct, frozen=True, kw_only=True):
+    """The lease row as the dashboard shows it."""
+
     holder: str | None
     term: int
     acquired_at: datetime

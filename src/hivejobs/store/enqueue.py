@@ -9,40 +9,32 @@ caller's transaction is entered with a savepoint of its own (`caller_savepoint`)
 failing statement leaves the caller's transaction usable, and only the caller's COMMIT makes
 the job visible and, through NOTIFY, dispatched.
 
-The dispatch NOTIFY payload is built and parsed here alone: "type<TAB>priority<TAB>id..."
-(job ids never hold a tab: control characters are refused at the edge).
+The dispatch NOTIFY payload is built and parsed in store/notify.py alone.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Generator, Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from datetime import datetime, timedelta
-from typing import Any, TypeVar
+from typing import Any
 
 import psycopg
 from psycopg.pq import TransactionStatus
 
 from hivejobs.errors import InvalidArgument
-from hivejobs.records import JOB_TYPE_NAME_RE, PRIORITIES, Inserted, NewJob, UniqueClaim
-from hivejobs.store.sql import load_queries
+from hivejobs.records import Inserted, NewJob, UniqueClaim
+from hivejobs.records import Push as Push
+from hivejobs.store.notify import dispatch_payloads
+from hivejobs.store.sql import Steps, load_queries
 
-QUERIES = load_queries("queries.sql")
-T = TypeVar("T")
-Row = tuple[Any, ...] | None
-Statement = tuple[str, dict[str, Any]]
-Steps = Generator[Statement, Row, T]
-Push = tuple[str, str, int]  # (job id, type, priority) for the broker
-
-COPY_JOBS = (
-    "COPY hivejobs_job (id, name, state, priority, attempts, delivery, payload, run_at,"
-    " queued_at, expires_at) FROM STDIN (FORMAT BINARY)"
-)
+QUERIES = load_queries("jobs.sql")
+NOTIFY = load_queries("notify.sql")
+COPY_JOBS = QUERIES["copy_jobs"]
 COPY_TYPES = [
     "text", "text", "text", "int2", "int4", "text", "bytea", "timestamptz", "timestamptz",
     "timestamptz",
 ]  # fmt: skip
-MAX_NOTIFY_BYTES = 7_900  # Postgres refuses a NOTIFY payload of 8,000 bytes or more
 
 
 # -- plans ---------------------------------------------------------------------------------
@@ -83,7 +75,7 @@ def enqueue_plan(job: NewJob, explicit_id: bool, in_caller: bool) -> Steps[Inser
             return Inserted(owner_id, job.name, "duplicate", job.priority, b"", False)
     inserted = yield from insert_plan(job, explicit_id)
     if in_caller and inserted.created and inserted.state == "queued":
-        yield from notify_plan([(job.id, job.name, job.priority)])
+        yield from notify_plan([Push(job.id, job.name, job.priority)])
     return inserted
 
 
@@ -110,7 +102,7 @@ def notify_plan(pushes: Sequence[Push]) -> Steps[None]:
     """Inside the caller's transaction: the coordinator hears of these ids only on commit."""
     payloads = dispatch_payloads(pushes)
     if payloads:
-        yield QUERIES["notify_dispatch"], {"payloads": payloads}
+        yield NOTIFY["notify_dispatch"], {"payloads": payloads}
 
 
 def get_plan(job_id: str) -> Steps[dict[str, Any] | None]:
@@ -164,72 +156,11 @@ def copy_rows(jobs: Sequence[NewJob], now: datetime) -> Iterator[tuple[Any, ...]
 
 def queued_pushes(jobs: Sequence[NewJob], now: datetime) -> list[Push]:
     """The jobs of a COPY that start queued (not scheduled for later): their ids go out."""
-    return [(j.id, j.name, j.priority) for j in jobs if _run_at(j, now) <= now]
+    return [Push(j.id, j.name, j.priority) for j in jobs if _run_at(j, now) <= now]
 
 
 def _run_at(job: NewJob, now: datetime) -> datetime:
     return job.run_at or now + timedelta(seconds=job.delay_s or 0.0)
-
-
-# -- the dispatch NOTIFY payload -----------------------------------------------------------
-
-
-def dispatch_payloads(pushes: Sequence[Push]) -> list[str]:
-    """Group ids by (type, priority) into payloads under Postgres' NOTIFY size limit."""
-    out: list[str] = []
-    groups: dict[tuple[str, int], list[str]] = {}
-    for job_id, name, priority in pushes:
-        groups.setdefault((name, priority), []).append(job_id)
-    for (name, priority), ids in groups.items():
-        head = f"{name}\t{priority}"
-        parts = [head]
-        size = len(head.encode())
-        for job_id in ids:
-            grow = len(job_id.encode()) + 1
-            if size + grow > MAX_NOTIFY_BYTES and len(parts) > 1:
-                out.append("\t".join(parts))
-                parts, size = [head], len(head.encode())
-            parts.append(job_id)
-            size += grow
-        out.append("\t".join(parts))
-    return out
-
-
-def parse_dispatch(payload: str) -> list[Push]:
-    """The pushes one dispatch payload carries; ValueError when it is not one of ours (any
-    role may NOTIFY): a type name we could register, a priority some pool pops, ids."""
-    parts = payload.split("\t")
-    name, priority, ids = parts[0], parts[1] if len(parts) > 1 else "", parts[2:]
-    if not JOB_TYPE_NAME_RE.fullmatch(name) or not priority.isdecimal():
-        raise ValueError("dispatch payload without a job type and a priority")
-    if int(priority) not in PRIORITIES or not ids or not all(ids):
-        raise ValueError("dispatch payload with a priority out of range or no ids")
-    return [(job_id, name, int(priority)) for job_id in ids]
-
-
-# -- running plans -------------------------------------------------------------------------
-
-
-def run_plan(conn: psycopg.Connection[Any], plan: Steps[T]) -> T:
-    """Run a plan on a sync connection, one round trip per statement."""
-    try:
-        statement = next(plan)
-        while True:
-            cur = conn.execute(*statement)
-            statement = plan.send(cur.fetchone() if cur.description else None)
-    except StopIteration as done:
-        return done.value  # type: ignore[no-any-return]
-
-
-async def arun_plan(conn: psycopg.AsyncConnection[Any], plan: Steps[T]) -> T:
-    """Run a plan on an async connection, one round trip per statement."""
-    try:
-        statement = next(plan)
-        while True:
-            cur = await conn.execute(*statement)
-            statement = plan.send(await cur.fetchone() if cur.description else None)
-    except StopIteration as done:
-        return done.value  # type: ignore[no-any-return]
 
 
 # -- the caller's transaction --------------------------------------------------------------

@@ -11,8 +11,9 @@ from typing import Any
 import psycopg
 
 from hivejobs.errors import SchemaMissing, SchemaOutdated
-from hivejobs.store.enqueue import Steps, run_plan
+from hivejobs.store.sql import Steps, load_queries, run_plan
 
+SCHEMA = load_queries("schema.sql")
 _LOCK_KEY = 0x48495645  # "HIVE": serialises concurrent `hivejobs migrate` runs.
 
 
@@ -30,7 +31,7 @@ def latest_version() -> int:
     return migration_files()[-1][0]
 
 
-def apply_migrations(conn: psycopg.Connection[object]) -> list[str]:
+def apply_migrations(conn: psycopg.Connection[Any]) -> list[str]:
     """Apply what is pending; return the file names applied (empty when up to date).
 
     The lock is the migration transaction's own (pg_advisory_xact_lock): released by its
@@ -42,14 +43,10 @@ def apply_migrations(conn: psycopg.Connection[object]) -> list[str]:
     files = migration_files()
     while True:
         with conn.transaction():
-            conn.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK_KEY,))
-            conn.execute(
-                "CREATE TABLE IF NOT EXISTS hivejobs_schema_version ("
-                " version integer PRIMARY KEY, name text NOT NULL,"
-                " applied_at timestamptz NOT NULL DEFAULT now())"
-            )
-            rows = conn.execute("SELECT version FROM hivejobs_schema_version").fetchall()
-            done = {int(r[0]) for r in rows}  # type: ignore[index]
+            conn.execute(SCHEMA["migration_lock"], {"key": _LOCK_KEY})
+            conn.execute(SCHEMA["create_version_table"])
+            rows = conn.execute(SCHEMA["applied_versions"]).fetchall()
+            done = {int(r[0]) for r in rows}
             # Every missing version, not only those above the highest: files written on
             # branches at the same time may land with numbers below one already applied.
             pending = [(v, name, sql) for v, name, sql in files if v not in done]
@@ -57,10 +54,7 @@ def apply_migrations(conn: psycopg.Connection[object]) -> list[str]:
                 return applied
             version, name, sql = pending[0]
             conn.execute(sql.encode())
-            conn.execute(
-                "INSERT INTO hivejobs_schema_version (version, name) VALUES (%s, %s)",
-                (version, name),
-            )
+            conn.execute(SCHEMA["record_version"], {"version": version, "name": name})
         applied.append(name)
 
 
@@ -71,10 +65,10 @@ def check_schema(conn: psycopg.Connection[Any]) -> None:
 
 def schema_check_plan() -> Steps[None]:
     """The schema check as statements, so that the async client runs the same check."""
-    row = yield "SELECT to_regclass('hivejobs_schema_version') IS NOT NULL", {}
+    row = yield SCHEMA["version_table_exists"], {}
     if not row or not row[0]:
         raise SchemaMissing()
-    found = yield "SELECT array_agg(version) FROM hivejobs_schema_version", {}
+    found = yield SCHEMA["applied_version_array"], {}
     done = set(found[0] or []) if found else set()
     missing = [v for v, _, _ in migration_files() if v not in done]
     if missing:

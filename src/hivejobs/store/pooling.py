@@ -25,6 +25,9 @@ from psycopg.pq import TransactionStatus
 from psycopg.rows import Row
 
 from hivejobs.errors import ConfigError
+from hivejobs.store.sql import load_queries
+
+SCHEMA = load_queries("schema.sql")
 
 
 class LocalSettingsCursor(psycopg.Cursor[Row]):
@@ -123,9 +126,7 @@ def settings_not_in_force(conn: psycopg.Connection[Any], wanted: Mapping[str, st
     have (as `name=found, wanted value`): empty when every one is in force."""
     missing: list[str] = []
     with conn.transaction():
-        rows = conn.execute(
-            "SELECT name, setting FROM pg_settings WHERE name = ANY(%s)", (list(wanted),)
-        ).fetchall()
+        rows = conn.execute(SCHEMA["settings_in_force"], {"names": list(wanted)}).fetchall()
     found = {str(r[0]): str(r[1]) for r in rows}
     for name, value in wanted.items():
         if found.get(name) != value:

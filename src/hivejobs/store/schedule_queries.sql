@@ -28,6 +28,3 @@ SELECT last_tick FROM hivejobs_schedule WHERE name = %(name)s FOR UPDATE;
 
 -- name: advance_schedule
 UPDATE hivejobs_schedule SET last_tick = %(tick)s WHERE name = %(name)s;
-
--- name: db_now
-SELECT now();

@@ -12,16 +12,16 @@ from typing import TYPE_CHECKING
 
 from psycopg.rows import class_row
 
-from hivejobs.records import NewJob
-from hivejobs.schedules import Schedule, ScheduleState
-from hivejobs.store.enqueue import Push, insert_plan, run_plan
-from hivejobs.store.sql import load_queries
+from hivejobs.records import Lease, NewJob, Push, Schedule, ScheduleState
+from hivejobs.store.db import db_now
+from hivejobs.store.enqueue import insert_plan
+from hivejobs.store.leases import hold_lease
+from hivejobs.store.sql import load_queries, run_plan
 
 if TYPE_CHECKING:
     from hivejobs.store import Store
 
 QUERIES = load_queries("schedule_queries.sql")
-LEASE_HOLD = load_queries("queries.sql")["lease_hold"]
 
 
 class ScheduleStore:
@@ -59,17 +59,16 @@ class ScheduleStore:
 
     def now(self) -> datetime:
         with self.store.connection() as conn:
-            return conn.execute(QUERIES["db_now"]).fetchone()[0]  # type: ignore[index,no-any-return]
+            return db_now(conn)
 
     def enqueue_ticks_if_leader(
-        self, lease: tuple[str, int], state: ScheduleState, jobs: Sequence[NewJob], tick: datetime
+        self, lease: Lease, state: ScheduleState, jobs: Sequence[NewJob], tick: datetime
     ) -> list[Push] | None:
         """Insert the ticks' jobs and advance the schedule to `tick`, atomically, while the
         lease holds; None when it does not. Nothing is written when another coordinator moved
         the schedule on since `state` was read (its next pass recomputes)."""
         with self.store.connection() as conn, conn.transaction():
-            held = conn.execute(LEASE_HOLD, {"holder": lease[0], "term": lease[1]}).fetchone()
-            if held is None:
+            if not hold_lease(conn, lease):
                 return None
             row = conn.execute(QUERIES["lock_schedule"], {"name": state.name}).fetchone()
             if row is None or row[0] != state.last_tick:
@@ -78,6 +77,6 @@ class ScheduleStore:
             for job in jobs:
                 inserted = run_plan(conn, insert_plan(job, explicit_id=True))
                 if inserted.created and inserted.state == "queued":
-                    pushes.append((job.id, job.name, job.priority))
+                    pushes.append(Push(job.id, job.name, job.priority))
             conn.execute(QUERIES["advance_schedule"], {"name": state.name, "tick": tick})
             return pushes

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from hivejobs.store import Store
 
 UPKEEP = load_queries("upkeep.sql")
-QUERIES = load_queries("queries.sql")
+MAINTENANCE = load_queries("maintenance.sql")
 PRUNE_BATCH = 10_000
 
 
@@ -74,5 +74,5 @@ def prune_archive(store: Store, retention_s: float) -> int:
         cur = conn.execute(
             UPKEEP["prune_archive_by_type"], {"retention_s": retention_s, "limit": PRUNE_BATCH}
         )
-        conn.execute(QUERIES["prune_unique"])
+        conn.execute(MAINTENANCE["prune_unique"])
         return cur.rowcount

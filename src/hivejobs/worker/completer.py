@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import psycopg
 import redis
@@ -22,7 +22,7 @@ from hivejobs.batching import Batcher
 from hivejobs.broker import Broker
 from hivejobs.failpoints import failpoint
 from hivejobs.logs import error_fields
-from hivejobs.records import Completion
+from hivejobs.records import Completion, Requeued
 from hivejobs.serialization import storable_text
 from hivejobs.store import Store, is_data_error
 from hivejobs.worker.exits import fatal_on_error
@@ -94,10 +94,10 @@ class Completer:
             return
         self._written(batch, written, requeued)
 
-    def _commit(self, batch: list[Completion]) -> tuple[int, list[tuple[Any, ...]]]:
+    def _commit(self, batch: list[Completion]) -> tuple[int, list[Requeued]]:
         """One transaction for the batch, retried until it commits (see _retrying)."""
 
-        def finish() -> tuple[int, list[tuple[Any, ...]]]:
+        def finish() -> tuple[int, list[Requeued]]:
             with self.store.connection() as conn:
                 done = self.store.finish(batch, conn)
             # Committed, but as if the reply were lost: the retry must be a fenced no-op.
@@ -144,9 +144,7 @@ class Completer:
         if self.on_written is not None:
             self.on_written([item])
 
-    def _written(
-        self, batch: list[Completion], written: int, requeued: list[tuple[Any, ...]]
-    ) -> None:
+    def _written(self, batch: list[Completion], written: int, requeued: list[Requeued]) -> None:
         self.batches += 1
         if self.on_written is not None:
             self.on_written(batch)

@@ -28,7 +28,7 @@ from hivejobs.app import App
 from hivejobs.banner import banner
 from hivejobs.broker import Broker
 from hivejobs.config import Settings
-from hivejobs.coordinator.services import rescue_isolated
+from hivejobs.coordinator.rescuer import rescue_isolated
 from hivejobs.logs import emit_banner, error_fields, setup_logging
 from hivejobs.metrics import bump
 from hivejobs.store import Store, new_worker_id

@@ -1,4 +1,5 @@
-"""Traverser: the coordinator service that runs chains (spincycle's traverser and reaper).
+"""Traverser (leader only): the coordinator service that runs chains (spincycle's traverser
+and reaper).
 
 One pass, per chain that needs it, in one transaction under the leader lease:
   reap      finished tries (from the archive) into chain-job states and job-log rows;
@@ -15,6 +16,7 @@ change committed). Never runs a handler and never writes outside store.chains.
 
 from __future__ import annotations
 
+import time
 from datetime import datetime, timedelta
 
 import msgspec
@@ -24,12 +26,12 @@ from loguru import logger
 from hivejobs.broker import Broker
 from hivejobs.failpoints import failpoint
 from hivejobs.logs import error_fields
+from hivejobs.records import Lease
 from hivejobs.store import Store
 from hivejobs.store.chains import (
     ChainStore,
     JobChange,
     JobRow,
-    Lease,
     LogRow,
     Plan,
     Snapshot,
@@ -42,6 +44,8 @@ _RANK = {"keep": 0, "reap": 1, "start": 2, "reset": 3}
 
 
 class TraverseResult(msgspec.Struct):
+    """What one pass did over the chains it looked at."""
+
     chains: int = 0
     started: int = 0
     ended: int = 0
@@ -50,15 +54,59 @@ class TraverseResult(msgspec.Struct):
 
 
 class Traverser:
-    def __init__(self, store: Store, broker: Broker, batch: int = BATCH) -> None:
+    """Owns the wake-ups heard since its last pass (`hints`: chains a notification named;
+    `search_due`: look for chain work) and the time of its next full search. Touched only
+    by the coordinator's loop thread. Hops wait on this service, so the loop calls it at
+    every tick (`interval_s` 0): a pass does nothing unless woken or its search is due."""
+
+    name = "traverse"
+    interval_s = 0.0
+
+    def __init__(
+        self, store: Store, broker: Broker, batch: int = BATCH, search_every_s: float = 1.0
+    ) -> None:
         self.chains = ChainStore(store)
         self.broker = broker
         self.batch = batch
+        self.search_every_s = search_every_s
+        self.search_due = True  # look for chain work at once (chains_to_traverse)
+        self.hints: set[str] = set()  # chains a wake-up named: traverse just these
+        self._next_search = 0.0
         self._decided: Plan | None = None  # the last plan, for logging after its commit
 
+    def wake(self, chains: set[str], search: bool) -> None:
+        """A notification named these chains (or asked for a search)."""
+        self.hints |= chains
+        self.search_due = self.search_due or search
+
+    def forget(self) -> None:
+        """A follower keeps no wake-ups: whenever it becomes the leader, it starts with a
+        full search instead."""
+        self.hints.clear()
+        self.search_due = True
+
+    @property
+    def pending(self) -> bool:
+        """Chain work is waiting for a pass: the loop must not sleep."""
+        return self.search_due or bool(self.hints)
+
     def run_once(self, lease: Lease, only: set[str] | None = None) -> TraverseResult:
-        """Traverse the chains that need it; with `only`, just those (a wake-up named them,
-        which spares a hop the search for work)."""
+        """Traverse the chains that need it: every `search_every_s`, or when a wake-up asked,
+        a search for them; else just the chains wake-ups named. With `only`, just those."""
+        if only is None:
+            now = time.monotonic()
+            if self.search_due or now >= self._next_search:
+                self._next_search = now + self.search_every_s
+            elif self.hints:
+                only = self.hints
+            else:
+                return TraverseResult()
+            self.search_due, self.hints = False, set()
+        result = self._traverse(lease, only)
+        self.search_due = self.search_due or result.more
+        return result
+
+    def _traverse(self, lease: Lease, only: set[str] | None) -> TraverseResult:
         result = TraverseResult()
         ids = sorted(only) if only is not None else self.chains.chains_to_traverse(self.batch + 1)
         result.more = len(ids) > self.batch
@@ -83,7 +131,8 @@ class Traverser:
                 try:
                     self.broker.push_many(pushes)
                 except redis.RedisError as exc:
-                    # The tries are queued in Postgres: the reconciler pushes them (R1).
+                    # The tries are queued in Postgres: the reconciler pushes them (rule R1,
+                    # docs/concepts/reliability.md).
                     logger.warning(
                         "chain tries stored but not pushed; the reconciler will",
                         chain_id=chain_id,
@@ -313,5 +362,6 @@ def _preds_succeeded(snap: Snapshot, row: JobRow) -> bool:
 
 
 def _after(snap: Snapshot, wait_s: float) -> datetime | None:
-    """When a wait ends, on the database clock (R5); None for no wait."""
+    """When a wait ends, on the database clock (R5, docs/concepts/reliability.md); None for
+    no wait."""
     return snap.now + timedelta(seconds=wait_s) if wait_s > 0 else None

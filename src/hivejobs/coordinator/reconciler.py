@@ -1,0 +1,120 @@
+"""Reconciler (leader only): Redis lists from Postgres, so that Redis loses latency, never a
+job (rule R1 in docs/concepts/reliability.md: Redis carries hints, Postgres the truth).
+
+Two triggers: the boot marker is missing (Redis was flushed or restarted empty: restore every
+empty list), or a list holds fewer ids than Postgres has queued for it (a crash between commit
+and push, an evicted key: re-push the ids queued longer than the grace).
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+
+import msgspec
+from loguru import logger
+
+from hivejobs.broker import Broker, KeyRefused
+from hivejobs.failpoints import failpoint
+from hivejobs.logs import error_fields
+from hivejobs.records import Lease, Push
+from hivejobs.store import Store
+
+BATCH = 10_000
+MSG_KEY_REFUSED = "Redis refused a queue key (only its own list waits)"
+
+
+class ReconcileResult(msgspec.Struct):
+    """What one pass did: a full restore (no boot marker) or a deficit re-push."""
+
+    full_restore: bool = False
+    pushed: int = 0
+
+
+class Reconciler:
+    """Owns `refused`: the keys Redis refused at the last pass, so that a bad key is logged
+    when it goes bad and when it heals, not at every pass."""
+
+    name = "reconcile"
+
+    def __init__(
+        self, store: Store, broker: Broker, grace_s: float = 2.0, interval_s: float = 1.0
+    ) -> None:
+        self.store, self.broker = store, broker
+        self.grace_s = grace_s
+        self.interval_s = interval_s
+        self.refused: set[str] = set()
+
+    def run_once(self, lease: Lease) -> ReconcileResult:
+        if not self.broker.boot_marker_present():
+            return ReconcileResult(True, self._restore_all())
+        pushed = 0
+        pg = self.store.queued_counts()
+        lengths = self._lengths({name for name, _ in pg})
+        for (name, priority), count in pg.items():
+            if (name, priority) not in lengths:
+                continue  # its key is refused (logged): only this list waits
+            missing = count - lengths[(name, priority)]
+            if missing <= 0:
+                continue
+            stale = self.store.stale_queued_if_leader(
+                lease, (name, priority), self.grace_s, min(missing, BATCH)
+            )
+            if stale is None:
+                break  # the lease is lost: the next leader reconciles
+            if stale:
+                pushed += self._push(stale)
+        if pushed:
+            logger.info("re-pushed queued jobs missing from Redis", jobs=pushed)
+        return ReconcileResult(False, pushed)
+
+    def _lengths(self, names: set[str]) -> dict[tuple[str, int], int]:
+        lengths, refused = self.broker.queue_lengths(names)
+        for key, exc in refused.items():
+            if key not in self.refused:
+                logger.error(MSG_KEY_REFUSED, key=key, **error_fields(exc))
+        for key in self.refused - set(refused):
+            logger.info("Redis key accepted again", key=key)
+        self.refused = set(refused)
+        return lengths
+
+    def _push(self, entries: list[Push]) -> int:
+        """Push one list's ids; a list Redis refuses fails alone (its rows were re-stamped
+        queued_at = now(), so the next pass after the grace tries again)."""
+        try:
+            return self.broker.push_many(entries)
+        except KeyRefused as exc:
+            if exc.key not in self.refused:
+                self.refused.add(exc.key)
+                logger.error(MSG_KEY_REFUSED, key=exc.key, **error_fields(exc))
+            return 0
+
+    def _restore_all(self) -> int:
+        """No boot marker: Redis was flushed or restarted empty, or this is its first use.
+        Push every queued id of each list that is empty, keyset-paged per queue (the queued
+        index leads with the queue); a list that still holds ids (a first start after
+        enqueues) is left to the deficit check, so a fresh Redis does not get every id
+        twice."""
+        marker = str(uuid.uuid4())
+        pg = self.store.queued_counts()
+        lengths = self._lengths({name for name, _ in pg})
+        empty = sorted(queue for queue in pg if lengths.get(queue, -1) == 0)
+        pushed = 0
+        for queue in empty:
+            after: tuple[datetime, str] | None = None
+            while True:
+                rows = self.store.queued_page(queue, after, BATCH)
+                if not rows:
+                    break
+                pushed += self._push([Push(r.id, r.name, r.priority) for r in rows])
+                failpoint("coord.mid_reconcile_batch")
+                after = (rows[-1].queued_at, rows[-1].id)
+        self.broker.set_boot_marker(marker)
+        if pushed:
+            logger.warning(
+                "Redis had no boot marker (flushed or restarted): restored queues", jobs=pushed
+            )
+        else:
+            # A first start against an empty Redis looks the same and is no news.
+            logger.info("Redis had no boot marker: nothing queued to restore; marker set")
+        return pushed

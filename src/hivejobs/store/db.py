@@ -1,0 +1,167 @@
+"""The connection pool every store aggregate shares, and connecting with clear errors.
+
+`Database` owns the pool and the session settings it was asked for; the aggregates
+(jobs.py, workers.py, leases.py, maintenance.py) add statements over it and own nothing else.
+Statements are in schema.sql. Never decides policy.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import datetime
+from typing import Any
+
+import psycopg
+import psycopg.sql
+from psycopg_pool import ConnectionPool
+
+from hivejobs.config import redact_url, scrub, url_secrets
+from hivejobs.errors import ConfigError, ConnectionFailed
+from hivejobs.store.migrate import apply_migrations, check_schema
+from hivejobs.store.pooling import (
+    configure_for,
+    connect_kwargs,
+    pooler_refused,
+    settings_not_in_force,
+)
+from hivejobs.store.sql import load_queries
+
+Conn = psycopg.Connection[Any]
+SCHEMA = load_queries("schema.sql")
+
+_DATABASE_MISSING = re.compile(r'database "[^"]*" does not exist')
+_ROLE_MISSING = re.compile(r'role "[^"]*" does not exist')
+
+
+def connection_failed(url: str, exc: psycopg.Error) -> ConnectionFailed:
+    """libpq's whole reason (every line: it tries each address), the URL redacted."""
+    reason = " ".join(line.strip() for line in str(exc).splitlines() if line.strip())
+    reason = scrub(reason or type(exc).__name__, url_secrets(url))
+    if _ROLE_MISSING.search(reason):
+        reason += " (the user name in the URL is wrong, or that role was never created)"
+    elif _DATABASE_MISSING.search(reason):
+        reason += " (run `hivejobs migrate`, which creates it)"
+    return ConnectionFailed("Postgres", redact_url(url), reason)
+
+
+def connect(url: str, pooled: bool = False, **kwargs: Any) -> Conn:
+    """A plain autocommit connection, with a clear error when the server does not answer.
+    `pooled`: through a transaction-mode pooler (no prepared statements)."""
+    kwargs = {**connect_kwargs(pooled, None), **kwargs}
+    try:
+        return psycopg.connect(url, **kwargs)
+    except psycopg.OperationalError as exc:
+        refused = pooler_refused(scrub(str(exc), url_secrets(url)))
+        if refused is not None:
+            raise refused from None
+        raise connection_failed(url, exc) from None
+
+
+def create_database_if_missing(url: str) -> bool:
+    """`hivejobs migrate` on a fresh server: create the database named in the URL.
+
+    Only a "database does not exist" answer leads to CREATE DATABASE; a wrong role, password
+    or host is reported as such."""
+    info = psycopg.conninfo.conninfo_to_dict(url)
+    dbname = str(info.get("dbname") or "")
+    if not dbname:
+        return False
+    try:
+        psycopg.connect(url, connect_timeout=5).close()
+        return False
+    except psycopg.OperationalError as exc:
+        if not _DATABASE_MISSING.search(str(exc)):
+            raise connection_failed(url, exc) from None
+    maintenance = psycopg.conninfo.make_conninfo(url, dbname="postgres")
+    with connect(maintenance) as conn:
+        try:
+            conn.execute(
+                psycopg.sql.SQL(SCHEMA["create_database"]).format(
+                    dbname=psycopg.sql.Identifier(dbname)
+                )
+            )
+        except psycopg.errors.DuplicateDatabase:
+            return False  # a concurrent creator won the race
+        except psycopg.errors.InsufficientPrivilege:
+            user = str(info.get("user") or "the URL's user")
+            raise ConfigError(
+                f"database {dbname!r} does not exist and role {user!r} may not create it: "
+                "create it as a superuser (CREATE DATABASE ... OWNER ...) or grant CREATEDB, "
+                "then run `hivejobs migrate` again"
+            ) from None
+    return True
+
+
+class Database:
+    """Owns one psycopg connection pool and the session settings its connections carry.
+
+    Every aggregate of the store runs its statements on connections from here, so a process
+    holds one pool, sized by its role, whatever it reads or writes."""
+
+    def __init__(
+        self,
+        url: str,
+        max_size: int = 4,
+        min_size: int = 1,
+        session: dict[str, str] | None = None,
+        pooled: bool = False,
+    ) -> None:
+        """`session`: Postgres settings for every connection: sent at connect (no round trip)
+        or, `pooled` (a transaction-mode pooler), set for each transaction the store opens and
+        sent along with each statement outside one (store/pooling.py)."""
+        self.url = url
+        self.pooled = pooled
+        self.session = dict(session or {})
+        kwargs = connect_kwargs(pooled, session)
+        connect(url, **kwargs).close()  # fail fast with a clear message
+        connection_class, configure = configure_for(pooled, session)
+        self._pool: ConnectionPool[Conn] = ConnectionPool(
+            url,
+            connection_class=connection_class,
+            configure=configure,
+            min_size=min_size,
+            max_size=max_size,
+            kwargs=kwargs,
+            open=True,
+            name="hivejobs",
+            timeout=5.0,  # an outage fails calls in seconds instead of queueing them
+            reconnect_timeout=3600.0,  # keep trying through long outages
+        )
+
+    def close(self) -> None:
+        self._pool.close()
+
+    @contextmanager
+    def connection(self) -> Iterator[Conn]:
+        with self._pool.connection() as conn:
+            yield conn
+
+    def migrate(self) -> list[str]:
+        with self.connection() as conn:
+            return apply_migrations(conn)
+
+    def check_schema(self) -> None:
+        with self.connection() as conn:
+            check_schema(conn)
+
+    def now(self) -> datetime:
+        """The database clock, which every time in the schema is judged on."""
+        with self.connection() as conn:
+            return db_now(conn)
+
+    def session_not_in_force(self) -> list[str]:
+        """The session settings this store asked for that a transaction of its own does not
+        have (`name=found, wanted value`); empty when all are in force."""
+        if not self.session:
+            return []
+        with self.connection() as conn:
+            return settings_not_in_force(conn, self.session)
+
+
+def db_now(conn: Conn) -> datetime:
+    row = conn.execute(SCHEMA["db_now"]).fetchone()
+    assert row is not None  # SELECT now() returns one row
+    now: datetime = row[0]
+    return now
