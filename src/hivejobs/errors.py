@@ -16,6 +16,11 @@ class ConfigError(HivejobsError):
     """A setting is missing, malformed or contradicts another one."""
 
 
+class UsageError(HivejobsError):
+    """A command line that cannot run: unknown option, bad MODULE:APP, unreadable file.
+    The CLI prints it on one line and exits 2 (bad usage), as argparse would."""
+
+
 class ConnectionFailed(HivejobsError):
     """Postgres or Redis did not answer; the message names which and where (redacted)."""
 

@@ -19,6 +19,7 @@ import msgspec
 
 from hivejobs.bench import scenarios
 from hivejobs.bench.environment import BenchEnvironment
+from hivejobs.errors import UsageError
 
 SCENARIOS = ("enqueue", "throughput", "latency", "chain", "backlog", "stale-stats", "prune")
 DEFAULT_SCENARIOS = "enqueue,throughput,latency"
@@ -68,8 +69,6 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
 
 def parse_options(args: argparse.Namespace) -> BenchOptions:
     """Check the options before anything is created; errors say which option is wrong."""
-    from hivejobs.cli import UsageError
-
     chosen = [s.strip() for s in args.scenarios.split(",") if s.strip()]
     unknown = [s for s in chosen if s not in SCENARIOS]
     if unknown or not chosen:
