@@ -6,7 +6,6 @@ Prints one line per error, never a traceback for an error we raised on purpose.
 from __future__ import annotations
 
 import argparse
-import importlib
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -18,7 +17,7 @@ import psycopg
 import redis
 from loguru import logger
 
-from hivejobs.app import App
+from hivejobs.app import App, load_app
 from hivejobs.banner import hivejobs_version
 from hivejobs.config import (
     DEFAULT_DATABASE_URL,
@@ -44,7 +43,6 @@ from hivejobs.errors import (
 from hivejobs.logs import error_text
 from hivejobs.reload import app_source_dirs, check_watch_available
 from hivejobs.serialization import decode_any
-
 
 
 class ExitCode(IntEnum):
@@ -95,22 +93,6 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
 class Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # type: ignore[override]
         raise UsageError(message)
-
-
-def load_app(spec: str) -> App:
-    """Import MODULE:ATTR (the current directory is importable, as for a Procfile)."""
-    module_name, _, attr = spec.partition(":")
-    if not module_name:
-        raise UsageError(f"expected MODULE:APP, got {spec!r}")
-    sys.path.insert(0, os.getcwd())
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise UsageError(f"cannot import {module_name!r}: {exc}") from None
-    app = getattr(module, attr or "app", None)
-    if not isinstance(app, App):
-        raise UsageError(f"{spec!r} is not a hivejobs App (expected MODULE:APP)")
-    return app
 
 
 _OPENED: list[App] = []  # closed when the command ends: no pool left for __del__ to stop

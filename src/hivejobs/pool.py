@@ -21,7 +21,7 @@ import psycopg
 import redis
 from loguru import logger
 
-from hivejobs.app import App, JobType
+from hivejobs.app import App
 from hivejobs.broker import Broker, ControlMessage, Popped
 from hivejobs.capture import Captured, capturing
 from hivejobs.completer import Completer
@@ -29,6 +29,7 @@ from hivejobs.config import Settings
 from hivejobs.context import JobContext
 from hivejobs.executor import ended, execute, failed
 from hivejobs.failpoints import failpoint
+from hivejobs.jobtypes import JobType
 from hivejobs.logs import error_fields, fatal_on_error
 from hivejobs.metrics import Recorder
 from hivejobs.records import ClaimedJob, Completion, Outcome
@@ -423,7 +424,7 @@ class Pool:
             return False
 
     def _run_started(self, job: ClaimedJob) -> None:
-        ctx = JobContext(job, self.app, self.broker)
+        ctx = JobContext(job, self.app, ChainStore(self.store))
         entry = Running(job, ctx)
         with self.lock:
             self.running[job.id] = entry

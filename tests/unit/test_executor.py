@@ -8,9 +8,9 @@ from collections.abc import Callable
 import pytest
 
 from hivejobs import App, Interrupted, JobContext, Retry
-from hivejobs.app import Fail
 from hivejobs.context import JobContext as Ctx
 from hivejobs.executor import execute
+from hivejobs.jobtypes import Fail
 from hivejobs.records import ClaimedJob, Delivery
 
 

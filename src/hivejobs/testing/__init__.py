@@ -26,10 +26,11 @@ from typing import Literal
 
 import msgspec
 
-from hivejobs.app import App, JobType
+from hivejobs.app import App
 from hivejobs.context import JobContext
 from hivejobs.errors import DrainIncomplete, UnknownJobType
 from hivejobs.executor import execute
+from hivejobs.jobtypes import JobType
 from hivejobs.records import PRIORITIES, ClaimedJob, Completion, Outcome
 from hivejobs.serialization import decode_json
 from hivejobs.store import new_worker_id
