@@ -71,7 +71,7 @@ from hivejobs.store.enqueue import Push, owns_transaction
 
 if TYPE_CHECKING:
     from hivejobs.chains.builder import Chain
-    from hivejobs.embedded import EmbeddedServers
+    from hivejobs.dev.embedded.servers import EmbeddedServers
     from hivejobs.records import ChainStatus, ChainSummary, JobLogEntry, RunningTry
     from hivejobs.store.callbacks import CallbackResult
 
@@ -231,8 +231,9 @@ class App:
         with self._lock:
             if self.settings.backend_source != "default":
                 return
-            from hivejobs.embedded import choose_backends
+            from hivejobs.backends import choose_backends
 
+            # A URL still at its default was not given: the choice may replace it.
             chosen = choose_backends(
                 None
                 if self.settings.database_url == DEFAULT_DATABASE_URL

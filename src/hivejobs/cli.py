@@ -411,7 +411,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_dev(args: argparse.Namespace) -> int:
-    from hivejobs.dev import dev_main
+    from hivejobs.dev.command import dev_main
 
     return dev_main(
         args.app_spec, args.data_dir, args.print_env, stop=args.stop, reload=args.reload

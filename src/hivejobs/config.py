@@ -18,10 +18,12 @@ import msgspec
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from redis.connection import parse_url as _redis_parse_url
 
+# The defaults live with the backend choice; imported from here too (examples do).
+from hivejobs.backends import DEFAULT_DATABASE_URL as DEFAULT_DATABASE_URL
+from hivejobs.backends import DEFAULT_REDIS_URL as DEFAULT_REDIS_URL
+from hivejobs.backends import configured_urls, explicit_urls
 from hivejobs.errors import ConfigError
 
-DEFAULT_DATABASE_URL = "postgresql://127.0.0.1:5432/hivejobs"
-DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 DEFAULT_PREFIX = "hivejobs:"
 # fullmatch, not `$`: `$` also matches before a trailing newline.
 PREFIX_RE = re.compile(r"[A-Za-z0-9_.\-:]{1,64}")
@@ -50,7 +52,7 @@ class Settings(msgspec.Struct, kw_only=True):
     database_url: str
     redis_url: str
     # "default" until resolved: no URL was given, so the local servers or embedded ones are
-    # chosen on first connection (embedded.choose_backends).
+    # chosen on first connection (backends.choose_backends).
     backend_source: str = "explicit"
     prefix: str = DEFAULT_PREFIX
     max_payload_bytes: Count = 1024 * 1024
@@ -125,20 +127,6 @@ class Settings(msgspec.Struct, kw_only=True):
         return url_secrets(self.database_url) + url_secrets(self.redis_url)
 
 
-# --------------------------------------------------------------------------- precedence
-
-
-def configured_urls(
-    database_url: str | None = None, redis_url: str | None = None
-) -> tuple[str | None, str | None]:
-    """The one URL precedence rule: arguments, then HIVEJOBS_DATABASE_URL / HIVEJOBS_REDIS_URL,
-    then DATABASE_URL / REDIS_URL (what Heroku-style platforms set). None when unset."""
-    env = os.environ
-    db = database_url or env.get("HIVEJOBS_DATABASE_URL") or env.get("DATABASE_URL")
-    rd = redis_url or env.get("HIVEJOBS_REDIS_URL") or env.get("REDIS_URL")
-    return db or None, rd or None
-
-
 def settings_from_env(
     database_url: str | None = None,
     redis_url: str | None = None,
@@ -163,7 +151,7 @@ def settings_from_env(
     raw.update(
         database_url=db or DEFAULT_DATABASE_URL,
         redis_url=rd or DEFAULT_REDIS_URL,
-        backend_source="explicit" if db and rd else "default",
+        backend_source="explicit" if explicit_urls(db, rd) else "default",
         # An empty prefix is refused, never silently replaced by the default.
         prefix=DEFAULT_PREFIX if prefix is None else prefix,
     )

@@ -99,7 +99,7 @@ def parse_options(args: argparse.Namespace) -> BenchOptions:
 
 def run_bench(args: argparse.Namespace) -> int:
     opts = parse_options(args)
-    from hivejobs.embedded import choose_backends
+    from hivejobs.backends import choose_backends
 
     # Configured URLs, else the local servers, else embedded ones (stopped when we exit).
     chosen = choose_backends(args.database_url, args.redis_url)
