@@ -77,7 +77,14 @@ if TYPE_CHECKING:
 
 
 class App:
-    """Register job types with @app.job; enqueue from anywhere the app is importable."""
+    """Register job types with @app.job; enqueue from anywhere the app is importable.
+
+    A facade: the checks live in jobtypes.py, the chain calls in ChainClient, the backend
+    choice in backends.py, the SQL in store/. It owns the registry (`types`, `schedules`,
+    filled while the app module is imported) and the lazily opened connections: `store`,
+    `read_store`, `broker`, `pusher` and the per-loop async backends, each made once under
+    `_lock` (double-checked), replaced after `close()`. `settings` URLs change once, when
+    `resolve_backends` picks local or embedded servers, before the first connection."""
 
     def __init__(
         self,
@@ -326,7 +333,7 @@ class App:
         name: str,
         payload: object = None,
         *,
-        id: str | None = None,  # noqa: A002
+        id: str | None = None,
         priority: int | None = None,
         delay: float | None = None,
         run_at: datetime | None = None,
@@ -364,7 +371,7 @@ class App:
         name: str,
         payload: object = None,
         *,
-        id: str | None = None,  # noqa: A002
+        id: str | None = None,
         priority: int | None = None,
         delay: float | None = None,
         run_at: datetime | None = None,
@@ -444,7 +451,8 @@ class App:
         try:
             self.broker.push(name, priority, ids)
         except redis.RedisError as exc:
-            # PG is the truth: the job is stored; the reconciler pushes it later (R1).
+            # PG is the truth: the job is stored; the reconciler pushes it later (rule R1 in
+            # docs/concepts/reliability.md: ack after the commit, Redis only carries hints).
             logger.warning(
                 "job stored but push to Redis failed; the coordinator will dispatch it",
                 job_type=name,
@@ -580,7 +588,7 @@ class App:
     def list_jobs(
         self,
         state: str | Sequence[str] | None = None,
-        type: str | None = None,  # noqa: A002 - the job type, as the CLI's --type
+        type: str | None = None,  # the job type, as the CLI's --type
         since: datetime | timedelta | None = None,
         until: datetime | None = None,
         limit: int = 100,

@@ -91,6 +91,9 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
 
 
 class Parser(argparse.ArgumentParser):
+    """argparse that raises UsageError instead of exiting, so `main` prints one line and
+    closes what the command opened."""
+
     def error(self, message: str) -> None:  # type: ignore[override]
         raise UsageError(message)
 
@@ -109,7 +112,7 @@ def _close_opened() -> None:
     while _OPENED:
         try:
             _OPENED.pop().close()
-        except Exception as exc:  # noqa: BLE001 - the command's answer is already out
+        except Exception as exc:  # the command's answer is already out
             logger.opt(exception=exc).debug("closing the app failed")
 
 

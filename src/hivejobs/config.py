@@ -60,7 +60,8 @@ class Settings(msgspec.Struct, kw_only=True):
     # What a handler returns or raises is stored, and read back by status and chains: an
     # encoded result above this fails its attempt, an error text is truncated to it.
     max_result_bytes: Annotated[int, msgspec.Meta(ge=MIN_RESULT_BYTES)] = 1024 * 1024
-    # R11: a paused Redis must not hang a thread for ever; longer than pop_block_s.
+    # A paused Redis must not hang a thread for ever; longer than pop_block_s (rule R11 in
+    # docs/concepts/reliability.md).
     redis_socket_timeout_s: Seconds = 5.0
     heartbeat_s: Seconds = 5.0
     stuck_after_s: Seconds = 30.0
@@ -198,7 +199,7 @@ def check_database_url(url: str) -> dict[str, str]:
         raise ConfigError(f"URL {redact_url(url)!r} should start with postgresql://")
     try:
         params = conninfo_to_dict(url)
-    except Exception:  # noqa: BLE001 - psycopg.ProgrammingError; its text repeats the DSN
+    except Exception:  # psycopg.ProgrammingError; its text repeats the DSN
         raise ConfigError(
             "the database URL is malformed (expected postgresql://user:password@host:port/db "
             "or key=value pairs)"
@@ -235,7 +236,7 @@ def url_secrets(url: str) -> list[str]:
         else:
             params = conninfo_to_dict(url)
             found += [str(params.get(key) or "") for key in _SECRET_KEYS]
-    except Exception:  # noqa: BLE001 - unparseable: fall back to the userinfo's text below
+    except Exception:  # unparseable: fall back to the userinfo's text below
         pass
     userinfo = url.split("://", 1)[-1].rsplit("@", 1)
     if len(userinfo) == 2 and ":" in userinfo[0]:
@@ -294,7 +295,7 @@ def redact_url(url: str) -> str:
                 user = netloc[0].split(":", 1)[0]
                 parts = parts._replace(netloc=f"{user}:***@{netloc[1]}")
             shown = urlunsplit(parts)
-    except Exception:  # noqa: BLE001 - whatever the parsers raise, show nothing of it
+    except Exception:  # whatever the parsers raise, show nothing of it
         return "<malformed URL>"
     return scrub(shown, url_secrets(url))
 
