@@ -26,6 +26,8 @@ DEFAULT_SCENARIOS = "enqueue,throughput,latency"
 
 
 class BenchOptions(msgspec.Struct, kw_only=True):
+    """The checked options of `hivejobs bench` (parse_options refuses bad ones first)."""
+
     scenarios: list[str]
     jobs: int
     processes: int
