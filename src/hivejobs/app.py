@@ -12,9 +12,8 @@ import contextlib
 import importlib
 import os
 import sys
-import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -22,16 +21,11 @@ import psycopg
 import redis
 from loguru import logger
 
-from hivejobs.aio import AsyncBackends, AsyncBackendsByLoop
+from hivejobs.aio import AsyncBackends
 from hivejobs.broker import Broker, ControlMessage, Pusher
 from hivejobs.chains.api import ChainClient, chain_query
-from hivejobs.config import (
-    DEFAULT_DATABASE_URL,
-    DEFAULT_REDIS_URL,
-    Settings,
-    remember_secrets,
-    settings_from_env,
-)
+from hivejobs.config import Settings, settings_from_env
+from hivejobs.connections import Connections
 from hivejobs.errors import (
     CallbackRefused,
     InvalidArgument,
@@ -66,7 +60,7 @@ from hivejobs.records import (
 )
 from hivejobs.schedules import Schedule, check_cron
 from hivejobs.serialization import PayloadCodec, decode_json, payload_type_of
-from hivejobs.store import Store, connection_failed
+from hivejobs.store import Store
 from hivejobs.store.enqueue import Push, owns_transaction
 
 if TYPE_CHECKING:
@@ -79,12 +73,10 @@ if TYPE_CHECKING:
 class App:
     """Register job types with @app.job; enqueue from anywhere the app is importable.
 
-    A facade: the checks live in jobtypes.py, the chain calls in ChainClient, the backend
-    choice in backends.py, the SQL in store/. It owns the registry (`types`, `schedules`,
-    filled while the app module is imported) and the lazily opened connections: `store`,
-    `read_store`, `broker`, `pusher` and the per-loop async backends, each made once under
-    `_lock` (double-checked), replaced after `close()`. `settings` URLs change once, when
-    `resolve_backends` picks local or embedded servers, before the first connection."""
+    A facade: the checks live in jobtypes.py, the connections in Connections, the chain
+    calls in ChainClient, the backend choice in backends.py, the SQL in store/. It owns the
+    registry (`types` and `schedules`, filled while the app module is imported, read-only
+    afterwards) and a short cache of the types a worker fleet declared (`_remote_types`)."""
 
     def __init__(
         self,
@@ -96,14 +88,8 @@ class App:
         self.settings: Settings = settings_from_env(database_url, redis_url, prefix, **settings)
         self.types: dict[str, JobType] = {}
         self.schedules: dict[str, Schedule] = {}
-        self._store: Store | None = None
-        self._read_store: Store | None = None
-        self._broker: Broker | None = None
-        self._pusher: Pusher | None = None
-        self.embedded: EmbeddedServers | None = None
-        self._lock = threading.RLock()
+        self.connections = Connections(self.settings)
         self._remote_types: tuple[float, dict[str, JobTypeInfo]] = (0.0, {})
-        self._async = AsyncBackendsByLoop()
 
     # -- registry ----------------------------------------------------------------------
 
@@ -219,112 +205,50 @@ class App:
             self._remote_types = (time.monotonic(), cached)
         return cached
 
-    @contextlib.contextmanager
-    def _postgres_errors(self) -> Iterator[None]:
-        """A lost or refused connection surfaces as ConnectionFailed, with a redacted URL."""
-        try:
-            yield
-        except psycopg.OperationalError as exc:
-            raise connection_failed(self.settings.database_url, exc) from None
+    def _postgres_errors(self) -> contextlib.AbstractContextManager[None]:
+        return self.connections.postgres_errors()
 
-    # -- connections -------------------------------------------------------------------
+    # -- connections (Connections owns them) -------------------------------------------
 
     def resolve_backends(self) -> None:
         """Without configured URLs, pick the local servers or start embedded ones (once).
 
         Called on first connection, so importing an app never starts servers."""
-        if self.settings.backend_source != "default":
-            return
-        with self._lock:
-            if self.settings.backend_source != "default":
-                return
-            from hivejobs.backends import choose_backends
+        self.connections.resolve()
 
-            # A URL still at its default was not given: the choice may replace it.
-            chosen = choose_backends(
-                None
-                if self.settings.database_url == DEFAULT_DATABASE_URL
-                else self.settings.database_url,
-                None if self.settings.redis_url == DEFAULT_REDIS_URL else self.settings.redis_url,
-            )
-            self.settings.database_url = chosen.database_url
-            self.settings.redis_url = chosen.redis_url
-            self.settings.backend_source = chosen.source
-            remember_secrets(chosen.database_url, chosen.redis_url)
-            self.embedded = chosen.embedded
+    @property
+    def embedded(self) -> EmbeddedServers | None:
+        """The embedded servers the backend choice started for this app, if it did."""
+        return self.connections.embedded
 
     @property
     def store(self) -> Store:
-        if self._store is None:
-            self.resolve_backends()
-            with self._lock:
-                if self._store is None:
-                    store = Store(self.settings.database_url, pooled=self.settings.pgbouncer)
-                    store.check_schema()
-                    self._store = store
-        return self._store
+        return self.connections.store
 
     @property
     def read_store(self) -> Store:
         """The store listings and dashboards read from: HIVEJOBS_READ_DATABASE_URL (e.g. a
         replica, which may lag) when set, else the primary's."""
-        if not self.settings.read_database_url:
-            return self.store
-        if self._read_store is None:
-            with self._lock:
-                if self._read_store is None:
-                    self._read_store = Store(
-                        self.settings.read_database_url, max_size=2, pooled=self.settings.pgbouncer
-                    )
-        return self._read_store
+        return self.connections.read_store
 
     @property
     def pusher(self) -> Pusher:
-        if self._pusher is None:
-            with self._lock:
-                if self._pusher is None:
-                    self._pusher = Pusher(self.broker)
-        return self._pusher
+        return self.connections.pusher
 
     @property
     def broker(self) -> Broker:
-        if self._broker is None:
-            self.resolve_backends()
-            with self._lock:
-                if self._broker is None:
-                    self._broker = Broker(self.settings)
-        return self._broker
+        return self.connections.broker
 
     def migrate(self) -> list[str]:
         """Create the database if missing and apply pending migrations (idempotent)."""
-        from hivejobs.store import create_database_if_missing
-
-        self.resolve_backends()
-        create_database_if_missing(self.settings.database_url)
-        store = Store(self.settings.database_url, pooled=self.settings.pgbouncer)
-        try:
-            return store.migrate()
-        finally:
-            store.close()
+        return self.connections.migrate()
 
     def flush(self, timeout_s: float = 5.0) -> bool:
         """Wait until the ids of jobs enqueued so far were pushed to Redis."""
-        return self._pusher is None or self._pusher.flush(timeout_s)
+        return self.connections.flush(timeout_s)
 
     def close(self) -> None:
-        self.flush()
-        # The pusher holds the broker being closed: a later enqueue makes a new pair (with
-        # the settings of then, which hivejobs.testing changes between tests).
-        self._pusher = None
-        if self._store is not None:
-            self._store.close()
-            self._store = None
-        if self._read_store is not None:
-            self._read_store.close()
-            self._read_store = None
-        if self._broker is not None:
-            self._broker.close()
-            self._broker = None
+        self.connections.close()
 
     # -- enqueue -----------------------------------------------------------------------
 
@@ -476,14 +400,11 @@ class App:
 
     async def async_backends(self) -> AsyncBackends:
         """This event loop's async Postgres pool and Redis client, opened on first use."""
-        if self.settings.backend_source == "default":
-            await asyncio.to_thread(self.resolve_backends)
-        with self._postgres_errors():
-            return await self._async.get(self.settings)
+        return await self.connections.async_backends()
 
     async def aclose(self) -> None:
         """Close this event loop's async connections (from the web app's shutdown hook)."""
-        await self._async.close()
+        await self.connections.aclose()
 
     # -- reads and user actions --------------------------------------------------------
 
