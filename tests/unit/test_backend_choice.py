@@ -17,6 +17,7 @@ from hivejobs.backends import BackendUnavailable, choose_backends
 from hivejobs.config import redact_url
 from hivejobs.dev.embedded import servers
 from hivejobs.dev.embedded.postgres import ROOT_CACHE
+from hivejobs.dev.embedded.process import redis_handshake
 from hivejobs.dev.embedded.servers import stop_embedded
 
 pytestmark = pytest.mark.timeout(60)
@@ -56,7 +57,7 @@ def no_local_servers(monkeypatch: pytest.MonkeyPatch) -> None:
 def local_servers_answer() -> bool:
     return backends.probe_local_postgres(
         backends.DEFAULT_DATABASE_URL
-    ) is not None and backends.redis_handshake(backends.DEFAULT_REDIS_URL)
+    ) is not None and redis_handshake(backends.DEFAULT_REDIS_URL)
 
 
 def forbid_probing(monkeypatch: pytest.MonkeyPatch) -> None:
