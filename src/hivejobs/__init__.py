@@ -6,7 +6,7 @@ lines are disabled here, and `hivejobs` commands (or the host app) enable them.
 
 from loguru import logger
 
-from hivejobs.app import App, Backoff, Fail, Retry
+from hivejobs.app import App
 from hivejobs.chains import Chain, ChainInfo, JobRef
 from hivejobs.context import JobContext
 from hivejobs.errors import (
@@ -30,6 +30,7 @@ from hivejobs.errors import (
     SchemaOutdated,
     UnknownJobType,
 )
+from hivejobs.jobtypes import Backoff, Fail, Retry
 from hivejobs.records import JobInfo, JobState
 
 logger.disable("hivejobs")

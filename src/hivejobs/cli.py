@@ -1,4 +1,4 @@
-"""Command line: argparse to App calls; errors to exit codes (2 bad usage, 1 otherwise).
+"""Command line: argparse to App calls; errors to exit codes (ExitCode, below).
 
 Prints one line per error, never a traceback for an error we raised on purpose.
 """
@@ -6,18 +6,18 @@ Prints one line per error, never a traceback for an error we raised on purpose.
 from __future__ import annotations
 
 import argparse
-import importlib
 import os
 import sys
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
+from enum import IntEnum
 
 import msgspec
 import psycopg
 import redis
 from loguru import logger
 
-from hivejobs.app import App
+from hivejobs.app import App, load_app
 from hivejobs.banner import hivejobs_version
 from hivejobs.config import (
     DEFAULT_DATABASE_URL,
@@ -38,12 +38,26 @@ from hivejobs.errors import (
     PayloadInvalid,
     PayloadTooLarge,
     UnknownJobType,
+    UsageError,
 )
 from hivejobs.logs import error_text
 from hivejobs.reload import app_source_dirs, check_watch_available
 from hivejobs.serialization import decode_any
 
+
+class ExitCode(IntEnum):
+    """Every exit status of a `hivejobs` command (but `run` and `dev`, which pass on the
+    supervisor's or the worker's own)."""
+
+    OK = 0
+    FAILED = 1  # an error we raised on purpose, or an unexpected one (one line on stderr)
+    USAGE = 2  # bad usage or bad input, as argparse exits: nothing was stored
+    INTERRUPTED = 130  # Ctrl-C: 128 + SIGINT, as a shell reports it
+    STDOUT_GONE = 141  # our reader went away (`| head`): 128 + SIGPIPE, as pipelines expect
+
+
 USAGE_ERRORS = (
+    UsageError,
     ChainInvalid,
     InvalidArgument,
     PayloadInvalid,
@@ -53,10 +67,6 @@ USAGE_ERRORS = (
     ConfigError,
     JobIdConflict,
 )
-
-
-class UsageError(Exception):
-    pass
 
 
 ENVIRONMENT = f"""environment:
@@ -81,24 +91,11 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
 
 
 class Parser(argparse.ArgumentParser):
+    """argparse that raises UsageError instead of exiting, so `main` prints one line and
+    closes what the command opened."""
+
     def error(self, message: str) -> None:  # type: ignore[override]
         raise UsageError(message)
-
-
-def load_app(spec: str) -> App:
-    """Import MODULE:ATTR (the current directory is importable, as for a Procfile)."""
-    module_name, _, attr = spec.partition(":")
-    if not module_name:
-        raise UsageError(f"expected MODULE:APP, got {spec!r}")
-    sys.path.insert(0, os.getcwd())
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise UsageError(f"cannot import {module_name!r}: {exc}") from None
-    app = getattr(module, attr or "app", None)
-    if not isinstance(app, App):
-        raise UsageError(f"{spec!r} is not a hivejobs App (expected MODULE:APP)")
-    return app
 
 
 _OPENED: list[App] = []  # closed when the command ends: no pool left for __del__ to stop
@@ -115,7 +112,7 @@ def _close_opened() -> None:
     while _OPENED:
         try:
             _OPENED.pop().close()
-        except Exception as exc:  # noqa: BLE001 - the command's answer is already out
+        except Exception as exc:  # the command's answer is already out
             logger.opt(exception=exc).debug("closing the app failed")
 
 
@@ -124,7 +121,7 @@ def cmd_migrate(args: argparse.Namespace) -> int:
     applied = app.migrate()
     url = redact_url(app.settings.database_url)
     print(f"applied {', '.join(applied)} to {url}" if applied else f"schema up to date at {url}")
-    return 0
+    return ExitCode.OK
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -169,7 +166,7 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
         expires_at=_future(args.expires_at),
     )
     print(job_id)
-    return 0
+    return ExitCode.OK
 
 
 def _future(text: str | None) -> datetime | None:
@@ -198,7 +195,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         _print_json(data)
     else:
         print(readable_job(data))
-    return 0
+    return ExitCode.OK
 
 
 def readable_job(data: dict[str, object]) -> str:
@@ -235,7 +232,7 @@ def cmd_jobs(args: argparse.Namespace) -> int:
     live = _live_pools(app)
     if args.json:
         _print_json([{**msgspec.to_builtins(r), "live_pools": live.get(r.name, 0)} for r in rows])
-        return 0
+        return ExitCode.OK
     header = (
         "type",
         "concurrency",
@@ -263,7 +260,7 @@ def cmd_jobs(args: argparse.Namespace) -> int:
         for r in rows
     ]
     _print_table(table)
-    return 0
+    return ExitCode.OK
 
 
 def _live_pools(app: App) -> dict[str, int]:
@@ -291,14 +288,14 @@ def _list_jobs(args: argparse.Namespace) -> int:
     print("\n".join(job_rows(page.jobs)))
     if page.next is not None:
         print(f"more: --after '{page.next}'", file=sys.stderr)
-    return 0
+    return ExitCode.OK
 
 
 def cmd_workers(args: argparse.Namespace) -> int:
     rows = _app(args).read_store.workers()
     if args.json:
         _print_json(msgspec.to_builtins(rows))
-        return 0
+        return ExitCode.OK
     table: list[tuple[object, ...]] = [
         ("id", "host", "pid", "role", "pool", "started", "heartbeat age s", "running")
     ]
@@ -316,7 +313,7 @@ def cmd_workers(args: argparse.Namespace) -> int:
         for w in rows
     ]
     _print_table(table)
-    return 0
+    return ExitCode.OK
 
 
 def cmd_cron(args: argparse.Namespace) -> int:
@@ -336,13 +333,13 @@ def cmd_cron(args: argparse.Namespace) -> int:
             (s.name, s.job_type, s.cron, s.tz, "yes" if s.catch_up else "no", last, upcoming)
         )
     _print_table(table)
-    return 0
+    return ExitCode.OK
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:
     done = _app(args).cancel(args.job_id)
     print("cancelled" if done else "already finished")
-    return 0 if done else 1
+    return ExitCode.OK if done else ExitCode.FAILED
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
@@ -352,7 +349,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     print(f"kept priority {done.priority}", file=sys.stderr)
     for change in done.changes:
         print(change, file=sys.stderr)
-    return 0
+    return ExitCode.OK
 
 
 def cmd_restart(args: argparse.Namespace) -> int:
@@ -364,7 +361,7 @@ def cmd_restart(args: argparse.Namespace) -> int:
         ControlMessage(action="restart", pool=args.pool, instance=args.instance)
     )
     print("restart requested")
-    return 0
+    return ExitCode.OK
 
 
 def cmd_chain(args: argparse.Namespace) -> int:
@@ -392,7 +389,7 @@ def cmd_chain(args: argparse.Namespace) -> int:
         done = app.stop_chain(args.request_id, timeout=args.timeout, wait=args.wait)
         if not done:
             print("already finished")
-            return 1
+            return ExitCode.FAILED
         # With --wait, the state it ended in: failed wins over stopped (see the README).
         print(app.chain_status(args.request_id).state if args.wait else "stop requested")
     elif args.chain_command == "ps":
@@ -407,7 +404,7 @@ def cmd_chain(args: argparse.Namespace) -> int:
             until=_past(args.until),
         )
         print("\n".join(chain_rows(chains)))
-    return 0
+    return ExitCode.OK
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -417,7 +414,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_dev(args: argparse.Namespace) -> int:
-    from hivejobs.dev import dev_main
+    from hivejobs.dev.command import dev_main
 
     return dev_main(
         args.app_spec, args.data_dir, args.print_env, stop=args.stop, reload=args.reload
@@ -652,7 +649,7 @@ def _stdout_gone() -> int:
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, sys.stdout.fileno())
     os.close(devnull)
-    return 141
+    return ExitCode.STDOUT_GONE
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -663,7 +660,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not (sys.argv[1:] if argv is None else argv):
             # No command: the usage and the command list, and exit 2 as for any bad usage.
             print(build_parser().format_help(), file=sys.stderr, end="")
-            return 2
+            return ExitCode.USAGE
         args = build_parser().parse_args(argv)
         _check_text_arguments(args)
         code = int(args.fn(args))
@@ -671,15 +668,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return code
     except BrokenPipeError:
         return _stdout_gone()
-    except UsageError as exc:
-        return _fail(2, str(exc))
     except USAGE_ERRORS as exc:
-        return _fail(2, str(exc))
+        return _fail(ExitCode.USAGE, str(exc))
     except HivejobsError as exc:
-        return _fail(1, str(exc))
+        return _fail(ExitCode.FAILED, str(exc))
     except KeyboardInterrupt:
-        return 130
-    except Exception as exc:  # noqa: BLE001 - one line, never a traceback with values in it
-        return _fail(1, _unexpected(exc))
+        return ExitCode.INTERRUPTED
+    except Exception as exc:  # one line, never a traceback with values in it
+        return _fail(ExitCode.FAILED, _unexpected(exc))
     finally:
         _close_opened()

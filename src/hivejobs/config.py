@@ -18,10 +18,12 @@ import msgspec
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from redis.connection import parse_url as _redis_parse_url
 
+# The defaults live with the backend choice; imported from here too (examples do).
+from hivejobs.backends import DEFAULT_DATABASE_URL as DEFAULT_DATABASE_URL
+from hivejobs.backends import DEFAULT_REDIS_URL as DEFAULT_REDIS_URL
+from hivejobs.backends import configured_urls, explicit_urls
 from hivejobs.errors import ConfigError
 
-DEFAULT_DATABASE_URL = "postgresql://127.0.0.1:5432/hivejobs"
-DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 DEFAULT_PREFIX = "hivejobs:"
 # fullmatch, not `$`: `$` also matches before a trailing newline.
 PREFIX_RE = re.compile(r"[A-Za-z0-9_.\-:]{1,64}")
@@ -50,7 +52,7 @@ class Settings(msgspec.Struct, kw_only=True):
     database_url: str
     redis_url: str
     # "default" until resolved: no URL was given, so the local servers or embedded ones are
-    # chosen on first connection (embedded.choose_backends).
+    # chosen on first connection (backends.choose_backends).
     backend_source: str = "explicit"
     prefix: str = DEFAULT_PREFIX
     max_payload_bytes: Count = 1024 * 1024
@@ -58,7 +60,8 @@ class Settings(msgspec.Struct, kw_only=True):
     # What a handler returns or raises is stored, and read back by status and chains: an
     # encoded result above this fails its attempt, an error text is truncated to it.
     max_result_bytes: Annotated[int, msgspec.Meta(ge=MIN_RESULT_BYTES)] = 1024 * 1024
-    # R11: a paused Redis must not hang a thread for ever; longer than pop_block_s.
+    # A paused Redis must not hang a thread for ever; longer than pop_block_s (rule R11 in
+    # docs/concepts/reliability.md).
     redis_socket_timeout_s: Seconds = 5.0
     heartbeat_s: Seconds = 5.0
     stuck_after_s: Seconds = 30.0
@@ -125,20 +128,6 @@ class Settings(msgspec.Struct, kw_only=True):
         return url_secrets(self.database_url) + url_secrets(self.redis_url)
 
 
-# --------------------------------------------------------------------------- precedence
-
-
-def configured_urls(
-    database_url: str | None = None, redis_url: str | None = None
-) -> tuple[str | None, str | None]:
-    """The one URL precedence rule: arguments, then HIVEJOBS_DATABASE_URL / HIVEJOBS_REDIS_URL,
-    then DATABASE_URL / REDIS_URL (what Heroku-style platforms set). None when unset."""
-    env = os.environ
-    db = database_url or env.get("HIVEJOBS_DATABASE_URL") or env.get("DATABASE_URL")
-    rd = redis_url or env.get("HIVEJOBS_REDIS_URL") or env.get("REDIS_URL")
-    return db or None, rd or None
-
-
 def settings_from_env(
     database_url: str | None = None,
     redis_url: str | None = None,
@@ -163,7 +152,7 @@ def settings_from_env(
     raw.update(
         database_url=db or DEFAULT_DATABASE_URL,
         redis_url=rd or DEFAULT_REDIS_URL,
-        backend_source="explicit" if db and rd else "default",
+        backend_source="explicit" if explicit_urls(db, rd) else "default",
         # An empty prefix is refused, never silently replaced by the default.
         prefix=DEFAULT_PREFIX if prefix is None else prefix,
     )
@@ -210,7 +199,7 @@ def check_database_url(url: str) -> dict[str, str]:
         raise ConfigError(f"URL {redact_url(url)!r} should start with postgresql://")
     try:
         params = conninfo_to_dict(url)
-    except Exception:  # noqa: BLE001 - psycopg.ProgrammingError; its text repeats the DSN
+    except Exception:  # psycopg.ProgrammingError; its text repeats the DSN
         raise ConfigError(
             "the database URL is malformed (expected postgresql://user:password@host:port/db "
             "or key=value pairs)"
@@ -247,7 +236,7 @@ def url_secrets(url: str) -> list[str]:
         else:
             params = conninfo_to_dict(url)
             found += [str(params.get(key) or "") for key in _SECRET_KEYS]
-    except Exception:  # noqa: BLE001 - unparseable: fall back to the userinfo's text below
+    except Exception:  # unparseable: fall back to the userinfo's text below
         pass
     userinfo = url.split("://", 1)[-1].rsplit("@", 1)
     if len(userinfo) == 2 and ":" in userinfo[0]:
@@ -306,7 +295,7 @@ def redact_url(url: str) -> str:
                 user = netloc[0].split(":", 1)[0]
                 parts = parts._replace(netloc=f"{user}:***@{netloc[1]}")
             shown = urlunsplit(parts)
-    except Exception:  # noqa: BLE001 - whatever the parsers raise, show nothing of it
+    except Exception:  # whatever the parsers raise, show nothing of it
         return "<malformed URL>"
     return scrub(shown, url_secrets(url))
 

@@ -1,4 +1,8 @@
-"""JobContext: what a handler knows about the attempt it runs, and how it is told to stop."""
+"""JobContext: what a handler knows about the attempt it runs, and how it is told to stop.
+
+Reaches its chain through the ChainStore it is handed (the pool process's own connection
+pool), never through the App's: a pool process opens no second pool for its handlers.
+"""
 
 from __future__ import annotations
 
@@ -13,18 +17,22 @@ if TYPE_CHECKING:
     from loguru import Logger
 
     from hivejobs.app import App
-    from hivejobs.broker import Broker
     from hivejobs.chains.context import ChainInfo, ChainView
+    from hivejobs.store.chains import ChainStore
 
 
 class JobContext:
-    """Handed to every handler call.
+    """Handed to every handler call: the attempt's identity, its stop flag, its chain.
 
     `stopping` is set when the worker shuts down, the job is cancelled, or its timeout passed:
     a long handler should check it and raise `hivejobs.Interrupted` (or return) promptly.
+    Owns the stop flag (set from any pool thread: `request_stop` records the request before
+    the event exists, `stopping` sets the event after publishing it, so no request is lost)
+    and the chain view, loaded on first use. `app` is there for handlers that enqueue more
+    work; the chain view uses `chains`, the store of the process running the handler.
     """
 
-    def __init__(self, job: ClaimedJob, app: App, broker: Broker | None = None) -> None:
+    def __init__(self, job: ClaimedJob, app: App, chains: ChainStore | None = None) -> None:
         self.job_id = job.id
         self.name = job.name
         self.attempt = job.attempt
@@ -36,7 +44,7 @@ class JobContext:
         self._stop_requested = False
         self.cancelled = False
         self._logger: Logger | None = None
-        self._broker = broker
+        self._chains = chains
         self._chain: ChainView | None = None
 
     @property
@@ -87,6 +95,10 @@ class JobContext:
     def _chain_view(self) -> ChainView:
         if self._chain is None:
             from hivejobs.chains.context import ChainView
+            from hivejobs.store.chains import ChainStore
 
-            self._chain = ChainView(self.app, self.job_id)
+            # Without a store of its own (hivejobs.testing runs handlers in the caller's
+            # process), the App's: it is the only one there.
+            chains = self._chains if self._chains is not None else ChainStore(self.app.store)
+            self._chain = ChainView(chains, self.job_id)
         return self._chain

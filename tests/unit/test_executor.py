@@ -8,8 +8,8 @@ from collections.abc import Callable
 import pytest
 
 from hivejobs import App, Interrupted, JobContext, Retry
-from hivejobs.app import Fail
 from hivejobs.context import JobContext as Ctx
+from hivejobs.jobtypes import Fail
 from hivejobs.records import ClaimedJob, Delivery
 from hivejobs.worker.executor import execute
 

@@ -19,12 +19,15 @@ import msgspec
 
 from hivejobs.bench import scenarios
 from hivejobs.bench.environment import BenchEnvironment
+from hivejobs.errors import UsageError
 
 SCENARIOS = ("enqueue", "throughput", "latency", "chain", "backlog", "stale-stats", "prune")
 DEFAULT_SCENARIOS = "enqueue,throughput,latency"
 
 
 class BenchOptions(msgspec.Struct, kw_only=True):
+    """The checked options of `hivejobs bench` (parse_options refuses bad ones first)."""
+
     scenarios: list[str]
     jobs: int
     processes: int
@@ -68,8 +71,6 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
 
 def parse_options(args: argparse.Namespace) -> BenchOptions:
     """Check the options before anything is created; errors say which option is wrong."""
-    from hivejobs.cli import UsageError
-
     chosen = [s.strip() for s in args.scenarios.split(",") if s.strip()]
     unknown = [s for s in chosen if s not in SCENARIOS]
     if unknown or not chosen:
@@ -100,7 +101,7 @@ def parse_options(args: argparse.Namespace) -> BenchOptions:
 
 def run_bench(args: argparse.Namespace) -> int:
     opts = parse_options(args)
-    from hivejobs.embedded import choose_backends
+    from hivejobs.backends import choose_backends
 
     # Configured URLs, else the local servers, else embedded ones (stopped when we exit).
     chosen = choose_backends(args.database_url, args.redis_url)

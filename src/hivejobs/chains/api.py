@@ -1,19 +1,20 @@
-"""The App's chain calls: run_chain, chain_status, stop_chain, job_log, list_chains, ps.
+"""ChainClient: the App's chain calls (run, status, stop, job log, listings, ps).
 
-run_chain validates everything (DAG, sequences, job types, payloads, typed args) before the
-one transaction that stores the chain; the coordinator's traverser does the rest. stop_chain
-flags the chain with its stop deadline and tells running tries to stop over the control
-channel; a Redis failure there only delays the stop (the tries end cancelled whenever they
-fail or finish, and the traverser abandons what still runs at the deadline).
+run validates everything (DAG, sequences, job types, payloads, typed args) before the one
+transaction that stores the chain; the coordinator's traverser does the rest. stop flags the
+chain with its stop deadline and tells running tries to stop over the control channel; a
+Redis failure there only delays the stop (the tries end cancelled whenever they fail or
+finish, and the traverser abandons what still runs at the deadline).
+
+Knows nothing of the App: it is handed a store, the broker and the job-type lookup.
 """
 
 from __future__ import annotations
 
-import asyncio
 import re
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, get_args
 
@@ -32,7 +33,7 @@ from hivejobs.errors import (
     PayloadTooLarge,
     UnknownJobType,
 )
-from hivejobs.integrations import adriver_connection, driver_connection
+from hivejobs.integrations import driver_connection
 from hivejobs.logs import error_fields
 from hivejobs.records import (
     PRIORITIES,
@@ -48,7 +49,9 @@ from hivejobs.serialization import decode_json, encode_json
 from hivejobs.store.chains import ChainStore
 
 if TYPE_CHECKING:
-    from hivejobs.app import App
+    from hivejobs.broker import Broker
+    from hivejobs.jobtypes import JobType
+    from hivejobs.store import Store
 
 _REQUEST_ID_RE = re.compile(r"[0-9a-f]{32}")
 MAX_LIST = 10_000
@@ -65,74 +68,175 @@ class PreparedChain(msgspec.Struct, frozen=True):
     sequences: list[dict[str, Any]]
 
 
-def run_chain(app: App, chain: Chain, conn: object | None = None) -> str:
-    """Validate, store in one transaction (the caller's with `conn`), wake the traverser on
-    commit; returns the request id."""
-    ready = prepare_chain(app, chain)
-    raw = driver_connection(conn) if conn is not None else None
-    ChainStore(app.store).create(ready.head, ready.jobs, ready.sequences, raw)
-    logger.info("chain stored", chain_id=ready.request_id, chain=chain.name, jobs=len(ready.jobs))
-    if raw is None and app.settings.pgbouncer and not app.settings.listen_database_url:
-        # Committed, and no coordinator hears the NOTIFY behind a pooler: say it over Redis.
-        try:
-            app.broker.publish_wake([ready.request_id])
-        except redis.RedisError as exc:
-            logger.warning("chain wake-up not published; found within a second", error=str(exc))
-    return ready.request_id
+class ChainClient:
+    """The chain calls of one App, over the store and the broker it is handed.
 
+    Owns no state but its references: `store` (writes, and the reads that decide them),
+    `read_store` (listings, maybe a replica), the broker (opened on first use: only stop and
+    a wake-up behind a pooler need Redis) and `job_type`, the App's lookup of registered or
+    declared types, so that a chain's jobs are checked as `enqueue` checks a job."""
 
-async def arun_chain(app: App, chain: Chain, conn: object | None = None) -> str:
-    """`run_chain` for event loops: `conn` is an async connection, or None."""
-    ready = await asyncio.to_thread(prepare_chain, app, chain)  # may read declared types
-    raw = await adriver_connection(conn) if conn is not None else None
-    backends = await app.async_backends()
-    await backends.store.create_chain(ready.head, ready.jobs, ready.sequences, raw)
-    logger.info("chain stored", chain_id=ready.request_id, chain=chain.name, jobs=len(ready.jobs))
-    return ready.request_id
+    def __init__(
+        self,
+        store: Store,
+        broker: Callable[[], Broker],
+        job_type: Callable[[str], JobType],
+        *,
+        read_store: Store | None = None,
+        stop_timeout_s: float = 30.0,
+        wake_over_redis: bool = False,
+    ) -> None:
+        self._chains = ChainStore(store)
+        self._read = ChainStore(read_store or store)
+        self._broker = broker
+        self._job_type = job_type
+        self._stop_timeout_s = stop_timeout_s
+        # Behind a transaction pooler no coordinator hears the NOTIFY: say it over Redis.
+        self._wake_over_redis = wake_over_redis
 
-
-def prepare_chain(app: App, chain: Chain) -> PreparedChain:
-    """Check everything (DAG, sequences, job types, payloads) before anything is stored."""
-    if not isinstance(chain, Chain):
-        raise ChainInvalid(f"run_chain takes a hivejobs.Chain, not {type(chain).__name__}")
-    valid = chain.validate()
-    args = _checked_args(chain)
-    jobs: list[dict[str, Any]] = []
-    for key in valid.order:
-        spec = chain.jobs[key]
-        try:
-            jt = app.job_type(spec.type)
-            payload = jt.codec.encode(spec.payload)
-        except (UnknownJobType, PayloadInvalid, PayloadTooLarge) as exc:
-            raise ChainInvalid(f"job {key!r}: {exc}") from None
-        if jt.delivery == "at_most_once" and spec.tries != 1:
-            raise ChainInvalid(
-                f"job {key!r}: job type {jt.name!r} is at_most_once, so it runs "
-                f"at most one try: tries={spec.tries} is impossible"
-            )
-        priority = jt.priority if spec.priority is None else spec.priority
-        if isinstance(priority, bool) or priority not in PRIORITIES:
-            raise ChainInvalid(f"job {key!r}: priority must be an integer 0-9, not {priority!r}")
-        jobs.append(
-            {
-                "key": key,
-                "name": jt.name,
-                "payload": payload,
-                "priority": priority,
-                "delivery": jt.delivery,
-                "after": list(spec.after),
-                "seq": valid.sequence_of.get(key),
-                "tries": spec.tries,
-                "retry_wait_s": spec.retry_wait_s,
-            }
+    def run(self, chain: Chain, conn: object | None = None) -> str:
+        """Validate, store in one transaction (the caller's with `conn`), wake the traverser
+        on commit; returns the request id."""
+        ready = self.prepare(chain)
+        raw = driver_connection(conn) if conn is not None else None
+        self._chains.create(ready.head, ready.jobs, ready.sequences, raw)
+        logger.info(
+            "chain stored", chain_id=ready.request_id, chain=chain.name, jobs=len(ready.jobs)
         )
-    sequences = [
-        {"start": start, "retries": s.retries, "retry_wait_s": s.retry_wait_s}
-        for start, s in valid.starts.items()
-    ]
-    request_id = uuid.uuid4().hex
-    head = {"id": request_id, "name": chain.name, "args": args, "jobs": len(jobs)}
-    return PreparedChain(request_id, head, jobs, sequences)
+        if raw is None and self._wake_over_redis:
+            try:
+                self._broker().publish_wake([ready.request_id])
+            except redis.RedisError as exc:
+                logger.warning("chain wake-up not published; found within a second", error=str(exc))
+        return ready.request_id
+
+    def prepare(self, chain: Chain) -> PreparedChain:
+        """Check everything (DAG, sequences, job types, payloads) before anything is stored."""
+        if not isinstance(chain, Chain):
+            raise ChainInvalid(f"run_chain takes a hivejobs.Chain, not {type(chain).__name__}")
+        valid = chain.validate()
+        args = _checked_args(chain)
+        jobs: list[dict[str, Any]] = []
+        for key in valid.order:
+            spec = chain.jobs[key]
+            try:
+                jt = self._job_type(spec.type)
+                payload = jt.codec.encode(spec.payload)
+            except (UnknownJobType, PayloadInvalid, PayloadTooLarge) as exc:
+                raise ChainInvalid(f"job {key!r}: {exc}") from None
+            if jt.delivery == "at_most_once" and spec.tries != 1:
+                raise ChainInvalid(
+                    f"job {key!r}: job type {jt.name!r} is at_most_once, so it runs "
+                    f"at most one try: tries={spec.tries} is impossible"
+                )
+            priority = jt.priority if spec.priority is None else spec.priority
+            if isinstance(priority, bool) or priority not in PRIORITIES:
+                raise ChainInvalid(
+                    f"job {key!r}: priority must be an integer 0-9, not {priority!r}"
+                )
+            jobs.append(
+                {
+                    "key": key,
+                    "name": jt.name,
+                    "payload": payload,
+                    "priority": priority,
+                    "delivery": jt.delivery,
+                    "after": list(spec.after),
+                    "seq": valid.sequence_of.get(key),
+                    "tries": spec.tries,
+                    "retry_wait_s": spec.retry_wait_s,
+                }
+            )
+        sequences = [
+            {"start": start, "retries": s.retries, "retry_wait_s": s.retry_wait_s}
+            for start, s in valid.starts.items()
+        ]
+        request_id = uuid.uuid4().hex
+        head = {"id": request_id, "name": chain.name, "args": args, "jobs": len(jobs)}
+        return PreparedChain(request_id, head, jobs, sequences)
+
+    def status(self, request_id: str) -> ChainStatus:
+        check_request_id(request_id)
+        found = self._chains.get(request_id)
+        if found is None:
+            raise ChainNotFound(request_id)
+        head, rows = found
+        jobs = []
+        for row in rows:
+            row["try_"] = row.pop("try")
+            row["result"] = decode_json(bytes(row["result"]) if row["result"] is not None else None)
+            jobs.append(ChainJobStatus(**row))
+        head["args"] = decode_json(bytes(head["args"]))
+        return ChainStatus(**head, jobs=jobs)
+
+    def stop(self, request_id: str, timeout: float | None = None, wait: bool = False) -> bool:
+        """Stop a live chain: nothing new starts, running tries are told to stop, and the chain
+        ends `stopped` once they have (`failed` if a job had failed for good). Tries still
+        running `timeout` seconds later are abandoned. False when it had already finished."""
+        check_request_id(request_id)
+        timeout_s = self._stop_timeout_s if timeout is None else timeout
+        if (
+            isinstance(timeout_s, bool)
+            or not isinstance(timeout_s, int | float)
+            or not (0 <= timeout_s <= MAX_STOP_TIMEOUT_S)
+        ):
+            raise InvalidArgument(
+                f"stop timeout must be 0-{MAX_STOP_TIMEOUT_S:.0f} seconds, not {timeout_s!r}"
+            )
+        live, running = self._chains.request_stop(request_id, timeout_s)
+        if not live:
+            self.status(request_id)  # raises ChainNotFound for unknown ids
+            return False
+        for job_id in running:
+            try:
+                self._broker().publish_control(ControlMessage(action="cancel", job_id=job_id))
+            except redis.RedisError as exc:
+                logger.warning(
+                    "chain stop stored but not broadcast; its running jobs end "
+                    "cancelled when they fail",
+                    chain_id=request_id,
+                    **error_fields(exc),
+                )
+                break
+        logger.info("chain stop requested", chain_id=request_id, running=len(running))
+        if wait:
+            self._wait_stopped(request_id, timeout_s)
+        return True
+
+    def _wait_stopped(self, request_id: str, timeout_s: float) -> None:
+        """Until the chain has ended: every try ended or was abandoned. The traverser ends it
+        within the stop timeout plus a pass; a chain still live well after that (no coordinator
+        runs anywhere) raises rather than blocking for ever."""
+        deadline = time.monotonic() + timeout_s + WAIT_MARGIN_S
+        while True:
+            state = self.status(request_id).state
+            if state in ("succeeded", "failed", "stopped"):
+                return
+            if time.monotonic() > deadline:
+                raise ChainStopPending(request_id, state)
+            time.sleep(0.1)
+
+    def job_log(self, request_id: str) -> list[JobLogEntry]:
+        """Every try, with its captured output (stdout, stderr: bounded tails)."""
+        check_request_id(request_id)
+        rows = self._chains.job_log(request_id)
+        if not rows:
+            self.status(request_id)  # raises ChainNotFound for unknown ids
+        out = []
+        for row in rows:
+            row["try_"] = row.pop("try")
+            out.append(JobLogEntry(**row))
+        return out
+
+    def list_chains(self, query: ChainQuery) -> list[ChainSummary]:
+        return [ChainSummary(**row) for row in self._read.list_chains(query)]
+
+    def running_tries(self, limit: int = 500) -> list[RunningTry]:
+        """spincycle's `ps`: every try of every live chain now, across the fleet."""
+        rows = self._chains.running_tries(limit)
+        for row in rows:
+            row["try_"] = row.pop("try")
+        return [RunningTry(**row) for row in rows]
 
 
 def _checked_args(chain: Chain) -> bytes:
@@ -167,87 +271,6 @@ def check_request_id(request_id: object) -> str:
     return request_id
 
 
-def chain_status(app: App, request_id: str) -> ChainStatus:
-    check_request_id(request_id)
-    found = ChainStore(app.store).get(request_id)
-    if found is None:
-        raise ChainNotFound(request_id)
-    head, rows = found
-    jobs = []
-    for row in rows:
-        row["try_"] = row.pop("try")
-        row["result"] = decode_json(bytes(row["result"]) if row["result"] is not None else None)
-        jobs.append(ChainJobStatus(**row))
-    head["args"] = decode_json(bytes(head["args"]))
-    return ChainStatus(**head, jobs=jobs)
-
-
-def stop_chain(app: App, request_id: str, timeout: float | None = None, wait: bool = False) -> bool:
-    """Stop a live chain: nothing new starts, running tries are told to stop, and the chain
-    ends `stopped` once they have (`failed` if a job had failed for good). Tries still
-    running `timeout` seconds later are abandoned. False when it had already finished."""
-    check_request_id(request_id)
-    timeout_s = app.settings.chain_stop_timeout_s if timeout is None else timeout
-    if (
-        isinstance(timeout_s, bool)
-        or not isinstance(timeout_s, int | float)
-        or not (0 <= timeout_s <= MAX_STOP_TIMEOUT_S)
-    ):
-        raise InvalidArgument(
-            f"stop timeout must be 0-{MAX_STOP_TIMEOUT_S:.0f} seconds, not {timeout_s!r}"
-        )
-    live, running = ChainStore(app.store).request_stop(request_id, timeout_s)
-    if not live:
-        chain_status(app, request_id)  # raises ChainNotFound for unknown ids
-        return False
-    for job_id in running:
-        try:
-            app.broker.publish_control(ControlMessage(action="cancel", job_id=job_id))
-        except redis.RedisError as exc:
-            logger.warning(
-                "chain stop stored but not broadcast; its running jobs end "
-                "cancelled when they fail",
-                chain_id=request_id,
-                **error_fields(exc),
-            )
-            break
-    logger.info("chain stop requested", chain_id=request_id, running=len(running))
-    if wait:
-        _wait_stopped(app, request_id, timeout_s)
-    return True
-
-
-def _wait_stopped(app: App, request_id: str, timeout_s: float) -> None:
-    """Until the chain has ended: every try ended or was abandoned. The traverser ends it
-    within the stop timeout plus a pass; a chain still live well after that (no coordinator
-    runs anywhere) raises rather than blocking for ever."""
-    deadline = time.monotonic() + timeout_s + WAIT_MARGIN_S
-    while True:
-        state = chain_status(app, request_id).state
-        if state in ("succeeded", "failed", "stopped"):
-            return
-        if time.monotonic() > deadline:
-            raise ChainStopPending(request_id, state)
-        time.sleep(0.1)
-
-
-def job_log(app: App, request_id: str) -> list[JobLogEntry]:
-    """Every try, with its captured output (stdout, stderr: bounded tails)."""
-    check_request_id(request_id)
-    rows = ChainStore(app.store).job_log(request_id)
-    if not rows:
-        chain_status(app, request_id)  # raises ChainNotFound for unknown ids
-    out = []
-    for row in rows:
-        row["try_"] = row.pop("try")
-        out.append(JobLogEntry(**row))
-    return out
-
-
-def list_chains(app: App, query: ChainQuery) -> list[ChainSummary]:
-    return [ChainSummary(**row) for row in ChainStore(app.read_store).list_chains(query)]
-
-
 _STATES: dict[str, ChainState] = {s: s for s in get_args(ChainState)}
 
 
@@ -276,11 +299,3 @@ def chain_query(
         before=before,
         limit=limit,
     )
-
-
-def running_tries(app: App, limit: int = 500) -> list[RunningTry]:
-    """spincycle's `ps`: every try of every live chain now, across the fleet."""
-    rows = ChainStore(app.store).running_tries(limit)
-    for row in rows:
-        row["try_"] = row.pop("try")
-    return [RunningTry(**row) for row in rows]

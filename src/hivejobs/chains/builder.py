@@ -44,6 +44,8 @@ class ChainFile(msgspec.Struct, forbid_unknown_fields=True):
 
 
 class JobFile(msgspec.Struct, forbid_unknown_fields=True):
+    """One job of a ChainFile: the arguments of `Chain.job`."""
+
     key: str
     type: str
     payload: Any = None
@@ -54,6 +56,8 @@ class JobFile(msgspec.Struct, forbid_unknown_fields=True):
 
 
 class SequenceFile(msgspec.Struct, forbid_unknown_fields=True):
+    """One sequence of a ChainFile: the arguments of `Chain.sequence`."""
+
     jobs: list[str]
     retries: int = 0
     retry_wait: float = 0.0
@@ -84,9 +88,9 @@ class Chain:
 
     def job(
         self,
-        type: str,
+        type: str,  # the job type
         payload: object = None,
-        *,  # noqa: A002 - the job type
+        *,
         after: Iterable[JobRef | str] = (),
         tries: int = 1,
         retry_wait: float = 0.0,

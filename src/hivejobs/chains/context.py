@@ -13,10 +13,9 @@ import msgspec
 
 from hivejobs.errors import NotAnAncestor
 from hivejobs.serialization import decode_json
-from hivejobs.store.chains import ChainStore
 
 if TYPE_CHECKING:
-    from hivejobs.app import App
+    from hivejobs.store.chains import ChainStore
 
 MAX_STATUS = 1000
 T = TypeVar("T")
@@ -46,8 +45,14 @@ class ChainInfo:
 
 
 class ChainView:
-    def __init__(self, app: App, job_id: str) -> None:
-        self._chains = ChainStore(app.store)
+    """One try's view of its chain, behind ctx.chain, ctx.upstream and ctx.set_status.
+
+    Owns the try's place in the chain (read once, by job id), its predecessors' keys and, on
+    first `result_of`, its ancestors' keys: a try reads only results that exist before it
+    starts. Used by the one handler thread of the try, so it holds no lock."""
+
+    def __init__(self, chains: ChainStore, job_id: str) -> None:
+        self._chains = chains
         self._job_id = job_id
         self._after: list[str] = []
         self._ancestors: set[str] | None = None

@@ -26,9 +26,10 @@ from typing import Literal
 
 import msgspec
 
-from hivejobs.app import App, JobType
+from hivejobs.app import App
 from hivejobs.context import JobContext
 from hivejobs.errors import DrainIncomplete, UnknownJobType
+from hivejobs.jobtypes import JobType
 from hivejobs.records import PRIORITIES, ClaimedJob, Completion, Outcome
 from hivejobs.serialization import decode_json
 from hivejobs.store import new_worker_id

@@ -9,7 +9,7 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
-from hivejobs.app import MAX_DELAY_S
+from hivejobs.jobtypes import MAX_DELAY_S
 
 Priority = Annotated[int, msgspec.Meta(ge=0, le=9, description="0 runs first")]
 Delay = Annotated[float, msgspec.Meta(ge=0, le=MAX_DELAY_S, description="seconds from now")]

@@ -30,8 +30,8 @@ def is_loopback(host: str) -> bool:
 
 
 def serve_main(args: argparse.Namespace) -> int:
-    from hivejobs.app import App
-    from hivejobs.cli import UsageError, load_app
+    from hivejobs.app import App, load_app
+    from hivejobs.errors import UsageError
 
     try:
         import uvicorn

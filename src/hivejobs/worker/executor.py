@@ -21,8 +21,8 @@ from hivejobs.serialization import encode_result, storable_text
 if TYPE_CHECKING:
     from loguru import Logger
 
-    from hivejobs.app import JobType
     from hivejobs.context import JobContext
+    from hivejobs.jobtypes import JobType
 
 MSG_STARTED = "{job_type}[{job_id}] started"
 MSG_SUCCEEDED = "{job_type}[{job_id}] succeeded in {elapsed_s:.3f} s"
@@ -48,7 +48,7 @@ def execute(
 ) -> Completion:
     """Run `job` under `jt`'s handler and return its Completion; never raises for what the
     handler does (a handler's error ends its attempt, not the caller's thread)."""
-    from hivejobs.app import Fail, Retry  # app imports the pool's neighbours: at call time
+    from hivejobs.jobtypes import Fail, Retry
 
     log = ctx.logger
     names = {"job_type": job.name, "job_id": job.id}

@@ -16,13 +16,13 @@ import psycopg
 import redis
 from loguru import logger
 
-from hivejobs.app import JobType
 from hivejobs.broker import Broker, Popped
 from hivejobs.config import Settings
 from hivejobs.failpoints import failpoint
+from hivejobs.jobtypes import JobType
 from hivejobs.logs import error_fields
 from hivejobs.metrics import Recorder
-from hivejobs.records import Completion
+from hivejobs.records import Completion, HeldClaim
 from hivejobs.store import Store
 from hivejobs.worker.exits import fatal_on_error
 from hivejobs.worker.slots import Slots
@@ -65,12 +65,12 @@ class Claims:
                     del self.held[c.id]
             self._cond.notify_all()
 
-    def untracked(self, read: Callable[[], list[tuple[str, int]]]) -> list[tuple[str, int]]:
+    def untracked(self, read: Callable[[], list[HeldClaim]]) -> list[HeldClaim]:
         """Claims that Postgres says we hold (`read`) and we do not."""
         with self.lock:
             rows = read()
             with self._cond:
-                return [(i, t) for i, t in rows if self.held.get(i) != t]
+                return [row for row in rows if self.held.get(row.id) != row.claim_token]
 
 
 class Fetcher:

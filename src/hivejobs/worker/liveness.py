@@ -121,7 +121,7 @@ class Liveness:
             # (already archived, so nothing to release): only real releases are news.
             released = self.store.release_claims(lost)
             if released:
-                self.broker.push_many([(r[0], r[1], r[2]) for r in released])
+                self.broker.push_many(released)
                 self.log.warning(
                     "released claims this process no longer tracks", jobs=len(released)
                 )

@@ -17,9 +17,10 @@ import psycopg
 import redis
 from loguru import logger
 
-from hivejobs.app import App, JobType
+from hivejobs.app import App
 from hivejobs.broker import Broker
 from hivejobs.config import Settings
+from hivejobs.jobtypes import JobType
 from hivejobs.logs import error_fields
 from hivejobs.metrics import Recorder
 from hivejobs.records import Completion

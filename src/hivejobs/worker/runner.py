@@ -14,12 +14,13 @@ import time
 import psycopg
 from loguru import logger
 
-from hivejobs.app import App, JobType
+from hivejobs.app import App
 from hivejobs.broker import Broker
 from hivejobs.capture import Captured, capturing
 from hivejobs.config import Settings
 from hivejobs.context import JobContext
 from hivejobs.failpoints import failpoint
+from hivejobs.jobtypes import JobType
 from hivejobs.logs import error_fields
 from hivejobs.metrics import Recorder
 from hivejobs.records import ClaimedJob, Completion
@@ -91,7 +92,7 @@ class Runners:
         self.completer.submit(interrupted(job, started=False, max_result_bytes=max_bytes))
 
     def _run_started(self, job: ClaimedJob) -> None:
-        ctx = JobContext(job, self.app, self.broker)
+        ctx = JobContext(job, self.app, ChainStore(self.store))
         entry = self.slots.started(job, ctx)
         began = time.monotonic()
         if looks_like_try_id(job.id):  # a chain try: its output goes to the job log

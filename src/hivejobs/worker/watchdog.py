@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import time
 
-from hivejobs.app import JobType
 from hivejobs.config import Settings
+from hivejobs.jobtypes import JobType
 from hivejobs.worker.completer import Completer
 from hivejobs.worker.executor import failed
 from hivejobs.worker.shutdown import Stop, StopReason

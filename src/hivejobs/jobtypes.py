@@ -1,0 +1,395 @@
+"""Job types: what `@app.job` registers, and every check made on a type or on a new job of it.
+
+A declaration is checked when the app module is imported (a bad one fails there, not in a
+worker); a new job is checked against its type before anything is written (bad input stores
+nothing). Never opens a connection: the App hands in what it read.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import random
+import time
+import unicodedata
+import uuid
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import TypeVar, get_args
+
+import msgspec
+
+from hivejobs.broker import MAX_ID_LENGTH
+from hivejobs.errors import (
+    InvalidArgument,
+    InvalidJobType,
+    JobDuplicate,
+    JobIdConflict,
+    PayloadInvalid,
+    UnknownJobType,
+)
+from hivejobs.records import (
+    JOB_TYPE_NAME_RE,
+    PRIORITIES,
+    Delivery,
+    Inserted,
+    JobState,
+    JobTypeInfo,
+    NewJob,
+    UniqueClaim,
+)
+from hivejobs.schedules import Schedule, check_cron
+from hivejobs.serialization import PayloadCodec, decode_json
+
+NAME_RE = JOB_TYPE_NAME_RE
+# Unicode categories refused in ids: controls, format characters (RTL override, zero-width),
+# line and paragraph separators, and lone surrogates (undecodable bytes; not storable).
+_BAD_ID_CATEGORIES = frozenset({"Cc", "Cf", "Zl", "Zp", "Cs"})
+MAX_DELAY_S = 366 * 24 * 3600.0
+Handler = Callable[..., object]
+# A failed or cancelled job can be enqueued again at once, as Oban does by default.
+UNIQUE_STATES = ("scheduled", "queued", "running", "succeeded")
+_canonical = msgspec.json.Encoder(order="deterministic")  # key order does not make a new key
+F = TypeVar("F", bound=Handler)
+
+
+class Retry(Exception):
+    """Raise in a handler to retry the job after `delay` seconds (counts as an attempt).
+    Control flow, not an error: named for what the handler asks."""
+
+    def __init__(self, delay: float | None = None, reason: str | None = None) -> None:
+        super().__init__(reason or "retry requested")
+        if delay is not None:
+            check_delay(delay)
+        self.delay = delay
+
+
+class Fail(Exception):
+    """Raise in a handler to end the job `failed` now, attempts left or not (rickover's
+    `retryable: false`): for errors that another attempt cannot fix. The message is kept
+    as the job's error."""
+
+    def __init__(self, reason: str = "failed by the handler") -> None:
+        super().__init__(reason)
+
+
+@dataclass(frozen=True)
+class Backoff:
+    """Exponential backoff with +-20 % jitter: base * 2**(attempt-1), capped at max_s."""
+
+    base_s: float = 1.0
+    max_s: float = 600.0
+
+    def delay_s(self, attempt: int) -> float:
+        raw = min(self.max_s, self.base_s * 2 ** min(attempt - 1, 60))
+        return float(raw * random.uniform(0.8, 1.2))
+
+
+@dataclass(frozen=True)
+class Unique:
+    """A job type's unique window: while it lasts (from enqueue), a job whose key matches a
+    job in one of `states` is not stored again; the existing job's id is returned, or
+    JobDuplicate raised. The key is the type and the payload (or the `by` fields of it)."""
+
+    window_s: float
+    by: tuple[str, ...] | None
+    states: tuple[str, ...]
+    on_duplicate: str  # "return" | "raise"
+
+    def claim(self, name: str, payload: bytes) -> UniqueClaim:
+        value = decode_json(payload)
+        if self.by is not None:
+            if not isinstance(value, dict):
+                raise PayloadInvalid(name, "unique_by needs a JSON object payload")
+            value = {field: value.get(field) for field in self.by}
+        digest = hashlib.sha256(_canonical.encode(value)).hexdigest()
+        return UniqueClaim(key=f"{name}:{digest}", window_s=self.window_s, states=self.states)
+
+
+@dataclass
+class JobType:
+    """One registered job type: its handler, its options and its payload codec.
+
+    Owns the rules a new job of this type must follow (`new_job`, `new_jobs`) and what an
+    insert's answer means for the caller (`outcome`). Built complete by `declare_type` and
+    filled in once by `@app.job` at import time; read-only once a worker runs it."""
+
+    name: str
+    handler: Handler | None
+    concurrency: int
+    processes: int
+    attempts: int
+    delivery: Delivery
+    timeout_s: float | None
+    backoff: Backoff
+    priority: int
+    codec: PayloadCodec = field(repr=False)
+    # rickover's status callbacks: the handler hands the work to another service and returns;
+    # the job stays running until that service posts the outcome (or the timeout passes).
+    callback: bool = False
+    callback_timeout_s: float | None = None
+    unique: Unique | None = None
+    retention_s: float | None = None  # archive retention of its finished jobs (None: global)
+
+    def info(self) -> JobTypeInfo:
+        return JobTypeInfo(
+            name=self.name,
+            concurrency=self.concurrency,
+            processes=self.processes,
+            attempts=self.attempts,
+            delivery=self.delivery,
+            timeout_s=self.timeout_s,
+            callback=self.callback,
+            callback_timeout_s=self.callback_timeout_s,
+        )
+
+    def new_job(
+        self,
+        payload: object,
+        job_id: str | None,
+        priority: int | None,
+        delay: float | None,
+        run_at: datetime | None,
+        expires_at: datetime | None,
+    ) -> NewJob:
+        """Check the options and encode the payload: bad input raises before any write."""
+        prio = self._checked_options(job_id, priority, delay, run_at, expires_at)
+        encoded = self.codec.encode(payload)
+        return NewJob(
+            id=job_id or str(uuid.uuid4()),
+            name=self.name,
+            priority=prio,
+            attempts=self.attempts,
+            delivery=self.delivery,
+            payload=encoded,
+            delay_s=delay,
+            run_at=run_at,
+            expires_at=expires_at,
+            unique=None if self.unique is None else self.unique.claim(self.name, encoded),
+        )
+
+    def new_jobs(
+        self,
+        payloads: Iterable[object],
+        priority: int | None,
+        delay: float | None,
+        expires_at: datetime | None,
+    ) -> list[NewJob]:
+        """Every payload checked first: one bad one stores nothing."""
+        if self.unique is not None:
+            raise InvalidArgument(
+                f"job type {self.name!r} is unique: enqueue its jobs one by one (enqueue_many "
+                "stores with COPY, which cannot take unique keys)"
+            )
+        batch = list(payloads)
+        if not batch:
+            return []
+        prio = self._checked_options(None, priority, delay, None, expires_at)  # once for all
+        return [self.new_job(p, None, prio, delay, None, expires_at) for p in batch]
+
+    def outcome(self, job: NewJob, inserted: Inserted) -> tuple[str, bool]:
+        """The id `enqueue` returns, and whether this call stored a queued job to dispatch now.
+
+        An existing id with the same type and payload is an idempotent retry; with another, a
+        conflict (unless the job finished and was pruned meanwhile). A duplicate in a unique
+        window returns the key's job, or raises."""
+        if inserted.state == "duplicate":
+            if self.unique is not None and self.unique.on_duplicate == "raise":
+                raise JobDuplicate(self.name, inserted.id)
+            return inserted.id, False
+        if not inserted.created:
+            if inserted.name != job.name or inserted.payload != job.payload:
+                if inserted.state != "gone":
+                    raise JobIdConflict(job.id)
+            return job.id, False
+        return job.id, inserted.state == "queued"
+
+    def _checked_options(
+        self,
+        job_id: str | None,
+        priority: int | None,
+        delay: float | None,
+        run_at: datetime | None,
+        expires_at: datetime | None,
+    ) -> int:
+        """Refuse bad enqueue options before anything is written; returns the priority."""
+        if job_id is not None:
+            check_id(job_id)
+        prio = self.priority if priority is None else priority
+        check_priority(prio)
+        if delay is not None and run_at is not None:
+            raise InvalidArgument("give either delay or run_at, not both")
+        if delay is not None:
+            check_delay(delay)
+        for label, moment in (("run_at", run_at), ("expires_at", expires_at)):
+            if moment is not None and not isinstance(moment, datetime):
+                raise InvalidArgument(f"{label} must be a datetime, not {type(moment).__name__}")
+            if moment is not None and moment.tzinfo is None:
+                raise InvalidArgument(f"{label} must be timezone-aware (e.g. datetime.now(UTC))")
+        if expires_at is not None and expires_at.timestamp() <= time.time():
+            raise InvalidArgument("expires_at is already in the past")
+        return prio
+
+
+# --------------------------------------------------------------------------- registry checks
+
+
+def declare_type(
+    registered: dict[str, JobType],
+    name: str,
+    concurrency: int,
+    processes: int,
+    attempts: int | None,
+    delivery: str,
+    timeout: float | None,
+    priority: int,
+    max_payload_bytes: int,
+) -> JobType:
+    """A checked new job type (not yet holding its handler); `registered` has its peers."""
+    if not isinstance(name, str) or not NAME_RE.fullmatch(name):
+        raise InvalidJobType(f"job type name {name!r} must be 1-64 letters, digits, _.-")
+    if name in registered:
+        raise InvalidJobType(f"job type {name!r} is registered twice")
+    if delivery not in ("at_least_once", "at_most_once"):
+        raise InvalidJobType(
+            f"delivery must be 'at_least_once' or 'at_most_once', not {delivery!r}"
+        )
+    if delivery == "at_most_once" and attempts not in (None, 1):
+        raise InvalidJobType(
+            f"job type {name!r} is at_most_once, so it runs at most one attempt: "
+            f"attempts={attempts} is impossible (drop it or use at_least_once)"
+        )
+    resolved = attempts if attempts is not None else (1 if delivery == "at_most_once" else 5)
+    if resolved < 1:
+        raise InvalidJobType(f"attempts must be at least 1, not {resolved}")
+    if concurrency < 1 or processes < 1:
+        raise InvalidJobType("concurrency and processes must be at least 1")
+    if timeout is not None and not (timeout > 0 and math.isfinite(timeout)):
+        raise InvalidJobType(f"timeout must be a positive number of seconds, not {timeout}")
+    check_priority(priority)
+    return JobType(
+        name,
+        None,
+        concurrency,
+        processes,
+        resolved,
+        "at_most_once" if delivery == "at_most_once" else "at_least_once",
+        timeout,
+        Backoff(),
+        priority,
+        PayloadCodec(name, None, max_payload_bytes),
+    )
+
+
+def declared_type(info: JobTypeInfo, max_payload_bytes: int) -> JobType:
+    """A type that a running worker fleet declared in Postgres (for the CLI, which has no
+    handler): its options as declared, any payload accepted, default backoff."""
+    return JobType(
+        info.name,
+        None,
+        info.concurrency,
+        info.processes,
+        info.attempts,
+        info.delivery,
+        info.timeout_s,
+        Backoff(),
+        0,
+        PayloadCodec(info.name, None, max_payload_bytes),
+        callback=info.callback,
+        callback_timeout_s=info.callback_timeout_s,
+    )
+
+
+def check_callback_timeout(callback_timeout: float) -> float:
+    if not (callback_timeout > 0 and math.isfinite(callback_timeout)):
+        raise InvalidJobType(
+            f"callback_timeout must be a positive number of seconds, not {callback_timeout}"
+        )
+    return float(callback_timeout)
+
+
+def check_retention(retention: float | None) -> float | None:
+    if retention is not None and not (
+        isinstance(retention, int | float) and 0 < retention < math.inf
+    ):
+        raise InvalidJobType(f"retention must be a positive number of seconds, not {retention}")
+    return None if retention is None else float(retention)
+
+
+def checked_unique(
+    window_s: float, by: Sequence[str] | None, states: Sequence[str], on_duplicate: str
+) -> Unique:
+    if isinstance(window_s, bool) or not isinstance(window_s, int | float):
+        raise InvalidJobType(f"unique_for must be seconds, not {type(window_s).__name__}")
+    if not (0 < window_s <= MAX_DELAY_S):  # also refuses NaN
+        raise InvalidJobType(
+            f"unique_for must be between 0 and {MAX_DELAY_S:.0f} s, not {window_s}"
+        )
+    unknown = [st for st in states if st not in get_args(JobState)]
+    if unknown or not states or isinstance(states, str):
+        raise InvalidJobType(f"unique_states must be job states from {get_args(JobState)}")
+    if by is not None and (isinstance(by, str) or not all(isinstance(f, str) for f in by)):
+        raise InvalidJobType("unique_by must be a list of payload field names")
+    if on_duplicate not in ("return", "raise"):
+        raise InvalidJobType(f"on_duplicate must be 'return' or 'raise', not {on_duplicate!r}")
+    return Unique(float(window_s), None if by is None else tuple(by), tuple(states), on_duplicate)
+
+
+def new_schedule(
+    types: dict[str, JobType],
+    schedules: dict[str, Schedule],
+    job_type: str,
+    cron: str,
+    payload: object,
+    name: str | None,
+    tz: str,
+    catch_up: bool,
+    priority: int | None,
+) -> Schedule:
+    """A checked periodic schedule of a registered type; `schedules` has its peers."""
+    jt = types.get(job_type)
+    if jt is None:
+        raise UnknownJobType(job_type, sorted(types))
+    key = job_type if name is None else name
+    if not NAME_RE.fullmatch(key):
+        raise InvalidJobType(f"schedule name {key!r} must be 1-64 letters, digits, _.-")
+    if key in schedules:
+        raise InvalidJobType(f"schedule {key!r} is declared twice")
+    check_cron(cron, tz)
+    prio = jt.priority if priority is None else priority
+    check_priority(prio)
+    return Schedule(
+        name=key,
+        job_type=job_type,
+        cron=cron,
+        tz=tz,
+        payload=jt.codec.encode(payload),
+        priority=prio,
+        catch_up=catch_up,
+    )
+
+
+def check_delay(delay: float) -> None:
+    if isinstance(delay, bool) or not isinstance(delay, int | float):
+        raise InvalidArgument(f"delay must be a number of seconds, not {type(delay).__name__}")
+    if not (0 <= delay <= MAX_DELAY_S):  # also refuses NaN
+        raise InvalidArgument(f"delay must be between 0 and {MAX_DELAY_S:.0f} seconds, not {delay}")
+
+
+def check_priority(priority: int) -> None:
+    if isinstance(priority, bool) or not isinstance(priority, int) or priority not in PRIORITIES:
+        raise InvalidArgument(f"priority must be an integer 0-9 (0 runs first), not {priority!r}")
+
+
+def check_id(job_id: object) -> None:
+    """For enqueue and every lookup: a job id Postgres can store and a terminal can show."""
+    if not isinstance(job_id, str) or not 1 <= len(job_id) <= MAX_ID_LENGTH:
+        raise InvalidArgument(
+            f"job id must be a string of 1-{MAX_ID_LENGTH} characters, not {job_id!r:.80}"
+        )
+    if any(unicodedata.category(ch) in _BAD_ID_CATEGORIES for ch in job_id):
+        raise InvalidArgument(
+            f"job id {job_id!r} contains control characters (or invisible format or "
+            "separator characters, or bytes that are not UTF-8)"
+        )
