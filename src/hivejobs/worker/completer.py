@@ -154,7 +154,7 @@ class Completer:
                 "claim lost: completion fenced out (job rescued or timed out)",
                 jobs=len(batch) - written,
             )
-        queued = [(r[0], r[1], r[2]) for r in requeued if r[3] == "queued"]
+        queued = [(r.id, r.name, r.priority) for r in requeued if r.state == "queued"]
         if queued:
             try:
                 self.broker.push_many(queued)

@@ -232,7 +232,7 @@ class Fetcher:
         for _ in range(20):
             try:
                 rows = self.store.release_unstarted(ids, self.worker_id)
-                self.broker.push_many([(r[0], r[1], r[2]) for r in rows])
+                self.broker.push_many(rows)
                 return
             except (psycopg.Error, redis.RedisError):
                 if self._stopped.wait(0.5):
