@@ -10,9 +10,10 @@ Needs root (`ip netns`, veth). The delay is NOT `tc netem`: this kernel has no n
 (CONFIG_NET_SCH_NETEM is not set, CONFIG_MODULES is not set), so a userspace proxy
 (bench/delayproxy.py) on the host end of the veth links adds half the RTT per direction and
 forwards to the servers on 127.0.0.1 (they listen there only, which a namespace cannot
-reach). Link "0" is the same path with no delay: the proxy's own cost. The round trips each
-row really had are measured from inside a namespace (Redis PING, Postgres `SELECT 1`) and
-reported beside the nominal RTT.
+reach); it runs under SCHED_FIFO so that its delay holds on this shared, loaded machine.
+Link "0" is the same path with no delay: the proxy's own cost. The round trips each row
+really had are measured from inside a namespace (Redis PING, Postgres `SELECT 1`, the probe
+also under SCHED_FIFO) before the instances start, and reported beside the nominal RTT.
 
 The job body is `hivejobs.benchapp:bench_noop` (no work, empty payload, or {"t": ...} for
 pickup), `--processes` x `--concurrency` per instance; the clients that enqueue run on the
@@ -52,10 +53,12 @@ JOB = "bench_noop"
 LOOPBACK = "loopback"
 PROXY = str(ROOT / "bench" / "delayproxy.py")
 
-# Run inside a namespace (or on the host for loopback): median round trips, idle.
+# Run inside a namespace (or on the host for loopback): median round trips before the
+# instances start. Under SCHED_FIFO, as the proxy: the link's RTT, not this machine's load.
 RTT_PROBE = """
-import json, statistics, sys, time
+import json, os, statistics, sys, time
 import psycopg, redis
+os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(10))
 def median_ms(call):
     call()
     xs = []
@@ -139,7 +142,7 @@ class Proxies:
                 listens = []
                 for i in range(len(network.namespaces)):
                     listens += ["--listen", f"{network.host_address(i)}:{port}"]
-                cmd = [sys.executable, PROXY, "--one-way-ms", str(one_way_ms)]
+                cmd = [sys.executable, PROXY, "--realtime", "--one-way-ms", str(one_way_ms)]
                 cmd += ["--target", f"{host}:{port}", *listens]
                 proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, start_new_session=True)
                 self.procs.append(proc)
