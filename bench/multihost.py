@@ -5,6 +5,7 @@ leader failover time after `kill -9` of the leading instance, beside the same in
 loopback, rounds of every link interleaved so each median comes from the same minutes.
 
     python bench/multihost.py [--instances 3] [--links loopback,0,1,5] [--repeats 3] [--json F]
+    python bench/multihost.py --report F     # the table of a saved run again
 
 Needs root (`ip netns`, veth). The delay is NOT `tc netem`: this kernel has no netem
 (CONFIG_NET_SCH_NETEM is not set, CONFIG_MODULES is not set), so a userspace proxy
@@ -390,21 +391,26 @@ def run_round(
 
 
 def medians(rounds: list[dict[str, Any]], links: list[str]) -> dict[str, dict[str, float]]:
-    """Per link, the median of each figure; with a loopback row, also the median of the
-    per-repeat ratios to it (rounds of one repeat ran in the same minutes)."""
+    """Per link, the median of each figure, and the medians of its per-repeat comparisons
+    with loopback and with the undelayed proxy ("0"): the rounds of one repeat ran in the
+    same minutes, so a comparison inside a repeat is steadier than one of medians."""
     out: dict[str, dict[str, float]] = {}
     for link in links:
         mine = [r for r in rounds if r["link"] == link]
-        keys = [k for k in mine[0]["figures"]]
-        out[link] = {k: statistics.median(r["figures"][k] for r in mine) for k in keys}
-        base = {r["repeat"]: r["figures"] for r in rounds if r["link"] == LOOPBACK}
-        ratios = [
-            r["figures"]["throughput_jobs_per_s"] / base[r["repeat"]]["throughput_jobs_per_s"]
-            for r in mine
-            if r["repeat"] in base
-        ]
-        if ratios:
-            out[link]["throughput_vs_loopback"] = statistics.median(ratios)
+        out[link] = {
+            k: statistics.median(r["figures"][k] for r in mine) for k in mine[0]["figures"]
+        }
+        for base_link, name in ((LOOPBACK, "loopback"), ("0", "proxy_0ms")):
+            base = {r["repeat"]: r["figures"] for r in rounds if r["link"] == base_link}
+            pairs = [(r["figures"], base[r["repeat"]]) for r in mine if r["repeat"] in base]
+            if link in (base_link, LOOPBACK) or not pairs:
+                continue
+            out[link][f"throughput_vs_{name}"] = statistics.median(
+                f["throughput_jobs_per_s"] / b["throughput_jobs_per_s"] for f, b in pairs
+            )
+            out[link][f"pickup_p50_added_vs_{name}_ms"] = statistics.median(
+                f["pickup_p50_ms"] - b["pickup_p50_ms"] for f, b in pairs
+            )
     return out
 
 
@@ -413,17 +419,22 @@ def link_name(link: str) -> str:
 
 
 def markdown(result: dict[str, Any]) -> str:
+    def opt(m: dict[str, float], key: str, fmt: str) -> str:
+        return format(m[key], fmt) if key in m else "-"
+
     rows = [
-        "| link | measured RTT Redis / PG (ms, idle) | throughput (jobs/s) | vs loopback "
-        "| pickup p50 / p99 (ms) | failover after kill -9 (s) | takeover after lease expiry (s) |",
-        "|---|---|---|---|---|---|---|",
+        "| link | measured RTT Redis / PG (ms) | throughput (jobs/s) | vs loopback | vs +0 ms "
+        "| pickup p50 / p99 (ms) | p50 added vs loopback (ms) | failover after kill -9 (s) "
+        "| takeover after lease expiry (s) |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for link, m in result["medians"].items():
-        ratio = m.get("throughput_vs_loopback")
         rows.append(
             f"| {link_name(link)} | {m['redis_rtt_ms']:.2f} / {m['pg_rtt_ms']:.2f} "
-            f"| {m['throughput_jobs_per_s']:,.0f} | {f'{ratio:.2f}' if ratio else '-'} "
+            f"| {m['throughput_jobs_per_s']:,.0f} | {opt(m, 'throughput_vs_loopback', '.2f')} "
+            f"| {opt(m, 'throughput_vs_proxy_0ms', '.2f')} "
             f"| {m['pickup_p50_ms']:.1f} / {m['pickup_p99_ms']:.1f} "
+            f"| {opt(m, 'pickup_p50_added_vs_loopback_ms', '+.1f')} "
             f"| {m['failover_s']:.1f} | {m['takeover_after_expiry_s']:.2f} |"
         )
     return "\n".join(rows)
@@ -469,7 +480,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+def report(path: str) -> None:
+    """The table of a saved run, its medians computed again from its rounds."""
+    result = json.loads(Path(path).read_text())
+    links = list(dict.fromkeys(r["link"] for r in result["rounds"]))
+    result["medians"] = medians(result["rounds"], links)
+    print(markdown(result))
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--report"] and len(argv) == 2:
+        report(argv[1])
+        return {}
     args = parse_args(argv)
     # SIGTERM ends the run as Ctrl-C does: through every `finally` below.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
