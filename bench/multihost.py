@@ -161,17 +161,21 @@ class Proxies:
         self.procs.clear()
 
 
-def stop(proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM, wait_s: float = 15) -> None:
-    """Signal the process group (start_new_session: pgid == pid), then SIGKILL on timeout."""
+def stop(proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM) -> None:
+    """Signal the process group (start_new_session: pgid == pid), then reap it."""
     if proc.poll() is None:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, sig)
-        try:
-            proc.wait(wait_s)
-        except subprocess.TimeoutExpired:
-            pass
+    reap(proc)
+
+
+def reap(proc: subprocess.Popen[bytes], wait_s: float = 15) -> None:
+    """Wait for a signalled process, then SIGKILL its group: children left behind, if any,
+    or the process itself after wait_s."""
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(wait_s)
     with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGKILL)  # the group's children left behind, if any
+        os.killpg(proc.pid, signal.SIGKILL)
     proc.wait(10)
 
 
@@ -183,6 +187,15 @@ class Fleet:
     ) -> None:
         self.env = env
         self.procs: list[subprocess.Popen[bytes]] = []
+        try:
+            self._start(args, network)
+            self._wait_ready(args.instances * args.processes, args.instances)
+        except BaseException:
+            self.close(signal.SIGKILL)  # interrupted or failed half-way: the started ones go
+            raise
+
+    def _start(self, args: argparse.Namespace, network: Network | None) -> None:
+        env = self.env
         for i in range(args.instances):
             urls = via(env, network.host_address(i)) if network else via(env, None)
             variables = dict(os.environ) | {
@@ -212,7 +225,6 @@ class Fleet:
                         start_new_session=True,
                     )
                 )
-        self._wait_ready(args.instances * args.processes, args.instances)
 
     def _wait_ready(self, pools: int, coordinators: int) -> None:
         deadline = time.monotonic() + 60
@@ -233,9 +245,14 @@ class Fleet:
                 )
             time.sleep(0.05)  # polling the workers table for readiness
 
-    def close(self) -> None:
+    def close(self, sig: int = signal.SIGTERM) -> None:
+        """All instances are signalled first, then waited for: they stop side by side."""
         for proc in self.procs:
-            stop(proc)
+            if proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, sig)
+        for proc in self.procs:
+            reap(proc)  # once each: a second SIGTERM means "hurry" to a supervisor
 
 
 def via(env: BenchEnvironment, address: str | None) -> tuple[str, str]:
@@ -383,11 +400,22 @@ def run_round(
         figures |= failover(env, fleet, args.lease_ttl_s)
         return figures
     finally:
+        ending = sys.exc_info()[0] is not None
+        if ending:
+            hold_signals()
         if fleet:
-            fleet.close()
+            # Ending on an error or a signal: no graceful shutdown, the database goes anyway.
+            fleet.close(signal.SIGKILL if ending else signal.SIGTERM)
         if proxies:
             proxies.close()
         reset(env)
+
+
+def hold_signals() -> None:
+    """Once a run is ending on an error or a signal: a second Ctrl-C must not cut the
+    cleanup short (namespaces, instances and the database would stay behind)."""
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)
 
 
 def medians(rounds: list[dict[str, Any]], links: list[str]) -> dict[str, dict[str, float]]:
@@ -504,6 +532,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     started = time.time()
     try:
         with BenchEnvironment(args.database_url, args.redis_url) as env:
+            # What this run makes, for whoever checks that it is gone afterwards.
+            made = f"database {env.dbname}, Redis prefix {env.prefix}"
+            if network:
+                made += f", namespaces {' '.join(network.namespaces)}"
+                made += f", links {' '.join(network.host_links)}"
+            print(f"multihost: {made}", file=sys.stderr, flush=True)
             if network:
                 network.open()
             for repeat in range(args.repeats):
@@ -516,6 +550,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     )
                     rounds.append({"repeat": repeat, "link": link, "figures": figures})
     finally:
+        hold_signals()
         failed = network.close() if network else []
         for line in failed:
             print(f"multihost: could not clean up: {line}", file=sys.stderr)
