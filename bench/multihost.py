@@ -318,6 +318,8 @@ def medians(rounds: list[dict[str, Any]], links: list[str]) -> dict[str, dict[st
     out: dict[str, dict[str, float]] = {}
     for link in links:
         mine = [r for r in rounds if r["link"] == link]
+        if not mine:
+            continue
         out[link] = {
             k: statistics.median(r["figures"][k] for r in mine) for k in mine[0]["figures"]
         }
@@ -423,6 +425,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         Network(args.instances, run_id) if any(link != LOOPBACK for link in args.links) else None
     )
     started = time.time()
+    error = None
     try:
         with BenchEnvironment(args.database_url, args.redis_url) as env:
             # What this run makes, for whoever checks that it is gone afterwards.
@@ -442,24 +445,29 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                         file=sys.stderr,
                     )
                     rounds.append({"repeat": repeat, "link": link, "figures": figures})
+    except BaseException as exc:
+        error = f"{type(exc).__name__}: {exc}"
+        raise
     finally:
         hold_signals()
         failed = network.close() if network else []
         for line in failed:
             print(f"multihost: could not clean up: {line}", file=sys.stderr)
-    result = {
-        "job_body": f"hivejobs.benchapp:{JOB}, no work",
-        "options": {k: v for k, v in vars(args).items() if not k.endswith("_url")},
-        "delay": "userspace proxy bench/delayproxy.py (no netem in this kernel)",
-        "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(started)),
-        "wall_s": time.time() - started,
-        "loadavg": os.getloadavg(),
-        "rounds": rounds,
-        "medians": medians(rounds, args.links),
-    }
-    print(markdown(result))
-    if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=2))
+        result = {
+            "job_body": f"hivejobs.benchapp:{JOB}, no work",
+            "options": {k: v for k, v in vars(args).items() if not k.endswith("_url")},
+            "delay": "userspace proxy bench/delayproxy.py (no netem in this kernel)",
+            "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(started)),
+            "wall_s": time.time() - started,
+            "loadavg": os.getloadavg(),
+            "error": error,  # a failed run keeps the rounds it finished
+            "rounds": rounds,
+            "medians": medians(rounds, args.links),
+        }
+        if rounds:
+            print(markdown(result))
+        if args.json and (rounds or error):
+            Path(args.json).write_text(json.dumps(result, indent=2))
     return result
 
 
