@@ -29,7 +29,7 @@ import sys
 import tempfile
 import time
 import venv
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -53,6 +53,8 @@ class System:
     venv: str = ""  # defaults to name
     driver: str = ""  # defaults to <name>_driver.py
     variant: str = ""
+    pg_port: str = ""  # defaults to --pg-port
+    pythonpath: str = ""  # hivejobs from another tree (a `NAME=SRC` of --hivejobs-src)
 
 
 SYSTEMS = {
@@ -83,6 +85,7 @@ METRICS = [
     "throughput_per_s",
     "drain_wall_s",
     "pg_cpu_ms_per_job",
+    "worker_cpu_ms_per_job",
     "pickup_p50_ms",
     "pickup_p99_ms",
 ]
@@ -98,8 +101,9 @@ def redis_cli(db: int, *args: str) -> str:
     return sh(["redis-cli", "-h", REDIS_HOST, "-p", str(REDIS_PORT), "-n", str(db), *args])
 
 
-def psql(sql: str) -> str:
-    admin = ["psql", "-h", "127.0.0.1", "-p", PG_PORT[0], "-U", "postgres", "-d", "postgres"]
+def psql(sql: str, port: str = "") -> str:
+    admin = ["psql", "-h", "127.0.0.1", "-p", port or PG_PORT[0], "-U", "postgres"]
+    admin += ["-d", "postgres"]
     return sh(admin + ["-v", "ON_ERROR_STOP=1", "-tAc", sql])
 
 
@@ -125,15 +129,19 @@ def python_for(system: System) -> str:
     return str(py)
 
 
-def hivejobs_importable() -> str | None:
+def hivejobs_importable(pythonpath: str = "") -> str | None:
     """None when ``import hivejobs`` works in this interpreter, else the error line."""
-    proc = subprocess.run([sys.executable, "-c", "import hivejobs"], capture_output=True, text=True)
+    env = {**os.environ, "PYTHONPATH": pythonpath} if pythonpath else None
+    proc = subprocess.run(
+        [sys.executable, "-c", "import hivejobs"], capture_output=True, text=True, env=env
+    )
     return None if proc.returncode == 0 else (proc.stderr.strip().splitlines() or ["?"])[-1]
 
 
 def run_driver(system: System, py: str, jobs: int, timeout: float, work: tuple[str, float]) -> dict:
     """One isolated run: flush its Redis db, create its database, run the driver, clean up."""
-    db_name = f"peers_{system.name.replace('-', '_')}_{os.getpid()}"
+    db_name = f"peers_{system.name.replace('-', '_').replace('@', '_')}_{os.getpid()}"
+    port = system.pg_port or PG_PORT[0]
     cmd = [
         py,
         str(DRIVERS / (system.driver or f"{system.name}_driver.py")),
@@ -145,16 +153,18 @@ def run_driver(system: System, py: str, jobs: int, timeout: float, work: tuple[s
         f"redis://{REDIS_HOST}:{REDIS_PORT}/{system.redis_db}",
     ]
     if system.needs_pg:
-        cmd += ["--pg-url", PG_URL.format(port=PG_PORT[0], db=db_name)]
+        cmd += ["--pg-url", PG_URL.format(port=port, db=db_name)]
     if system.variant:
         cmd += ["--variant", system.variant]
     redis_cli(system.redis_db, "FLUSHDB")
     if system.needs_pg:
-        psql(f"DROP DATABASE IF EXISTS {db_name} WITH (FORCE)")
-        psql(f"CREATE DATABASE {db_name}")
+        psql(f"DROP DATABASE IF EXISTS {db_name} WITH (FORCE)", port)
+        psql(f"CREATE DATABASE {db_name}", port)
     with tempfile.TemporaryFile() as err:
         # own session: on timeout we SIGTERM the driver, whose finally stops its workers
         env = {**os.environ, "PEERS_WORK": work[0], "PEERS_WORK_MS": repr(work[1])}
+        if system.pythonpath:
+            env["PYTHONPATH"] = system.pythonpath
         proc = subprocess.Popen(
             cmd,
             cwd=DRIVERS,
@@ -171,7 +181,7 @@ def run_driver(system: System, py: str, jobs: int, timeout: float, work: tuple[s
         finally:
             stop_group(proc)
             if system.needs_pg:
-                psql(f"DROP DATABASE IF EXISTS {db_name} WITH (FORCE)")
+                psql(f"DROP DATABASE IF EXISTS {db_name} WITH (FORCE)", port)
             redis_cli(system.redis_db, "FLUSHDB")
         lines = [ln for ln in out.decode().splitlines() if ln.startswith("{")]
         if proc.returncode != 0 or not lines:
@@ -240,6 +250,7 @@ def print_table(medians: dict[str, dict], failures: dict[str, str]) -> None:
         "bulk enqueue/s",
         "throughput/s (median)",
         "PG CPU ms/job",
+        "worker CPU ms/job",
         "pickup p50 ms",
         "pickup p99 ms",
         "hivejobs / this",
@@ -257,6 +268,7 @@ def print_table(medians: dict[str, dict], failures: dict[str, str]) -> None:
                 fmt(m["enqueue_bulk_per_s"]),
                 fmt(tp),
                 fmt(m.get("pg_cpu_ms_per_job"), 3),
+                fmt(m.get("worker_cpu_ms_per_job"), 3),
                 fmt(m["pickup_p50_ms"], 1),
                 fmt(m["pickup_p99_ms"], 1),
                 ratio,
@@ -269,6 +281,35 @@ def print_table(medians: dict[str, dict], failures: dict[str, str]) -> None:
         print(" | ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)))
         if i == 0:
             print("-+-".join("-" * w for w in widths))
+
+
+def add_systems(names: list[str], sources: list[str]) -> None:
+    """Systems made for this run: `NAME=SRC` (hivejobs from another tree) and `NAME@PORT`
+    (a system on another Postgres, e.g. a cluster with autovacuum on), each on a Redis db of
+    its own (10 and up)."""
+    trees = dict(src.split("=", 1) for src in sources if "=" in src)
+    if len(trees) != len(sources):
+        raise ValueError("--hivejobs-src takes NAME=SRC")
+    free_db = 10
+    for name in names:
+        base, _, port = name.partition("@")
+        if name in SYSTEMS:
+            continue
+        if base in trees:
+            proto = replace(SYSTEMS["hivejobs"], pythonpath=trees[base])
+        elif base in SYSTEMS and port:
+            proto = SYSTEMS[base]
+        else:
+            raise ValueError(f"unknown system {name!r}; known: {', '.join(SYSTEMS)}")
+        SYSTEMS[name] = replace(
+            proto,
+            name=name,
+            redis_db=free_db,
+            pg_port=port or proto.pg_port,
+            venv=proto.venv or proto.name,
+            driver=proto.driver or f"{proto.name}_driver.py",
+        )
+        free_db += 1
 
 
 def jobs_for(jobs: int, work_ms: float) -> int:
@@ -295,11 +336,20 @@ def main() -> int:
     p.add_argument("--work-ms", type=float, default=0.0, help="job duration in ms")
     p.add_argument("--sweep", help="comma list of job durations in ms (replaces --work-ms)")
     p.add_argument("--pg-port", default="5432", help="Postgres port on 127.0.0.1")
+    p.add_argument(
+        "--hivejobs-src",
+        action="append",
+        default=[],
+        metavar="NAME=SRC",
+        help="a system NAME that is hivejobs imported from SRC (e.g. before=/tmp/base/src:"
+        " `--systems hivejobs,before`), to compare two trees in one run",
+    )
     args = p.parse_args()
     names = [s.strip() for s in args.systems.split(",") if s.strip()]
-    unknown = [n for n in names if n not in SYSTEMS]
-    if unknown:
-        p.error(f"unknown systems {unknown}; known: {', '.join(SYSTEMS)}")
+    try:
+        add_systems(names, args.hivejobs_src)
+    except ValueError as exc:
+        p.error(str(exc))
     try:
         sweep = [float(v) for v in args.sweep.split(",")] if args.sweep else [args.work_ms]
     except ValueError:
@@ -319,7 +369,11 @@ def main() -> int:
     failures: dict[str, str] = {}
     for name in names:
         system = SYSTEMS[name]
-        if name == "hivejobs" and (why := hivejobs_importable()):
+        if system.driver == "hivejobs_driver.py" or name == "hivejobs":
+            why = hivejobs_importable(system.pythonpath)
+        else:
+            why = None
+        if why:
             failures[name] = f"unavailable: {why}"
             print(f"[{name}] unavailable: {why}", flush=True)
             continue
@@ -355,6 +409,7 @@ def main() -> int:
                     f"[{name}] {label} run {i + 1}/{args.repeats} "
                     f"({time.monotonic() - t0:.0f}s): {fmt(result['throughput_per_s'])} jobs/s, "
                     f"PG CPU {fmt(result.get('pg_cpu_ms_per_job'), 3)} ms/job, "
+                    f"worker CPU {fmt(result.get('worker_cpu_ms_per_job'), 3)} ms/job, "
                     f"p50 {fmt(result['pickup_p50_ms'], 1)} ms",
                     flush=True,
                 )

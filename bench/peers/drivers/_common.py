@@ -186,6 +186,22 @@ class Workers:
             )
         )
 
+    def cpu_ticks(self) -> dict[int, int]:
+        """CPU ticks (user + system) of every process in the workers' sessions: children
+        (prefork pools, consumers' workers, a supervisor's pools) count too."""
+        sessions = {p.pid for p in self.procs}
+        ticks = {}
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[3]) in sessions:  # fields[3] is the session id
+                ticks[int(entry.name)] = int(fields[11]) + int(fields[12])
+        return ticks
+
     def check_alive(self) -> None:
         """Fail fast (with the log tail) when a worker died instead of waiting for a timeout."""
         for p in self.procs:
@@ -298,9 +314,14 @@ def run_workload(
         def drained(target: int) -> Callable[[], bool]:
             return lambda: int(r.get(DONE) or 0) >= target
 
+        # Worker CPU from the first completion on, as the throughput: start-up is left out.
+        wait_until(drained(1), args.timeout, "a first completion", check=workers.check_alive)
+        worker_before = workers.cpu_ticks()
         wait_until(
             drained(args.jobs), args.timeout, f"{args.jobs} completions", check=workers.check_alive
         )
+        worker_ticks = workers.cpu_ticks()
+        done_then = int(r.get(DONE) or 0)
         ticks = pg_backend_ticks(args.pg_url)  # before the workers end (and their backends)
         pg_cpu_s = sum(t - ticks_before.get(pid, 0) for pid, t in ticks.items()) / os.sysconf(
             "SC_CLK_TCK"
@@ -340,6 +361,13 @@ def run_workload(
         "throughput_per_s": round(throughput, 1) if throughput else None,
         "drain_wall_s": round(wall, 3),
         "pg_cpu_ms_per_job": round(pg_cpu_s * 1000 / args.jobs, 4) if args.pg_url else None,
+        "worker_cpu_ms_per_job": round(
+            sum(t - worker_before.get(pid, 0) for pid, t in worker_ticks.items())
+            * 1000
+            / os.sysconf("SC_CLK_TCK")
+            / max(done_then - 1, 1),
+            4,
+        ),
         "work": f"{os.environ.get(WORK_ENV, 'sleep')} {os.environ.get(WORK_MS_ENV, '0')} ms",
         "pickup_p50_ms": round(percentile(lat_ms, 50), 2),
         "pickup_p99_ms": round(percentile(lat_ms, 99), 2),
