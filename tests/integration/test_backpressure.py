@@ -14,7 +14,7 @@ import psycopg
 import pytest
 
 from hivejobs import App, JobContext
-from hivejobs.pool import UNWRITTEN_PER_RUNNER
+from hivejobs.pool import PREFETCH, REFILL_BELOW, UNWRITTEN_PER_RUNNER, Running
 from tests.harness import wait_until
 from tests.integration.test_lifecycle import FAST, ThreadPool
 
@@ -96,3 +96,37 @@ def test_pool_stops_claiming_while_its_completions_cannot_be_written(
     wait_until(lambda: count(database_url, succeeded) == JOBS, timeout=20, what="all written")
     assert sorted(ran) == list(range(JOBS))
     assert pool.counts["paused_for_completions"] >= 1
+
+
+def test_prefetch_refills_in_one_large_claim_not_one_per_finished_job(
+    make_app: Callable[..., App],
+) -> None:
+    """Issue 13: a fetcher that claimed again as soon as one slot freed made claims of one or
+    two ids with short jobs. While enough claimed jobs wait for a runner it claims nothing;
+    below REFILL_BELOW it claims the whole prefetch room at once. Without prefetch (at-most-
+    once, or slow jobs) every idle runner is still claimed for at once."""
+    app = make_app(**FAST)
+
+    @app.job("short", concurrency=8)
+    def short(ctx: JobContext, payload: dict[str, int]) -> None: ...
+
+    @app.job("once", concurrency=8, delivery="at_most_once")
+    def once(ctx: JobContext, payload: dict[str, int]) -> None: ...
+
+    prefetching, not_prefetching = ThreadPool(app, "short"), ThreadPool(app, "once")
+    try:
+        for pool in (prefetching, not_prefetching):
+            pool.avg_run_s = 0.0001  # measured short
+            pool.running = {str(i): Running.__new__(Running) for i in range(8)}  # all busy
+        with prefetching.lock:
+            prefetching.reserved = 8 + REFILL_BELOW + 1  # one more waiting than the mark
+            assert prefetching.claim_room() == 0
+            prefetching.reserved = 8 + REFILL_BELOW
+            assert prefetching.claim_room() == PREFETCH - REFILL_BELOW
+        with not_prefetching.lock:
+            not_prefetching.reserved = 7  # one runner idle
+            assert not_prefetching.claim_room() == 1
+    finally:
+        for pool in (prefetching, not_prefetching):
+            pool.store.close()
+            pool.broker.close()
