@@ -283,14 +283,13 @@ def print_table(medians: dict[str, dict], failures: dict[str, str]) -> None:
             print("-+-".join("-" * w for w in widths))
 
 
-def add_systems(names: list[str], sources: list[str]) -> None:
+def add_systems(names: list[str], sources: list[str], free_db: int = 10) -> None:
     """Systems made for this run: `NAME=SRC` (hivejobs from another tree) and `NAME@PORT`
     (a system on another Postgres, e.g. a cluster with autovacuum on), each on a Redis db of
-    its own (10 and up)."""
+    its own (--redis-db-from and up: two runs at once need apart ranges)."""
     trees = dict(src.split("=", 1) for src in sources if "=" in src)
     if len(trees) != len(sources):
         raise ValueError("--hivejobs-src takes NAME=SRC")
-    free_db = 10
     for name in names:
         base, _, port = name.partition("@")
         if name in SYSTEMS:
@@ -344,10 +343,16 @@ def main() -> int:
         help="a system NAME that is hivejobs imported from SRC (e.g. before=/tmp/base/src:"
         " `--systems hivejobs,before`), to compare two trees in one run",
     )
+    p.add_argument(
+        "--redis-db-from",
+        type=int,
+        default=10,
+        help="first Redis db of the NAME@PORT and --hivejobs-src systems (default 10)",
+    )
     args = p.parse_args()
     names = [s.strip() for s in args.systems.split(",") if s.strip()]
     try:
-        add_systems(names, args.hivejobs_src)
+        add_systems(names, args.hivejobs_src, args.redis_db_from)
     except ValueError as exc:
         p.error(str(exc))
     try:
