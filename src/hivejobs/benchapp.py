@@ -1,8 +1,16 @@
-"""The app `hivejobs bench` runs under a real `hivejobs run`: one no-op job type.
+"""The app `hivejobs bench` runs under a real `hivejobs run`: one job type with a chosen body.
 
 Sized by environment variables the bench sets (HIVEJOBS_BENCH_PROCESSES, _CONCURRENCY,
-_WORK_MS). A payload with "t" (the enqueue call's wall time) makes the handler append its
-pickup latency in microseconds to $HIVEJOBS_BENCH_DIR/latency.<pid>; nothing else is written.
+_WORK, _WORK_MS). A payload with "t" (the enqueue call's wall time) makes the handler append
+its pickup latency in microseconds to $HIVEJOBS_BENCH_DIR/latency.<pid>; nothing else is
+written.
+
+The body (HIVEJOBS_BENCH_WORK) is what a real job does for _WORK_MS milliseconds, because a
+no-op body hides what job duration does to claim and completion batching (issue 13):
+- `sleep`: time.sleep (the GIL is free, as in any blocking I/O);
+- `cpu`: a busy loop holding the GIL;
+- `redis`: one blocking Redis round trip (a GET), then a sleep for what is left of _WORK_MS:
+  a network call of that latency. With _WORK_MS below one round trip it is the round trip.
 """
 
 from __future__ import annotations
@@ -10,12 +18,34 @@ from __future__ import annotations
 import os
 import time
 
+import redis
+
 from hivejobs import App, JobContext
 
 app = App()
+WORK = os.environ.get("HIVEJOBS_BENCH_WORK", "sleep")
 WORK_S = float(os.environ.get("HIVEJOBS_BENCH_WORK_MS", "0")) / 1000
 OUT_DIR = os.environ.get("HIVEJOBS_BENCH_DIR", "")
 _latency_fd: int | None = None
+_redis: redis.Redis | None = None  # one client per process; its pool gives each thread a link
+
+
+def work() -> None:
+    """The job body's work, as chosen by HIVEJOBS_BENCH_WORK and _WORK_MS."""
+    global _redis
+    began = time.perf_counter()
+    if WORK == "redis":
+        if _redis is None:
+            _redis = redis.Redis.from_url(os.environ["HIVEJOBS_REDIS_URL"])
+        _redis.get("hivejobs-bench:work")
+        left = WORK_S - (time.perf_counter() - began)
+        if left > 0:
+            time.sleep(left)
+    elif WORK == "cpu":
+        while time.perf_counter() - began < WORK_S:
+            pass
+    elif WORK_S:
+        time.sleep(WORK_S)
 
 
 @app.job(
@@ -33,8 +63,7 @@ def bench_noop(ctx: JobContext, payload: dict[str, object]) -> None:
                 f"{OUT_DIR}/latency.{os.getpid()}", os.O_WRONLY | os.O_CREAT | os.O_APPEND
             )
         os.write(_latency_fd, b"%d\n" % int((started - sent) * 1e6))
-    if WORK_S:
-        time.sleep(WORK_S)
+    work()
 
 
 @app.job("bench_step", concurrency=int(os.environ.get("HIVEJOBS_BENCH_CHAIN_CONCURRENCY", "50")))

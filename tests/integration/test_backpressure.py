@@ -14,8 +14,10 @@ import psycopg
 import pytest
 
 from hivejobs import App, JobContext
-from hivejobs.worker.fetcher import UNWRITTEN_PER_RUNNER
+from hivejobs.store import new_worker_id
+from hivejobs.worker.fetcher import PREFETCH, REFILL_BELOW, UNWRITTEN_PER_RUNNER
 from hivejobs.worker.pool import Pool
+from hivejobs.worker.slots import Running
 from tests.harness import wait_until
 from tests.integration.test_lifecycle import FAST, start_pool_thread, stop_pool_thread
 
@@ -88,3 +90,39 @@ def test_pool_stops_claiming_while_its_completions_cannot_be_written(
     wait_until(lambda: count(database_url, succeeded) == JOBS, timeout=20, what="all written")
     assert sorted(ran) == list(range(JOBS))
     assert pool.fetcher.counts["paused_for_completions"] >= 1
+
+
+def test_prefetch_refills_in_one_large_claim_not_one_per_finished_job(
+    make_app: Callable[..., App],
+) -> None:
+    """Issue 13: a fetcher that claimed again as soon as one slot freed made claims of one or
+    two ids with short jobs. While enough claimed jobs wait for a runner it claims nothing;
+    below REFILL_BELOW it claims the whole prefetch room at once. Without prefetch (at-most-
+    once, or slow jobs) every idle runner is still claimed for at once."""
+    app = make_app(**FAST)
+
+    @app.job("short", concurrency=8)
+    def short(ctx: JobContext, payload: dict[str, int]) -> None: ...
+
+    @app.job("once", concurrency=8, delivery="at_most_once")
+    def once(ctx: JobContext, payload: dict[str, int]) -> None: ...
+
+    prefetching, not_prefetching = (
+        Pool(app, app.types[name], new_worker_id(), app.settings) for name in ("short", "once")
+    )
+    try:
+        for pool in (prefetching, not_prefetching):
+            pool.fetcher.avg_run_s = 0.0001  # measured short
+            busy = {str(i): Running.__new__(Running) for i in range(8)}
+            pool.slots.running = busy  # every runner busy
+        with prefetching.slots.cond:
+            prefetching.slots.reserved = 8 + REFILL_BELOW + 1  # one more waiting than the mark
+            assert prefetching.fetcher.claim_room() == 0
+            prefetching.slots.reserved = 8 + REFILL_BELOW
+            assert prefetching.fetcher.claim_room() == PREFETCH - REFILL_BELOW
+        with not_prefetching.slots.cond:
+            not_prefetching.slots.reserved = 7  # one runner idle
+            assert not_prefetching.fetcher.claim_room() == 1
+    finally:
+        for pool in (prefetching, not_prefetching):
+            pool.close()

@@ -23,6 +23,9 @@ from tests.harness import REDIS_URL, ROOT, sql
         (["--rate", "-5"], "--rate and --duration must be positive"),
         (["--work-ms", "-1"], "--work-ms and --payload-bytes cannot be negative"),
         (["--repeats", "x"], "invalid int value"),
+        (["--work", "gpu"], "unknown --work 'gpu': choose from sleep, cpu, redis"),
+        (["--sweep", "0,x"], "--sweep takes milliseconds like 0,0.1,1,10, not '0,x'"),
+        (["--sweep", "1,-1"], "--sweep needs one or more durations, none negative"),
     ],
 )
 def test_bad_options_exit_2_with_one_line(
@@ -153,3 +156,28 @@ def test_stale_stats_scenario_drains_under_three_statistics_states(
         assert figures[f"stale_stats_{state}_most_running"] <= bound
     assert 0 < figures["stale_stats_slowest_vs_fastest"] <= 1
     assert figures["stale_stats_autovacuum_on"] in (0.0, 1.0)
+
+
+def test_sweep_prints_one_row_per_duration_with_its_postgres_cost(
+    admin_url: str, tmp_path: Path
+) -> None:
+    """`--work redis --sweep`: one throughput run per duration, each with the per-job cost
+    read from the server (issue 13); the rows come out in the printed table."""
+    out = tmp_path / "sweep.json"
+    server = admin_url.rsplit("/", 1)[0] + "/postgres"
+    proc = subprocess.run(
+        [sys.executable, "-m", "hivejobs", "bench", "--scenarios", "throughput", "--jobs", "300",
+         "--repeats", "1", "--work", "redis", "--sweep", "0,0.5", "--database-url", server,
+         "--redis-url", REDIS_URL, "--json", str(out)],
+        cwd=ROOT, capture_output=True, text=True, timeout=240,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    medians = json.loads(out.read_text())["medians"]
+    for row in ("redis 0 ms", "redis 0.5 ms"):
+        figures = medians[f"throughput {row}"]
+        assert figures["throughput_jobs_per_s"] > 0
+        assert 1 <= figures["claim_batch"] <= 300 and 1 <= figures["completion_batch"] <= 300
+        # During the drain each job is claimed (updated), deleted from the live table, archived.
+        assert figures["pg_rows_written_per_job"] >= 3
+        assert figures["pg_xacts_per_job"] > 0
+        assert row in proc.stdout

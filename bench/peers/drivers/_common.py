@@ -33,6 +33,12 @@ import redis
 DRIVERS_DIR = Path(__file__).resolve().parent
 REDIS_URL_ENV = "PEERS_REDIS_URL"
 PG_URL_ENV = "PEERS_PG_URL"
+# The job body (issue 13), the same for every system: run.py sets these for the driver, whose
+# worker processes inherit them. sleep: blocking sleep; cpu: a busy loop holding the GIL;
+# redis: ONE blocking Redis round trip (a GET on the system's own db), then a sleep for the
+# rest of PEERS_WORK_MS (a network call of that latency). Async peers run the same blocking
+# body inside their event loop, as a user's unchanged function would.
+WORK_ENV, WORK_MS_ENV = "PEERS_WORK", "PEERS_WORK_MS"
 DONE, FIRST, LAST, LAT = "peers:done", "peers:first", "peers:last", "peers:lat"
 
 # KEYS: done, first, last, lat ; ARGV: count, earliest, latest, latencies...
@@ -79,6 +85,38 @@ class _Recorder:
 
 
 _recorder = _Recorder()
+_work_client: list[redis.Redis] = []  # one client per process (its pool: a link per thread)
+
+
+def work() -> None:
+    """The job's work, chosen by PEERS_WORK and PEERS_WORK_MS (default: none)."""
+    kind = os.environ.get(WORK_ENV, "sleep")
+    seconds = float(os.environ.get(WORK_MS_ENV, "0")) / 1000
+    began = time.perf_counter()
+    if kind == "redis":
+        if not _work_client or _work_client[0].connection_pool.pid != os.getpid():
+            _work_client[:] = [redis.Redis.from_url(os.environ[REDIS_URL_ENV])]
+        _work_client[0].get("peers:work")
+        left = seconds - (time.perf_counter() - began)
+        if left > 0:
+            time.sleep(left)
+    elif kind == "cpu":
+        while time.perf_counter() - began < seconds:
+            pass
+    elif seconds:
+        time.sleep(seconds)
+
+
+def job(enqueued_at: float) -> None:
+    """The job body every system runs: its start time, the work, then the counter."""
+    started = time.time()
+    work()
+    record(enqueued_at, started)
+
+
+async def ajob(enqueued_at: float) -> None:
+    """Same as :func:`job` for asyncio job bodies: the same blocking work, in the loop."""
+    job(enqueued_at)
 
 
 def record(enqueued_at: float, started: float) -> None:
@@ -147,6 +185,22 @@ class Workers:
                 start_new_session=True,
             )
         )
+
+    def cpu_ticks(self) -> dict[int, int]:
+        """CPU ticks (user + system) of every process in the workers' sessions: children
+        (prefork pools, consumers' workers, a supervisor's pools) count too."""
+        sessions = {p.pid for p in self.procs}
+        ticks = {}
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[3]) in sessions:  # fields[3] is the session id
+                ticks[int(entry.name)] = int(fields[11]) + int(fields[12])
+        return ticks
 
     def check_alive(self) -> None:
         """Fail fast (with the log tail) when a worker died instead of waiting for a timeout."""
@@ -252,6 +306,7 @@ def run_workload(
 
     log_path = (log_dir or Path("/tmp")) / f"peers-{system}-{os.getpid()}.log"
     workers = Workers(log_path)
+    ticks_before = pg_backend_ticks(args.pg_url)
     try:
         started = time.time()
         start_workers(workers)
@@ -259,8 +314,17 @@ def run_workload(
         def drained(target: int) -> Callable[[], bool]:
             return lambda: int(r.get(DONE) or 0) >= target
 
+        # Worker CPU from the first completion on, as the throughput: start-up is left out.
+        wait_until(drained(1), args.timeout, "a first completion", check=workers.check_alive)
+        worker_before = workers.cpu_ticks()
         wait_until(
             drained(args.jobs), args.timeout, f"{args.jobs} completions", check=workers.check_alive
+        )
+        worker_ticks = workers.cpu_ticks()
+        done_then = int(r.get(DONE) or 0)
+        ticks = pg_backend_ticks(args.pg_url)  # before the workers end (and their backends)
+        pg_cpu_s = sum(t - ticks_before.get(pid, 0) for pid, t in ticks.items()) / os.sysconf(
+            "SC_CLK_TCK"
         )
         first, last = float(r.get(FIRST)), float(r.get(LAST))
         throughput = (args.jobs - 1) / (last - first) if last > first else None
@@ -296,11 +360,51 @@ def run_workload(
         "enqueue_bulk_per_s": round(bulk_rate, 1) if bulk_rate else None,
         "throughput_per_s": round(throughput, 1) if throughput else None,
         "drain_wall_s": round(wall, 3),
+        "pg_cpu_ms_per_job": round(pg_cpu_s * 1000 / args.jobs, 4) if args.pg_url else None,
+        "worker_cpu_ms_per_job": round(
+            sum(t - worker_before.get(pid, 0) for pid, t in worker_ticks.items())
+            * 1000
+            / os.sysconf("SC_CLK_TCK")
+            / max(done_then - 1, 1),
+            4,
+        ),
+        "work": f"{os.environ.get(WORK_ENV, 'sleep')} {os.environ.get(WORK_MS_ENV, '0')} ms",
         "pickup_p50_ms": round(percentile(lat_ms, 50), 2),
         "pickup_p99_ms": round(percentile(lat_ms, 99), 2),
         "latency_samples": len(lat_ms),
         "completions": completions,
     }
+
+
+def pg_backend_ticks(pg_url: str) -> dict[int, int]:
+    """CPU ticks (user + system, /proc/<pid>/stat) of the backends of the run's database.
+
+    Read before the workers start and at the end of the drain: the difference is what the
+    drain cost Postgres (backends that ended in between are missed: none of the measured
+    systems opens a connection per job). Empty without a database or a local Postgres.
+    """
+    if not pg_url:
+        return {}
+    out = subprocess.run(
+        [
+            "psql",
+            pg_url,
+            "-tAc",
+            "SELECT pid FROM pg_stat_activity "
+            "WHERE datname = current_database() AND pid <> pg_backend_pid()",
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    ticks = {}
+    for pid in out.split():
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        ticks[int(pid)] = int(fields[11]) + int(fields[12])
+    return ticks
 
 
 def percentile(sorted_values: list[float], pct: float) -> float:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import sys
-import time
 from importlib.metadata import version
 from pathlib import Path
 
@@ -23,8 +22,8 @@ dramatiq.set_broker(RedisBroker(url=os.environ[_common.REDIS_URL_ENV]))
 
 @dramatiq.actor(actor_name="noop", queue_name="bench")
 def noop(t: float) -> None:
-    """The no-op job: only reports its start time to the shared counter."""
-    _common.record(t, time.time())
+    """The job: the chosen body (_common.job), then the shared counter."""
+    _common.job(t)
 
 
 def main(args) -> None:

@@ -9,6 +9,7 @@ stored in Postgres; Redis is the broker.
 from __future__ import annotations
 
 import importlib
+import os
 import shutil
 import sys
 import tempfile
@@ -21,7 +22,6 @@ APP_MODULE = "peers_hivejobs_app"
 APP_SOURCE = '''\
 """Benchmark app written by bench/peers/drivers/hivejobs_driver.py (temporary)."""
 import os
-import time
 
 import _common
 from hivejobs import App, JobContext
@@ -35,8 +35,7 @@ app = App(
 
 @app.job("noop", concurrency=8, processes=2)
 def noop(ctx: JobContext, payload: dict) -> None:
-    started = time.time()
-    _common.record(float(payload.get("t", 0.0)), started)
+    _common.job(float(payload.get("t", 0.0)))
 '''
 
 
@@ -72,7 +71,9 @@ def main() -> None:
 
         def start_workers(w: _common.Workers) -> None:
             cmd = cli_command() + ["run", f"{APP_MODULE}:app", "--shutdown-timeout", "5"]
-            w.start(cmd, env={"PYTHONPATH": tmp})
+            # The caller's PYTHONPATH stays (a worktree's src/ must win over an installed copy).
+            path = os.pathsep.join(p for p in (tmp, os.environ.get("PYTHONPATH", "")) if p)
+            w.start(cmd, env={"PYTHONPATH": path})
 
         result = _common.run_workload(
             args,

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import sys
-import time
 from importlib.metadata import version
 from pathlib import Path
 
@@ -21,8 +20,8 @@ huey = RedisHuey("bench", url=os.environ[_common.REDIS_URL_ENV])
 
 @huey.task()
 def noop(t: float) -> None:
-    """The no-op job: only reports its start time to the shared counter."""
-    _common.record(t, time.time())
+    """The job: the chosen body (_common.job), then the shared counter."""
+    _common.job(t)
 
 
 def main(args) -> None:

@@ -4,7 +4,6 @@ mode). ``--variant fork`` uses RQ's default forking ``Worker`` (one fork per job
 from __future__ import annotations
 
 import sys
-import time
 from importlib.metadata import version
 from pathlib import Path
 
@@ -16,8 +15,8 @@ QUEUE = "bench"
 
 
 def noop(t: float) -> None:
-    """The no-op job: only reports its start time to the shared counter."""
-    _common.record(t, time.time())
+    """The job: the chosen body (_common.job), then the shared counter."""
+    _common.job(t)
 
 
 def main() -> None:

@@ -12,7 +12,7 @@ import platform
 import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import msgspec
@@ -21,6 +21,7 @@ from hivejobs.bench import scenarios
 from hivejobs.bench.environment import BenchEnvironment
 from hivejobs.errors import UsageError
 
+WORK_KINDS = ("sleep", "cpu", "redis")
 SCENARIOS = ("enqueue", "throughput", "latency", "chain", "backlog", "stale-stats", "prune")
 DEFAULT_SCENARIOS = "enqueue,throughput,latency"
 
@@ -36,6 +37,8 @@ class BenchOptions(msgspec.Struct, kw_only=True):
     rate: float
     duration: float
     work_ms: float
+    work: str
+    sweep: list[float]  # job durations in ms for throughput; [work_ms] without --sweep
     repeats: int
     backlog_jobs: int
     stale_stats_jobs: int
@@ -54,6 +57,17 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rate", type=float, default=1000.0, help="jobs/s for latency")
     p.add_argument("--duration", type=float, default=5.0, help="seconds of latency load")
     p.add_argument("--work-ms", type=float, default=0.0, help="simulated work per job")
+    p.add_argument(
+        "--work",
+        default="sleep",
+        help="the job body: sleep (blocking I/O), cpu (holds the GIL), redis (one blocking"
+        " Redis round trip, then a sleep for the rest of --work-ms); default sleep",
+    )
+    p.add_argument(
+        "--sweep",
+        metavar="MS,MS,...",
+        help="throughput at each of these job durations (replaces --work-ms), one row each",
+    )
     p.add_argument("--repeats", type=int, default=3, help="runs per scenario (median)")
     p.add_argument("--backlog-jobs", type=int, default=1_000_000)
     p.add_argument(
@@ -84,6 +98,18 @@ def parse_options(args: argparse.Namespace) -> BenchOptions:
         raise UsageError("--rate and --duration must be positive")
     if args.work_ms < 0 or args.payload_bytes < 0:
         raise UsageError("--work-ms and --payload-bytes cannot be negative")
+    if args.work not in WORK_KINDS:
+        raise UsageError(f"unknown --work {args.work!r}: choose from {', '.join(WORK_KINDS)}")
+    sweep = [args.work_ms]
+    if args.sweep is not None:
+        try:
+            sweep = [float(v) for v in args.sweep.split(",") if v.strip()]
+        except ValueError:
+            raise UsageError(
+                f"--sweep takes milliseconds like 0,0.1,1,10, not {args.sweep!r}"
+            ) from None
+        if not sweep or min(sweep) < 0:
+            raise UsageError("--sweep needs one or more durations, none negative")
     return BenchOptions(
         scenarios=chosen,
         jobs=args.jobs,
@@ -93,6 +119,8 @@ def parse_options(args: argparse.Namespace) -> BenchOptions:
         rate=args.rate,
         duration=args.duration,
         work_ms=args.work_ms,
+        work=args.work,
+        sweep=sweep,
         repeats=args.repeats,
         backlog_jobs=args.backlog_jobs,
         stale_stats_jobs=args.stale_stats_jobs,
@@ -126,20 +154,22 @@ def run_scenarios(env: BenchEnvironment, opts: BenchOptions) -> dict[str, Any]:
     if "enqueue" in opts.scenarios:
         plan.append(("enqueue", lambda: scenarios.enqueue(env, opts.jobs, opts.payload_bytes)))
     if "throughput" in opts.scenarios:
-        plan.append(
-            (
-                "throughput",
-                lambda: scenarios.throughput(
-                    env,
-                    opts.jobs,
-                    opts.processes,
-                    opts.concurrency,
-                    opts.work_ms,
-                    opts.payload_bytes,
-                    progress,
-                ),
+        for ms in opts.sweep:
+            plan.append(
+                (
+                    sweep_key(opts, ms),
+                    lambda ms=ms: scenarios.throughput(  # type: ignore[misc]
+                        env,
+                        opts.jobs,
+                        opts.processes,
+                        opts.concurrency,
+                        ms,
+                        opts.payload_bytes,
+                        progress,
+                        opts.work,
+                    ),
+                )
             )
-        )
     if "latency" in opts.scenarios:
         plan.append(
             (
@@ -194,6 +224,11 @@ def run_scenarios(env: BenchEnvironment, opts: BenchOptions) -> dict[str, Any]:
     }
 
 
+def sweep_key(opts: BenchOptions, ms: float) -> str:
+    """`throughput` without --sweep (as before), else one name per job duration."""
+    return "throughput" if len(opts.sweep) == 1 else f"throughput {opts.work} {ms:g} ms"
+
+
 def _medians(runs: list[scenarios.Figures]) -> scenarios.Figures:
     keys = {k for r in runs for k in r}
     return {k: statistics.median([r[k] for r in runs if k in r]) for k in sorted(keys)}
@@ -225,7 +260,8 @@ def _package_version() -> str:
 
 
 def format_report(report: dict[str, Any]) -> str:
-    """One table of medians; throughput and enqueue also as a fraction of the ceilings."""
+    """One table of medians; throughput and enqueue also as a fraction of the ceilings; then
+    the throughput rows (one per --sweep duration) with their Postgres cost per job."""
     med = report["medians"]
     ceil = med.get("ceilings", {})
     rows = [("figure", "median", "vs this machine's ceiling")]
@@ -233,10 +269,43 @@ def format_report(report: dict[str, Any]) -> str:
         figures = med.get(name, {})
         for key, value in figures.items():
             rows.append((key, f"{value:,.1f}", _fraction(key, value, ceil) or _drift(key, figures)))
-    widths = [max(len(r[i]) for r in rows) for i in range(3)]
+    text = "\n".join(_table(rows))
+    if any(name.startswith("throughput") for name in med):
+        text += "\n\n" + format_sweep(report)
+    return text
+
+
+def _table(rows: Sequence[tuple[str, ...]]) -> list[str]:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip() for r in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
+    return lines
+
+
+SWEEP_COLUMNS = (
+    ("jobs/s", "throughput_jobs_per_s", 0),
+    ("PG xacts/job", "pg_xacts_per_job", 3),
+    ("PG CPU ms/job", "pg_cpu_ms_per_job", 3),
+    ("rows written/job", "pg_rows_written_per_job", 2),
+    ("buffers/job", "pg_buffers_per_job", 1),
+    ("claim batch", "claim_batch", 1),
+    ("completion batch", "completion_batch", 1),
+)
+
+
+def format_sweep(report: dict[str, Any]) -> str:
+    """One row per job duration: the drain rate beside what it cost Postgres per job."""
+    med = report["medians"]
+    lifecycle = med.get("ceilings", {}).get("pg_batched_lifecycle_jobs_per_s")
+    rows = [("job body", *(c[0] for c in SWEEP_COLUMNS), "vs batched PG life cycle")]
+    for name, figures in med.items():
+        if not name.startswith("throughput"):
+            continue
+        cells = [f"{figures[k]:,.{d}f}" if k in figures else "-" for _, k, d in SWEEP_COLUMNS]
+        tp = figures.get("throughput_jobs_per_s", 0.0)
+        share = f"{tp / lifecycle:.0%}" if lifecycle else "-"
+        rows.append((name.removeprefix("throughput ") or name, *cells, share))
+    return "\n".join(_table(rows))
 
 
 def _fraction(key: str, value: float, ceil: scenarios.Figures) -> str:

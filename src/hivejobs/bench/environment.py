@@ -42,6 +42,7 @@ class BenchEnvironment:
         # draining, and pickup latencies in ms. Kept out of the JSON (figures only).
         self.drain_curves: dict[str, list[tuple[float, int]]] = {}
         self.latencies_ms: list[float] = []
+        self.sql_calls = 0  # statements run by sql(): the bench's own, left out of costs
 
     def __enter__(self) -> BenchEnvironment:
         try:
@@ -118,11 +119,14 @@ class BenchEnvironment:
         return f"{redact_url(self.database_url)} and {redact_url(self.redis_url)}"
 
     def sql(self, query: str, params: Any = None) -> list[tuple[Any, ...]]:
+        self.sql_calls += 1
         with connect(self.database_url) as conn:
             cur = conn.execute(query, params)
             return cur.fetchall() if cur.description else []
 
-    def start_worker(self, processes: int, concurrency: int, work_ms: float) -> None:
+    def start_worker(
+        self, processes: int, concurrency: int, work_ms: float, work: str = "sleep"
+    ) -> None:
         """A real supervisor with its pool processes and coordinator, as in production."""
         env = dict(os.environ)
         env.update(
@@ -133,6 +137,7 @@ class BenchEnvironment:
                 "HIVEJOBS_BENCH_PROCESSES": str(processes),
                 "HIVEJOBS_BENCH_CONCURRENCY": str(concurrency),
                 "HIVEJOBS_BENCH_WORK_MS": str(work_ms),
+                "HIVEJOBS_BENCH_WORK": work,
                 "HIVEJOBS_BENCH_DIR": str(self.workdir),
                 "HIVEJOBS_LOG_LEVEL": os.environ.get("HIVEJOBS_LOG_LEVEL", "WARNING"),
             }

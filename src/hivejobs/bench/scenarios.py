@@ -142,24 +142,31 @@ def throughput(
     work_ms: float,
     payload_bytes: int,
     progress: Progress,
+    work: str = "sleep",
 ) -> Figures:
-    """A backlog drained by a real `hivejobs run`: steady rate from first to last finish."""
+    """A backlog drained by a real `hivejobs run`: steady rate from first to last finish,
+    and what the drain cost Postgres per job (bench.cost)."""
+    from hivejobs.bench.cost import DrainCost
+
     assert env.app is not None
     body = payload(payload_bytes)
     for offset in range(0, jobs, 10_000):
         env.app.enqueue_many(JOB, [body] * min(10_000, jobs - offset))
+    cost = DrainCost(env)
     started = time.perf_counter()
-    env.start_worker(processes, concurrency, work_ms)
+    env.start_worker(processes, concurrency, work_ms, work)
     _wait_done(env, jobs, started, "throughput", progress)
     wall = time.perf_counter() - started
+    cost.drained()
     first, last = env.sql(
         "SELECT extract(epoch FROM min(finished_at)), "
         "extract(epoch FROM max(finished_at)) FROM hivejobs_archive"
     )[0]
     env.stop_worker()
     steady = (jobs - 1) / max(float(last) - float(first), 1e-6)
+    figures = {"throughput_jobs_per_s": steady, "drain_wall_s": wall, **cost.figures(jobs)}
     env.reset_jobs()
-    return {"throughput_jobs_per_s": steady, "drain_wall_s": wall}
+    return figures
 
 
 def latency(

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import os
 import time
-from pathlib import Path
 
+from hivejobs.bench.cost import backend_ticks, quiesce
 from hivejobs.bench.environment import BenchEnvironment
 from hivejobs.bench.scenarios import JOB, Figures, Progress
 from hivejobs.store import connect
@@ -60,7 +60,7 @@ def _drain(
     if analyze == "after enqueue":
         env.sql("ANALYZE hivejobs_job")
     env.app.close()  # its sessions' counts (the enqueue's) must land before the drain's start
-    _quiesce(env)
+    quiesce(env)
     blocks_before = _blocks(env)
     began = time.perf_counter()
     env.start_worker(processes, concurrency, 0.0)
@@ -74,9 +74,9 @@ def _drain(
             if time.perf_counter() > deadline or (env.worker and env.worker.poll() is not None):
                 raise RuntimeError(f"stale-stats {name}: {done}/{jobs} done; see {env.workdir}")
     # The worker's backends were all started for this drain: their CPU time is its cost.
-    cpu_s = _backends_cpu_s(env)
+    cpu_s = sum(backend_ticks(env).values()) / os.sysconf("SC_CLK_TCK")
     env.stop_worker()
-    _quiesce(env)
+    quiesce(env)
     blocks = _blocks(env) - blocks_before - sampler.buffers
     first, last = env.sql(
         "SELECT extract(epoch FROM min(finished_at)), "
@@ -124,35 +124,6 @@ class Sampler:
 
 def _autovacuum_on(env: BenchEnvironment) -> bool:
     return str(env.sql("SHOW autovacuum")[0][0]) == "on"
-
-
-def _backends_cpu_s(env: BenchEnvironment) -> float:
-    """User + system CPU seconds of this database's other backends; 0 if /proc lacks them."""
-    rows = env.sql(
-        "SELECT pid FROM pg_stat_activity "
-        "WHERE datname = current_database() AND pid <> pg_backend_pid()"
-    )
-    ticks = 0
-    for (pid,) in rows:
-        try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue  # not on this machine, or gone
-        ticks += int(fields[11]) + int(fields[12])  # utime, stime
-    return ticks / os.sysconf("SC_CLK_TCK")
-
-
-def _quiesce(env: BenchEnvironment) -> None:
-    """Wait until no other session of this database is left: a session's buffer counts are
-    sure to have reached pg_stat_database only once it ended (an idle one may hold them for
-    up to 10 s)."""
-    others = (
-        "SELECT count(*) FROM pg_stat_activity "
-        "WHERE datname = current_database() AND pid <> pg_backend_pid()"
-    )
-    deadline = time.monotonic() + 30
-    while int(env.sql(others)[0][0]) > 0 and time.monotonic() < deadline:
-        time.sleep(0.1)  # polling for sessions to end, with a deadline
 
 
 def _blocks(env: BenchEnvironment) -> int:

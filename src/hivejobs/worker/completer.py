@@ -1,9 +1,11 @@
-"""Group commit of finished attempts: one transaction per batch, never waiting to fill one.
+"""Group commit of finished attempts: one transaction per batch.
 
 Runner threads hand Completions over; one writer thread (hivejobs.batching, shared with
 the broker's Pusher) writes whatever has accumulated while the previous batch was
-committing. The writes are fenced by claim token, so retrying a batch after an ambiguous
-commit (connection lost during COMMIT) is safe. A completion that cannot be written (its
+committing, and while completions arrive faster than it writes, what arrives within one
+more write's time (COALESCE_FROM); at low rates it never waits. The writes are fenced by
+claim token, so retrying a batch after an ambiguous commit (connection lost during COMMIT) is
+safe. A completion that cannot be written (its
 data, not the connection) is isolated by splitting the batch: it never holds up the others,
 and never kills the process.
 """
@@ -28,6 +30,10 @@ from hivejobs.store import Store, is_data_error
 from hivejobs.worker.exits import fatal_on_error
 
 MAX_BATCH = 500
+# Coalescing (issue 13; see hivejobs.batching): batches of COALESCE_FROM or more make the
+# next one wait up to the last write's time, at most COALESCE_MAX_S.
+COALESCE_FROM = 4
+COALESCE_MAX_S = 0.002
 T = TypeVar("T")
 
 MSG_BATCH_RETRY = "completion batch failed, retrying"
@@ -57,7 +63,12 @@ class Completer:
         self.on_written = on_written
         self.on_submit = on_submit  # sees every outcome once (metrics)
         self._batcher = Batcher(
-            self._write, max_batch=MAX_BATCH, name="completer", guard=fatal_on_error
+            self._write,
+            max_batch=MAX_BATCH,
+            name="completer",
+            guard=fatal_on_error,
+            coalesce_from=COALESCE_FROM,
+            coalesce_max_s=COALESCE_MAX_S,
         )
         self.max_error_bytes = max_error_bytes
         self.fenced_out = 0

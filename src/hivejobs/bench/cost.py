@@ -1,0 +1,98 @@
+"""What a drain costs Postgres per job: transactions, rows written, buffers, backend CPU, and
+the claim and completion batch sizes that explain them (issue 13).
+
+Read from the server itself, so the same figures exist for any code under test:
+- pg_stat_database deltas of the bench database (transactions, rows inserted + updated +
+  deleted, buffers hit + read), less the bench's own progress counts (one autocommit
+  statement each, counted by BenchEnvironment.sql). Every hot statement of a pool runs in
+  autocommit, so transactions per job are its statements per job; a backend reports its
+  counts when it goes idle or ends, so they are read once every session has ended;
+- CPU time (user + system, /proc/<pid>/stat) of the database's backends between the start
+  of the worker and the end of the drain: only when Postgres runs on this machine;
+- batch sizes from the archive: a claim stamps `started_at = now()` and a completion
+  `finished_at = now()`, the time of its transaction, so the distinct values count the
+  claim and the completion transactions (two at the same microsecond would count as one).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+from hivejobs.bench.environment import BenchEnvironment
+
+Figures = dict[str, float]
+COUNTERS = (
+    "SELECT xact_commit + xact_rollback, tup_inserted + tup_updated + tup_deleted, "
+    "blks_hit + blks_read FROM pg_stat_database WHERE datname = current_database()"
+)
+
+
+class DrainCost:
+    """Snapshot before the worker starts, CPU at the end of the drain, counters after it."""
+
+    def __init__(self, env: BenchEnvironment) -> None:
+        self.env = env
+        quiesce(env)
+        self.sql_calls = env.sql_calls
+        self.counters = env.sql(COUNTERS)[0]
+        self.ticks = backend_ticks(env)
+        self.cpu_s = 0.0
+
+    def drained(self) -> None:
+        """Call before stopping the worker: its backends' CPU time ends with them."""
+        now = backend_ticks(self.env)
+        spent = sum(t - self.ticks.get(pid, 0) for pid, t in now.items())
+        self.cpu_s = spent / os.sysconf("SC_CLK_TCK")
+
+    def figures(self, jobs: int, prefix: str = "") -> Figures:
+        """Call after the worker stopped. Per-job figures of the whole run."""
+        quiesce(self.env)
+        own = self.env.sql_calls - self.sql_calls + 1  # the progress counts, and this read
+        end = self.env.sql(COUNTERS)[0]
+        xacts, tuples, blocks = (int(e) - int(s) for e, s in zip(end, self.counters, strict=True))
+        claims, completions = self.env.sql(
+            "SELECT count(DISTINCT started_at), count(DISTINCT finished_at) FROM hivejobs_archive"
+        )[0]
+        figures = {
+            f"{prefix}pg_xacts_per_job": (xacts - own) / jobs,
+            f"{prefix}pg_rows_written_per_job": tuples / jobs,
+            f"{prefix}pg_buffers_per_job": blocks / jobs,
+            f"{prefix}claim_batch": jobs / max(int(claims), 1),
+            f"{prefix}completion_batch": jobs / max(int(completions), 1),
+        }
+        if self.cpu_s > 0:
+            figures[f"{prefix}pg_cpu_ms_per_job"] = self.cpu_s * 1000 / jobs
+        return figures
+
+
+def backend_ticks(env: BenchEnvironment) -> dict[int, int]:
+    """User + system CPU ticks of this database's other backends; empty if /proc lacks them."""
+    rows = env.sql(
+        "SELECT pid FROM pg_stat_activity "
+        "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+    )
+    ticks: dict[int, int] = {}
+    for (pid,) in rows:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # not on this machine, or gone
+        ticks[int(pid)] = int(fields[11]) + int(fields[12])  # utime, stime
+    return ticks
+
+
+def quiesce(env: BenchEnvironment) -> None:
+    """Wait until no other session of this database is left: a session's counts are sure to
+    have reached pg_stat_database only once it ended (an idle one may hold them for 10 s).
+    The app's own sessions are closed first; its next call opens new ones."""
+    if env.app is not None:
+        env.app.close()
+    others = (
+        "SELECT count(*) FROM pg_stat_activity "
+        "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+    )
+    deadline = time.monotonic() + 30
+    while int(env.sql(others)[0][0]) > 0 and time.monotonic() < deadline:
+        time.sleep(0.1)  # polling for sessions to end, with a deadline
