@@ -123,8 +123,9 @@ class Fetcher:
         }
         self.foreign_keys: set[str] = set()  # lists a foreign id was found in (logged once)
         self.log = logger.bind(pool=jt.name, worker_id=worker_id)
-        self._thread = threading.Thread(target=fatal_on_error(self._run), name="fetcher")
-        self._thread.daemon = True
+        self._thread = threading.Thread(
+            target=fatal_on_error(self._run), name="fetcher", daemon=True
+        )
 
     def start(self) -> None:
         self._thread.start()
