@@ -50,6 +50,7 @@ from hivejobs.failpoints import failpoint
 from hivejobs.integrations import adriver_connection, driver_connection
 from hivejobs.logs import error_fields
 from hivejobs.metrics import record_callback
+from hivejobs.payload_schema import RemoteSchemas
 from hivejobs.records import (
     JOB_TYPE_NAME_RE,
     PRIORITIES,
@@ -190,6 +191,7 @@ class App:
         self.embedded: EmbeddedServers | None = None
         self._lock = threading.RLock()
         self._remote_types: tuple[float, dict[str, JobTypeInfo]] = (0.0, {})
+        self._remote_schemas = RemoteSchemas()
         self._async = AsyncBackendsByLoop()
 
     # -- registry ----------------------------------------------------------------------
@@ -363,7 +365,8 @@ class App:
             info.timeout_s,
             Backoff(),
             0,
-            PayloadCodec(name, None, self.settings.max_payload_bytes),
+            # The payload schema its worker declared: checked here as the worker would.
+            self._remote_schemas.codec(self.store, name, self.settings.max_payload_bytes),
             callback=info.callback,
             callback_timeout_s=info.callback_timeout_s,
         )
