@@ -179,8 +179,12 @@ class App:
         database_url: str | None = None,
         redis_url: str | None = None,
         prefix: str | None = None,
+        *,
+        testing: Literal["inline"] | None = None,
         **settings: float | int | str,
     ) -> None:
+        """`testing="inline"`: for tests, `enqueue` runs each job at once in the caller with
+        no Postgres or Redis (hivejobs.testing.serverless says what differs)."""
         self.settings: Settings = settings_from_env(database_url, redis_url, prefix, **settings)
         self.types: dict[str, JobType] = {}
         self.schedules: dict[str, Schedule] = {}
@@ -193,6 +197,10 @@ class App:
         self._remote_types: tuple[float, dict[str, JobTypeInfo]] = (0.0, {})
         self._remote_schemas = RemoteSchemas()
         self._async = AsyncBackendsByLoop()
+        if testing is not None:
+            from hivejobs.testing.serverless import install
+
+            install(self, testing)
 
     # -- registry ----------------------------------------------------------------------
 
