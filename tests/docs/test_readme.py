@@ -163,16 +163,21 @@ class Newcomer:
             self.env["VIRTUAL_ENV"] = str(self.home / ".venv")
         code = command.split(" #", 1)[0].rstrip()
         if code.endswith("&"):
+            log = self.home / f"background{len(self.background)}.log"
             self.background.append(
                 subprocess.Popen(
                     ["bash", "-c", f"exec {code[:-1].strip()}"],
                     cwd=self.home,
                     env=self.env,
-                    stdout=subprocess.DEVNULL,
-                    stderr=open(self.home / f"background{len(self.background)}.log", "wb"),  # noqa: SIM115
+                    stdout=open(log, "wb"),  # noqa: SIM115 - the child's own file
+                    stderr=subprocess.STDOUT,
                     start_new_session=True,
                 )
             )
+            if code.startswith("hivejobs run "):
+                # As a person would, wait for the banner: the types are declared by then.
+                wait_until(lambda: "job types" in log.read_text(errors="replace"), 60, 0.2,
+                           f"the banner of `{code}`")  # fmt: skip
             return
         out = self.run(code, block, line)
         if " status " in f" {code} " and "chain" not in code:
