@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from hivejobs.errors import InvalidArgument, PayloadInvalid, PayloadTooLarge
+from hivejobs.errors import PayloadInvalid, PayloadTooLarge, PayloadUncheckable
 from hivejobs.serialization import PayloadCodec, encode_json
 from hivejobs.store.payload_schemas import PayloadSchemaStore
 
@@ -27,16 +27,6 @@ if TYPE_CHECKING:
 
 REFRESH_S = 5.0  # as the declared job types: a redeployed worker's schema is seen this late
 _MAX_DETAIL = 200  # a validator's message quotes the value; a payload may be a megabyte
-
-
-class PayloadUncheckable(InvalidArgument):
-    """A remote type whose payload schema is unknown: refused rather than stored unchecked."""
-
-    def __init__(self, name: str, why: str) -> None:
-        super().__init__(
-            f"cannot check the payload of job type {name!r}: {why}; enqueue with the app "
-            "(--app MODULE:APP or HIVEJOBS_APP) so that its own type checks it"
-        )
 
 
 def schema_of(jt: JobType) -> object | None:
