@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from hivejobs.errors import PayloadInvalid, PayloadTooLarge, PayloadUncheckable
-from hivejobs.serialization import PayloadCodec, encode_json
+from hivejobs.serialization import TOO_DEEP, PayloadCodec, encode_json
 from hivejobs.store.payload_schemas import PayloadSchemaStore
 
 if TYPE_CHECKING:
@@ -56,12 +56,14 @@ class SchemaCodec(PayloadCodec):
 
     def encode(self, payload: object) -> bytes:
         raw = encode_json(payload, lambda detail: PayloadInvalid(self.name, detail))
-        value = msgspec.json.decode(raw)
-        error = _first_error(self._validator, value)
-        if error is not None:
-            raise PayloadInvalid(self.name, error)
         if len(raw) > self.max_bytes:
             raise PayloadTooLarge(self.name, len(raw), self.max_bytes)
+        try:
+            error = _first_error(self._validator, msgspec.json.decode(raw))
+        except RecursionError:
+            raise PayloadInvalid(self.name, TOO_DEEP) from None
+        if error is not None:
+            raise PayloadInvalid(self.name, error)
         return raw
 
 

@@ -80,3 +80,14 @@ def test_a_type_error_does_not_quote_the_payload() -> None:
     with pytest.raises(PayloadInvalid) as caught:
         codec.encode({"id": "secret-" * 50, "sizes": "card 4111 1111"})
     assert "4111" not in str(caught.value) and "Expected `array`, got `string`" in str(caught.value)
+
+
+def test_a_payload_too_deep_to_check_is_refused_in_one_line() -> None:
+    """A recursive schema walks as deep as the payload: past the interpreter's limit it is
+    PayloadInvalid, not a RecursionError traceback."""
+    codec = SchemaCodec("tree", {"type": "array", "items": {"$ref": "#"}}, 1 << 20)
+    deep: list[object] = []
+    for _ in range(900):
+        deep = [deep]
+    with pytest.raises(PayloadInvalid, match="nested too deeply"):
+        codec.encode(deep)
