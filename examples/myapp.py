@@ -26,6 +26,8 @@ def resize(ctx: JobContext, payload: Resize) -> dict[str, object]:
 @app.job("email", concurrency=4, delivery="at_most_once")
 def send_email(ctx: JobContext, payload: dict[str, str]) -> None:
     """At most once: a crash mid-send fails the job rather than sending twice."""
+    if "@" not in payload.get("to", ""):
+        raise ValueError("no @ in the address: nothing sent")  # failed, with its traceback
     ctx.logger.info("sending email", to_domain=payload.get("to", "").split("@")[-1])
 
 

@@ -54,7 +54,13 @@ def wait_until(
 
 
 def pg_admin_url() -> str:
-    """The maintenance database as whichever superuser this machine has (postgres or root)."""
+    """The maintenance database as whichever superuser this machine has (postgres or root),
+    or HIVEJOBS_TEST_DATABASE_URL (`postgresql://user@host:port/postgres`, a role that may
+    create databases) for a server elsewhere. The suite creates databases named `hjtest_*`
+    there and drops only those it created."""
+    configured = os.environ.get("HIVEJOBS_TEST_DATABASE_URL")
+    if configured:
+        return configured
     for user in (os.environ.get("PGUSER"), "postgres", "root"):
         if not user:
             continue
@@ -64,7 +70,10 @@ def pg_admin_url() -> str:
             return url
         except psycopg.OperationalError:
             continue
-    raise RuntimeError("no Postgres superuser answers on 127.0.0.1:5432 (run .ci/run)")
+    raise RuntimeError(
+        "no Postgres superuser answers on 127.0.0.1:5432 (run scripts/test, or set "
+        "HIVEJOBS_TEST_DATABASE_URL)"
+    )
 
 
 def db_url(admin_url: str, name: str) -> str:

@@ -7,9 +7,14 @@ only prepares isolation (a Redis db index per system, a fresh Postgres database 
 runs the drivers ``--repeats`` times, and reports medians. Standard library only, so it runs
 from any interpreter; it talks to the services through ``redis-cli`` and ``psql``.
 
+Safe on a shared Redis: a peer's db is used only when it is empty (then a marker key claims it
+for this run) or holds the marker of an earlier run of this script on this machine whose
+process is gone; anything else is refused with the db's key count, never flushed.
+
     python bench/peers/run.py [--systems rq,dramatiq,...] [--jobs 20000] [--repeats 3]
                               [--work sleep|cpu|redis] [--work-ms 0.1 | --sweep 0,0.1,1,10]
-                              [--pg-port 5432] [--json out.json]
+                              [--json out.json] [--redis-url URL] [--redis-db N] [--pg-url URL]
+                              [--pg-port PORT]
 
 With ``--sweep`` every duration is one table; within it the repeats are interleaved (run 1
 of every system, then run 2 of every system...), so that each ratio compares the same
@@ -23,21 +28,31 @@ import json
 import os
 import platform
 import signal
+import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+import uuid
 import venv
 from dataclasses import dataclass, replace
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 HERE = Path(__file__).resolve().parent
 DRIVERS = HERE / "drivers"
 VENVS = HERE / ".venvs"
-REDIS_HOST, REDIS_PORT = "127.0.0.1", 6379
-PG_PORT = ["5432"]  # --pg-port: e.g. a throwaway cluster with other settings
-PG_URL = "postgresql://postgres@127.0.0.1:{port}/{db}"
+REDIS_URL = "redis://127.0.0.1:6379"  # --redis-url / PEERS_REDIS_URL: a server, no db
+PG_URL = "postgresql://postgres@127.0.0.1:5432/postgres"  # --pg-url / PEERS_PG_URL: admin URL
+CLAIM_KEY = "hivejobs-peers-bench:claim"  # in each db this script uses: "host:pid" of the run
+# Atomic: claim an empty db, or report who holds it (nil: keys that are not ours).
+CLAIM_LUA = """
+if redis.call('DBSIZE') == 0 then redis.call('SET', KEYS[1], ARGV[1]) return ARGV[1] end
+local holder = redis.call('GET', KEYS[1])
+if holder then return holder end
+return redis.call('DBSIZE')
+"""
 WORK_KINDS = ("sleep", "cpu", "redis")
 REDIS_PIN = "redis==8.1.0"  # the completion counter's client, same in every venv
 
@@ -96,15 +111,76 @@ def sh(cmd: list[str], **kw) -> str:
     return subprocess.run(cmd, check=True, capture_output=True, text=True, **kw).stdout
 
 
-def redis_cli(db: int, *args: str) -> str:
-    assert db != 0, "db 0 is not ours"
-    return sh(["redis-cli", "-h", REDIS_HOST, "-p", str(REDIS_PORT), "-n", str(db), *args])
+class Servers:
+    """Where the peers run: a Redis server (each system gets a db of it) and a Postgres
+    server whose role may create databases. Only dbs this run claimed are ever flushed, and
+    only databases it created are dropped."""
+
+    def __init__(self, redis_url: str, pg_url: str, redis_db: int | None) -> None:
+        parts = urlsplit(redis_url)
+        self.redis_base = urlunsplit(parts._replace(path=""))
+        self.redis_db = redis_db
+        self.pg_url = pg_url
+        self.pg_port = ""  # --pg-port: another port of the same host
+        self.me = f"{socket.gethostname()}:{os.getpid()}"
+
+    def db_of(self, system: System) -> int:
+        return self.redis_db if self.redis_db is not None else system.redis_db
+
+    def redis_url(self, db: int) -> str:
+        return f"{self.redis_base}/{db}"
+
+    def redis_cli(self, db: int, *args: str) -> str:
+        if db == 0:
+            raise SystemExit("redis db 0 is never used by the peers bench: pick another")
+        return sh(["redis-cli", "--no-auth-warning", "-u", self.redis_url(db), *args])
+
+    def claim(self, db: int) -> None:
+        """Make db ours for this run, or stop with what holds it (its keys stay)."""
+        held = self.redis_cli(db, "EVAL", CLAIM_LUA, "1", CLAIM_KEY, self.me).strip()
+        if held == self.me:
+            return
+        host, _, pid = held.partition(":")
+        if pid.isdigit() and host == socket.gethostname() and not pid_alive(int(pid)):
+            # An earlier run of ours on this machine died mid-run: its leftovers are ours.
+            self.redis_cli(db, "FLUSHDB")
+            self.claim(db)
+            return
+        what = f"is in use by peers bench run {held}" if pid.isdigit() else f"holds {held} keys"
+        raise RuntimeError(
+            f"redis db {db} at {self.redis_base} {what}: not touching it; pick free dbs "
+            "with --redis-db N or another server with --redis-url"
+        )
+
+    def release(self, db: int) -> None:
+        """Empty a db this run claimed (its marker still says so), leaving it free."""
+        if self.redis_cli(db, "GET", CLAIM_KEY).strip() == self.me:
+            self.redis_cli(db, "FLUSHDB")
+
+    def psql(self, sql: str, port: str = "") -> str:
+        url = self.database_url(urlsplit(self.pg_url).path.lstrip("/") or "postgres", port)
+        return sh(["psql", url, "-v", "ON_ERROR_STOP=1", "-tAc", sql])
+
+    def database_url(self, name: str, port: str = "") -> str:
+        """The URL of database `name` on the --pg-url server, or at `port` of its host."""
+        parts = urlsplit(self.pg_url)
+        port = port or self.pg_port
+        if port:
+            host = parts.hostname or "127.0.0.1"
+            userinfo = parts.netloc.rpartition("@")[0]
+            netloc = f"{userinfo}@{host}:{port}" if userinfo else f"{host}:{port}"
+            parts = parts._replace(netloc=netloc)
+        return urlunsplit(parts._replace(path="/" + name))
 
 
-def psql(sql: str, port: str = "") -> str:
-    admin = ["psql", "-h", "127.0.0.1", "-p", port or PG_PORT[0], "-U", "postgres"]
-    admin += ["-d", "postgres"]
-    return sh(admin + ["-v", "ON_ERROR_STOP=1", "-tAc", sql])
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def python_for(system: System) -> str:
@@ -138,10 +214,14 @@ def hivejobs_importable(pythonpath: str = "") -> str | None:
     return None if proc.returncode == 0 else (proc.stderr.strip().splitlines() or ["?"])[-1]
 
 
-def run_driver(system: System, py: str, jobs: int, timeout: float, work: tuple[str, float]) -> dict:
-    """One isolated run: flush its Redis db, create its database, run the driver, clean up."""
-    db_name = f"peers_{system.name.replace('-', '_').replace('@', '_')}_{os.getpid()}"
-    port = system.pg_port or PG_PORT[0]
+def run_driver(
+    servers: Servers, system: System, py: str, jobs: int, timeout: float, work: tuple[str, float]
+) -> dict:
+    """One isolated run: claim its Redis db, create its database, run the driver, clean up."""
+    name = system.name.replace("-", "_").replace("@", "_")
+    db_name = f"peers_{name}_{os.getpid()}_{uuid.uuid4().hex[:6]}"
+    redis_db = servers.db_of(system)
+    port = system.pg_port  # NAME@PORT: another Postgres; else the one of --pg-url/--pg-port
     cmd = [
         py,
         str(DRIVERS / (system.driver or f"{system.name}_driver.py")),
@@ -150,16 +230,16 @@ def run_driver(system: System, py: str, jobs: int, timeout: float, work: tuple[s
         "--timeout",
         str(timeout),
         "--redis-url",
-        f"redis://{REDIS_HOST}:{REDIS_PORT}/{system.redis_db}",
+        servers.redis_url(redis_db),
     ]
     if system.needs_pg:
-        cmd += ["--pg-url", PG_URL.format(port=port, db=db_name)]
+        cmd += ["--pg-url", servers.database_url(db_name, port)]
     if system.variant:
         cmd += ["--variant", system.variant]
-    redis_cli(system.redis_db, "FLUSHDB")
+    servers.claim(redis_db)
     if system.needs_pg:
-        psql(f"DROP DATABASE IF EXISTS {db_name} WITH (FORCE)", port)
-        psql(f"CREATE DATABASE {db_name}", port)
+        # a fresh random name: fails, never drops
+        servers.psql(f"CREATE DATABASE {db_name}", port)
     with tempfile.TemporaryFile() as err:
         # own session: on timeout we SIGTERM the driver, whose finally stops its workers
         env = {**os.environ, "PEERS_WORK": work[0], "PEERS_WORK_MS": repr(work[1])}
@@ -181,8 +261,8 @@ def run_driver(system: System, py: str, jobs: int, timeout: float, work: tuple[s
         finally:
             stop_group(proc)
             if system.needs_pg:
-                psql(f"DROP DATABASE IF EXISTS {db_name} WITH (FORCE)", port)
-            redis_cli(system.redis_db, "FLUSHDB")
+                servers.psql(f"DROP DATABASE IF EXISTS {db_name} WITH (FORCE)", port)
+            servers.release(redis_db)
         lines = [ln for ln in out.decode().splitlines() if ln.startswith("{")]
         if proc.returncode != 0 or not lines:
             err.seek(0)
@@ -213,7 +293,7 @@ def median_of(runs: list[dict]) -> dict:
     return med
 
 
-def environment() -> dict:
+def environment(servers: Servers) -> dict:
     """Versions that matter for reading the numbers later."""
     info = {
         "python": platform.python_version(),
@@ -221,7 +301,7 @@ def environment() -> dict:
         "platform": platform.platform(),
     }
     try:
-        server = redis_cli(1, "INFO", "server")
+        server = servers.redis_cli(1, "INFO", "server")
         info["redis"] = next(
             ln.split(":", 1)[1].strip()
             for ln in server.splitlines()
@@ -230,7 +310,7 @@ def environment() -> dict:
     except (subprocess.CalledProcessError, StopIteration, OSError) as exc:
         info["redis"] = f"unknown ({exc})"
     try:
-        info["postgres"] = psql("SHOW server_version").strip()
+        info["postgres"] = servers.psql("SHOW server_version").strip()
     except (subprocess.CalledProcessError, OSError) as exc:
         info["postgres"] = f"unknown ({exc})"
     return info
@@ -334,7 +414,7 @@ def main() -> int:
     p.add_argument("--work", default="sleep", choices=WORK_KINDS, help="the job body")
     p.add_argument("--work-ms", type=float, default=0.0, help="job duration in ms")
     p.add_argument("--sweep", help="comma list of job durations in ms (replaces --work-ms)")
-    p.add_argument("--pg-port", default="5432", help="Postgres port on 127.0.0.1")
+    p.add_argument("--pg-port", default="", help="the port of --pg-url's host to use instead")
     p.add_argument(
         "--hivejobs-src",
         action="append",
@@ -349,7 +429,27 @@ def main() -> int:
         default=10,
         help="first Redis db of the NAME@PORT and --hivejobs-src systems (default 10)",
     )
+    p.add_argument(
+        "--redis-url",
+        default=os.environ.get("PEERS_REDIS_URL", REDIS_URL),
+        help="the Redis server (its db in the URL is ignored; env PEERS_REDIS_URL; "
+        f"default {REDIS_URL})",
+    )
+    p.add_argument(
+        "--redis-db",
+        type=int,
+        help="one db for every system, used one after the other (default: a db per system, "
+        "1-9); a db that holds keys not from this script is refused, never flushed",
+    )
+    p.add_argument(
+        "--pg-url",
+        default=os.environ.get("PEERS_PG_URL", PG_URL),
+        help=f"a Postgres URL whose role may create databases (env PEERS_PG_URL; default {PG_URL})",
+    )
     args = p.parse_args()
+    if args.redis_db is not None and not 1 <= args.redis_db <= 15:
+        p.error("--redis-db must be 1-15 (db 0 is never used)")
+    servers = Servers(args.redis_url, args.pg_url, args.redis_db)
     names = [s.strip() for s in args.systems.split(",") if s.strip()]
     try:
         add_systems(names, args.hivejobs_src, args.redis_db_from)
@@ -361,12 +461,14 @@ def main() -> int:
         p.error(f"--sweep takes milliseconds like 0,0.1,1,10, not {args.sweep!r}")
     if min(sweep) < 0:
         p.error("job durations cannot be negative")
-    PG_PORT[0] = args.pg_port
+    if args.pg_port:
+        servers.pg_port = args.pg_port
 
-    env = environment()
+    env = environment(servers)
     print(
         f"python {env['python']}, redis {env['redis']}, postgres {env['postgres']} "
-        f"(port {args.pg_port}, autovacuum {psql('SHOW autovacuum').strip()}), "
+        f"(port {servers.pg_port or 'of --pg-url'}, "
+        f"autovacuum {servers.psql('SHOW autovacuum').strip()}), "
         f"{env['cpu_count']} cpus; jobs={args.jobs} repeats={args.repeats} work={args.work}",
         flush=True,
     )
@@ -400,7 +502,7 @@ def main() -> int:
                 t0 = time.monotonic()
                 try:
                     result = run_driver(
-                        SYSTEMS[name], pythons[name], jobs, timeout, (args.work, ms)
+                        servers, SYSTEMS[name], pythons[name], jobs, timeout, (args.work, ms)
                     )
                 except Exception as exc:  # one peer failing must not stop the others
                     failed[name] = f"failed: {exc}"

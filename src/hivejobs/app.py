@@ -51,6 +51,7 @@ from hivejobs.jobtypes import (
 )
 from hivejobs.logs import error_fields
 from hivejobs.metrics import record_callback
+from hivejobs.payload_schema import RemoteSchemas
 from hivejobs.records import (
     Delivery,
     JobInfo,
@@ -83,13 +84,22 @@ class App:
         database_url: str | None = None,
         redis_url: str | None = None,
         prefix: str | None = None,
+        *,
+        testing: Literal["inline"] | None = None,
         **settings: float | int | str,
     ) -> None:
+        """`testing="inline"`: for tests, `enqueue` runs each job at once in the caller with
+        no Postgres or Redis (hivejobs.testing.serverless says what differs)."""
         self.settings: Settings = settings_from_env(database_url, redis_url, prefix, **settings)
         self.types: dict[str, JobType] = {}
         self.schedules: dict[str, Schedule] = {}
         self.connections = Connections(self.settings)
         self._remote_types: tuple[float, dict[str, JobTypeInfo]] = (0.0, {})
+        self._remote_schemas = RemoteSchemas()
+        if testing is not None:
+            from hivejobs.testing.serverless import install
+
+            install(self, testing)
 
     # -- registry ----------------------------------------------------------------------
 
@@ -191,7 +201,9 @@ class App:
         info = remote.get(name)
         if info is None:
             raise UnknownJobType(name, sorted(set(self.types) | set(remote)))
-        return declared_type(info, self.settings.max_payload_bytes)
+        # The payload schema its worker declared: checked here as the worker would.
+        codec = self._remote_schemas.codec(self.store, name, self.settings.max_payload_bytes)
+        return declared_type(info, codec)
 
     def _declared_types(self) -> dict[str, JobTypeInfo]:
         at, cached = self._remote_types

@@ -207,3 +207,14 @@ class DrainIncomplete(HivejobsError):
             f"drain ran {max_jobs} attempts and jobs are still queued: a job that enqueues "
             "itself forever? Raise max_jobs if this is expected"
         )
+
+
+class PayloadUncheckable(InvalidArgument):
+    """A job type known only from Postgres whose payload schema is unknown (no worker of
+    this version declared it): the enqueue is refused rather than stored unchecked."""
+
+    def __init__(self, name: str, why: str) -> None:
+        super().__init__(
+            f"cannot check the payload of job type {name!r}: {why}; enqueue with the app "
+            "(--app MODULE:APP or HIVEJOBS_APP) so that its own type checks it"
+        )

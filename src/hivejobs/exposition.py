@@ -151,7 +151,7 @@ class MetricsServer:
                 self.end_headers()
                 self.wfile.write(body)
 
-            def log_message(self, format: str, *args: object) -> None:  # noqa: A002
+            def log_message(self, format: str, *args: object) -> None:
                 return  # scrapes are not news
 
         self.httpd = ThreadingHTTPServer((host, port), Handler)

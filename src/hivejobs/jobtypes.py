@@ -282,9 +282,10 @@ def declare_type(
     )
 
 
-def declared_type(info: JobTypeInfo, max_payload_bytes: int) -> JobType:
+def declared_type(info: JobTypeInfo, codec: PayloadCodec) -> JobType:
     """A type that a running worker fleet declared in Postgres (for the CLI, which has no
-    handler): its options as declared, any payload accepted, default backoff."""
+    handler): its options as declared, payloads checked by `codec` (the schema its worker
+    declared), default backoff."""
     return JobType(
         info.name,
         None,
@@ -295,7 +296,7 @@ def declared_type(info: JobTypeInfo, max_payload_bytes: int) -> JobType:
         info.timeout_s,
         Backoff(),
         0,
-        PayloadCodec(info.name, None, max_payload_bytes),
+        codec,
         callback=info.callback,
         callback_timeout_s=info.callback_timeout_s,
     )

@@ -4,6 +4,7 @@ UnicodeEncodeError, RecursionError, psycopg.DataError or UndefinedFunction) and 
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable
 
 import psycopg
@@ -126,9 +127,8 @@ def test_a_missing_role_is_reported_as_a_role_not_a_missing_database(admin_url: 
 
 
 def test_migrate_without_createdb_says_so(admin_url: str) -> None:
-    role = "hj18b_nocreatedb"
+    role = f"hj18b_nocreatedb_{uuid.uuid4().hex[:8]}"  # its own: a shared server's roles stay
     with psycopg.connect(admin_url, autocommit=True) as conn:
-        conn.execute(f"DROP ROLE IF EXISTS {role}")
         conn.execute(f"CREATE ROLE {role} LOGIN NOCREATEDB")
     try:
         target = f"postgresql://{role}@{server(admin_url)}/hj18b_not_created"

@@ -3,15 +3,20 @@
 from __future__ import annotations
 
 import importlib.util
+import os
+import socket
+import subprocess
+import sys
 import threading
 import uuid
 from collections.abc import Iterator
 from types import ModuleType
+from typing import Any
 
 import pytest
 import redis
 
-from tests.harness import REDIS_URL, ROOT, wait_until
+from tests.harness import REDIS_URL, ROOT, RedisServer, wait_until
 
 
 @pytest.fixture
@@ -68,3 +73,67 @@ def test_percentile_is_nearest_rank(common: ModuleType) -> None:
     values = [float(v) for v in range(1, 201)]
     assert common.percentile(values, 99) == 198.0
     assert common.percentile(values, 50) == 100.5
+
+
+def load_run_py() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("peers_run", ROOT / "bench" / "peers" / "run.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture
+def servers(own_redis: RedisServer, admin_url: str) -> Any:
+    """run.py's Servers on a redis-server of this test's own (several dbs of it are used)."""
+    return load_run_py().Servers(own_redis.url, admin_url, None)
+
+
+def test_a_db_holding_someone_elses_keys_is_refused_and_kept(
+    servers: Any, own_redis: RedisServer
+) -> None:
+    other = redis.Redis.from_url(own_redis.url.rsplit("/", 1)[0] + "/3")
+    other.set("tenant:data", "kept")
+    with pytest.raises(RuntimeError, match=r"redis db 3 at .* holds 1 keys: not touching it"):
+        servers.claim(3)
+    assert other.get("tenant:data") == b"kept" and other.dbsize() == 1
+
+
+def test_an_empty_db_is_claimed_then_emptied_and_released(
+    servers: Any, own_redis: RedisServer
+) -> None:
+    db = redis.Redis.from_url(own_redis.url.rsplit("/", 1)[0] + "/4")
+    servers.claim(4)
+    assert db.get("hivejobs-peers-bench:claim") == servers.me.encode()
+    db.set("rq:job:1", "a peer's key")  # what the driver writes meanwhile
+    servers.claim(4)  # the next repeat of the same run: still ours
+    servers.release(4)
+    assert db.dbsize() == 0
+
+
+def test_a_db_claimed_by_another_live_run_is_refused(servers: Any, own_redis: RedisServer) -> None:
+    db = redis.Redis.from_url(own_redis.url.rsplit("/", 1)[0] + "/5")
+    db.set("hivejobs-peers-bench:claim", f"{socket.gethostname()}:{os.getppid()}")
+    db.set("celery", "its queue")
+    with pytest.raises(RuntimeError, match="is in use by peers bench run"):
+        servers.claim(5)
+    servers.release(5)  # not ours: release leaves it alone too
+    assert db.dbsize() == 2
+
+
+def test_a_db_left_by_a_dead_run_on_this_machine_is_taken_over(
+    servers: Any, own_redis: RedisServer
+) -> None:
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    db = redis.Redis.from_url(own_redis.url.rsplit("/", 1)[0] + "/6")
+    db.set("hivejobs-peers-bench:claim", f"{socket.gethostname()}:{gone.pid}")
+    db.set("huey.tasks", "left by the dead run")
+    servers.claim(6)
+    assert db.dbsize() == 1 and db.get("hivejobs-peers-bench:claim") == servers.me.encode()
+
+
+def test_peers_run_py_refuses_db_0(servers: Any) -> None:
+    with pytest.raises(SystemExit, match="db 0 is never used"):
+        servers.redis_cli(0, "PING")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 
@@ -117,9 +118,8 @@ def test_bad_chain_files_are_one_line_and_store_nothing(
 
 
 def test_migrate_without_createdb_is_one_line(admin_url: str) -> None:
-    role = "hj18b_cli_nocreatedb"
+    role = f"hj18b_cli_nocreatedb_{uuid.uuid4().hex[:8]}"  # its own: a shared server's roles stay
     with psycopg.connect(admin_url, autocommit=True) as conn:
-        conn.execute(f"DROP ROLE IF EXISTS {role}")
         conn.execute(f"CREATE ROLE {role} LOGIN NOCREATEDB")
     try:
         host = admin_url.split("@", 1)[1].rsplit("/", 1)[0]

@@ -226,7 +226,7 @@ def inline(app: App) -> Iterator[App]:
         name: str,
         payload: object = None,
         *,
-        id: str | None = None,  # noqa: A002 - App.enqueue's own keyword
+        id: str | None = None,  # App.enqueue's own keyword
         priority: int | None = None,
         delay: float | None = None,
         run_at: datetime | None = None,

@@ -31,6 +31,7 @@ from hivejobs.config import Settings
 from hivejobs.coordinator.rescuer import rescue_isolated
 from hivejobs.logs import emit_banner, error_fields, setup_logging
 from hivejobs.metrics import bump
+from hivejobs.payload_schema import declare_schemas
 from hivejobs.store import Store, new_worker_id
 from hivejobs.store.schedules import ScheduleStore
 from hivejobs.store.upkeep import set_type_retentions
@@ -122,6 +123,7 @@ class Supervisor:
         try:
             store.check_schema()
             store.upsert_job_types([jt.info() for jt in self.app.types.values()])
+            declare_schemas(store, self.app.types)
             ScheduleStore(store).declare(list(self.app.types), list(self.app.schedules.values()))
             set_type_retentions(store, {jt.name: jt.retention_s for jt in self.app.types.values()})
         finally:
