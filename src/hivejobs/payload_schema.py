@@ -36,9 +36,16 @@ def schema_of(jt: JobType) -> object | None:
     if payload_type is None:
         return {}
     try:
-        return msgspec.json.schema(payload_type)
+        return msgspec.json.schema(payload_type, schema_hook=_any_for_object)
     except (TypeError, ValueError):
         return None
+
+
+def _any_for_object(annotation: object) -> dict[str, object]:
+    """`object` decodes any JSON value in msgspec (as `Any` does), so its schema is {}."""
+    if annotation is object:
+        return {}
+    raise NotImplementedError
 
 
 def declare_schemas(store: Store, types: Mapping[str, JobType]) -> None:
