@@ -10,8 +10,12 @@ cannot be checked: enqueueing it without the app is refused and says so. Never l
 
 from __future__ import annotations
 
+import functools
+import operator
 import threading
 import time
+import types
+import typing
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -22,7 +26,7 @@ from hivejobs.serialization import TOO_DEEP, PayloadCodec, encode_json
 from hivejobs.store.payload_schemas import PayloadSchemaStore
 
 if TYPE_CHECKING:
-    from hivejobs.app import JobType
+    from hivejobs.jobtypes import JobType
     from hivejobs.store import Store
 
 REFRESH_S = 5.0  # as the declared job types: a redeployed worker's schema is seen this late
@@ -36,16 +40,24 @@ def schema_of(jt: JobType) -> object | None:
     if payload_type is None:
         return {}
     try:
-        return msgspec.json.schema(payload_type, schema_hook=_any_for_object)
+        return msgspec.json.schema(_any_for_object(payload_type))
     except (TypeError, ValueError):
         return None
 
 
-def _any_for_object(annotation: object) -> dict[str, object]:
-    """`object` decodes any JSON value in msgspec (as `Any` does), so its schema is {}."""
+def _any_for_object(annotation: Any) -> Any:
+    """`object` decodes any JSON value in msgspec, as `Any` does, but msgspec has no schema
+    for it: `dict[str, object]` becomes `dict[str, Any]` (builtin generics and unions)."""
     if annotation is object:
-        return {}
-    raise NotImplementedError
+        return Any
+    args = typing.get_args(annotation)
+    origin = typing.get_origin(annotation)
+    if not args or origin is None or origin is typing.Annotated or origin is typing.Literal:
+        return annotation
+    new_args = tuple(_any_for_object(a) for a in args)
+    if origin in (types.UnionType, typing.Union):
+        return functools.reduce(operator.or_, new_args)
+    return origin[new_args]
 
 
 def declare_schemas(store: Store, types: Mapping[str, JobType]) -> None:

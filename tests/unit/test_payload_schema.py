@@ -91,3 +91,25 @@ def test_a_payload_too_deep_to_check_is_refused_in_one_line() -> None:
         deep = [deep]
     with pytest.raises(PayloadInvalid, match="nested too deeply"):
         codec.encode(deep)
+
+
+@app.job("loose")
+def loose(ctx: JobContext, payload: dict[str, object] | list[object]) -> None: ...
+
+
+@pytest.mark.parametrize(
+    "payload", [{"a": 1, "b": [None, "x"]}, {}, [1, {"k": "v"}], "text", 3, None]
+)
+def test_object_in_a_payload_type_accepts_what_the_decoder_accepts(payload: object) -> None:
+    """`object` decodes any JSON value in msgspec; its schema says the same (not 'none')."""
+    jt = app.types["loose"]
+    schema = schema_of(jt)
+    assert schema is not None
+    codec = SchemaCodec("loose", schema, 1 << 20)
+    try:
+        msgspec.json.decode(msgspec.json.encode(payload), type=jt.codec.payload_type)
+    except msgspec.ValidationError:
+        with pytest.raises(PayloadInvalid):
+            codec.encode(payload)
+    else:
+        codec.encode(payload)

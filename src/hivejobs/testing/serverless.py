@@ -29,9 +29,9 @@ from hivejobs.errors import (
     JobNotFound,
     UnknownJobType,
 )
-from hivejobs.worker.executor import execute
 from hivejobs.records import ClaimedJob, JobInfo, JobState, NewJob, Outcome
 from hivejobs.serialization import decode_json
+from hivejobs.worker.executor import execute
 
 if TYPE_CHECKING:
     from hivejobs.app import App
