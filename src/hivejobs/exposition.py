@@ -140,7 +140,7 @@ class MetricsServer:
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            def do_GET(self) -> None:  # http.server's name
                 if self.path.split("?", 1)[0] != "/metrics":
                     self.send_error(404, "only /metrics here")
                     return

@@ -28,7 +28,7 @@ def payload_type_of(handler: Callable[..., object]) -> type | None:
         return None
     try:
         hints = typing.get_type_hints(handler)
-    except Exception:  # noqa: BLE001 - unresolvable annotations mean untyped
+    except Exception:  # unresolvable annotations mean untyped
         return None
     hint = hints.get(params[1].name)
     if hint is None or hint is Any or hint is object:

@@ -86,7 +86,7 @@ class BenchEnvironment:
         for what, step in steps:
             try:
                 step()
-            except Exception as error:  # noqa: BLE001 - the other steps must still run
+            except Exception as error:  # the other steps must still run
                 failed.append(f"could not {what}: {type(error).__name__}: {error}")
         return failed
 
@@ -142,7 +142,7 @@ class BenchEnvironment:
                 "HIVEJOBS_LOG_LEVEL": os.environ.get("HIVEJOBS_LOG_LEVEL", "WARNING"),
             }
         )
-        log = open(self.workdir / "worker.log", "ab")  # noqa: SIM115 - owned by the child
+        log = open(self.workdir / "worker.log", "ab")  # owned by the child
         self.worker = subprocess.Popen(
             [
                 sys.executable,

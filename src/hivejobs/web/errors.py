@@ -62,7 +62,7 @@ DESCRIPTIONS = {
 }
 
 
-def ERROR_RESPONSES(  # noqa: N802 - reads as a table
+def ERROR_RESPONSES(  # reads as a table
     *codes: int, health: bool = False
 ) -> dict[int, ResponseSpec]:
     """OpenAPI entries for the errors a route can answer (401/403 go with every route)."""

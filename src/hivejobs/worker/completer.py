@@ -95,7 +95,7 @@ class Completer:
         cannot be written are alone, so that one job's data never holds up another's."""
         try:
             written, requeued = self._commit(batch)
-        except Exception as exc:  # noqa: BLE001 - _commit raised a data error, never a lost link
+        except Exception as exc:  # _commit raised a data error, never a lost link
             if len(batch) > 1:
                 middle = len(batch) // 2
                 self._write(batch[:middle])
@@ -136,7 +136,7 @@ class Completer:
         )
         try:
             written, requeued = self._commit([failure])
-        except Exception as again:  # noqa: BLE001 - a data error again: the row itself
+        except Exception as again:  # a data error again: the row itself
             exc = again
         else:
             self._written([failure], written, requeued)
@@ -145,7 +145,7 @@ class Completer:
             dropped = _retrying(
                 lambda: self.store.drop_archived_duplicate_if_running(item.id, item.claim_token), 1
             )
-        except Exception as again:  # noqa: BLE001 - a data error: nothing more to try
+        except Exception as again:  # a data error: nothing more to try
             dropped, exc = False, again
         if dropped:
             log.error(MSG_ARCHIVED_DUPLICATE)

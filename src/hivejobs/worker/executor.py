@@ -77,7 +77,7 @@ def execute(
     except Retry as exc:
         delay = exc.delay if exc.delay is not None else jt.backoff.delay_s(job.attempt)
         return failed(job, ctx, f"Retry: {exc}", delay, max_result_bytes)
-    except BaseException as exc:  # noqa: BLE001 - any handler error ends this attempt
+    except BaseException as exc:  # any handler error ends this attempt
         stopping = shutting_down()
         if stopping and (isinstance(exc, Interrupted | SystemExit) or ctx.stop_requested):
             # A stop is not an attempt, whatever exception the handler raised (R9).

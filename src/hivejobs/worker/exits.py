@@ -43,7 +43,7 @@ def fatal_on_error(target: Callable[[], None]) -> Callable[[], None]:
     def guarded() -> None:
         try:
             target()
-        except BaseException as exc:  # noqa: BLE001 - anything here is a bug or a failpoint
+        except BaseException as exc:  # anything here is a bug or a failpoint
             logger.opt(exception=exc).critical("pool thread crashed: exiting the process")
             os._exit(ChildExit.THREAD_CRASHED)
 

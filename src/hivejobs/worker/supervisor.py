@@ -10,7 +10,6 @@ inherited Postgres and Redis sockets) outlives its pool.
 
 from __future__ import annotations
 
-import ctypes
 import errno
 import os
 import select
@@ -29,6 +28,7 @@ from hivejobs.banner import banner
 from hivejobs.broker import Broker
 from hivejobs.config import Settings
 from hivejobs.coordinator.rescuer import rescue_isolated
+from hivejobs.dev.embedded.process import parent_death_preexec
 from hivejobs.logs import emit_banner, error_fields, setup_logging
 from hivejobs.metrics import bump
 from hivejobs.payload_schema import declare_schemas
@@ -37,7 +37,6 @@ from hivejobs.store.schedules import ScheduleStore
 from hivejobs.store.upkeep import set_type_retentions
 from hivejobs.worker.exits import ChildExit
 
-PR_SET_PDEATHSIG = 1
 RESTART_BACKOFF_MAX_S = 30.0
 WAITING_EVERY_S = 5.0  # how often a stopping supervisor says what it still waits for
 HEALTHY_AFTER_S = 3.0  # lived this long: it started fine, so a death is not a crash loop
@@ -195,14 +194,18 @@ class Supervisor:
         child.worker_id = new_worker_id()
         child.started = time.monotonic()
         child.restart_at = None
+        # A killed supervisor must not leave pools heartbeating with nobody to restart them.
+        die_with_parent = parent_death_preexec()  # prepared here, run first in the child
         pid = os.fork()
         if pid == 0:  # child
             code: int = ChildExit.CRASHED
             try:
                 if child.role == "pool":
                     _own_group(0)
+                if die_with_parent is not None:
+                    die_with_parent()
                 code = self._child_main(child)
-            except BaseException as exc:  # noqa: BLE001 - a child must never return into the loop
+            except BaseException as exc:  # a child must never return into the loop
                 logger.opt(exception=exc).error("child crashed", role=child.role)
             finally:
                 os._exit(code)
@@ -219,7 +222,6 @@ class Supervisor:
         os.close(self._wake_w)
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD):
             signal.signal(sig, signal.SIG_DFL)
-        _die_with_parent()
         setproctitle(f"hivejobs {child.title} {self.app_spec}")
         setup_logging(child.title)
         if child.role == "watcher":
@@ -301,7 +303,7 @@ class Supervisor:
                 rescued = rescue_isolated(store, worker_ids, self.settings.poison_pill_after)
             finally:
                 store.close()
-        except Exception as exc:  # noqa: BLE001 - the coordinator will rescue
+        except Exception as exc:  # the coordinator will rescue
             logger.warning("could not release a dead child's jobs", **error_fields(exc))
             return
         if rescued is None:  # no lease was asked for: cannot happen
@@ -370,7 +372,7 @@ class Supervisor:
                 running = store.running_of_workers(pools)
             finally:
                 store.close()
-        except Exception as exc:  # noqa: BLE001 - only a report: the shutdown goes on
+        except Exception as exc:  # only a report: the shutdown goes on
             logger.debug("could not list running jobs", **error_fields(exc))
             return
         if not running:
@@ -430,14 +432,3 @@ def _end_group(pgid: int) -> None:
     except OSError as exc:
         if exc.errno not in (errno.ESRCH, errno.EPERM):
             raise
-
-
-def _die_with_parent() -> None:
-    """A killed supervisor must not leave pools heartbeating with nobody to restart them."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    except (OSError, AttributeError):
-        pass
-    if os.getppid() == 1:
-        os._exit(ChildExit.CRASHED)
