@@ -37,7 +37,6 @@ RUN_ID = uuid.uuid4().hex[:8]
 # worker runs the light tests beside them. A new fault test joins by `pytest.mark.faults`.
 # test_cli_secrets' Redis-password test runs `hivejobs bench` on the shared server: beside
 # test_bench, whose check that no hivejobs_bench* database is left sees the whole server.
-# The chain SIGTERM test needs a second instance up while 6 s jobs still run on the first.
 HEAVY = (
     "tests/process/test_bench.py",
     "tests/process/test_bench_embedded.py",
@@ -46,7 +45,6 @@ HEAVY = (
     "tests/process/test_pgbouncer.py",
     "tests/process/test_redis_topologies.py",
     "tests/process/test_cli_secrets.py::test_no_redis_password_in_any_output",
-    "tests/process/test_chain_run.py::test_sigterm_suspends_chain_and_another_instance_resumes_it",
 )
 
 
