@@ -1,6 +1,10 @@
 """Per run: a migrated template database. Per test: a clone of it and a Redis key prefix.
 
 Everything created is dropped afterwards, so runs never see each other's data.
+
+Under pytest-xdist (`scripts/test` runs `-n 2 --dist loadgroup`) each worker is a process of
+its own with its own RUN_ID, template database and prefixes; the tests that must not share
+the machine with one another (see HEAVY) are grouped onto one worker and run first.
 """
 
 from __future__ import annotations
@@ -26,6 +30,43 @@ from tests.harness import (
 )
 
 RUN_ID = uuid.uuid4().hex[:8]
+
+# Tests that assert time bounds (a failover within N s, a pickup p50) or that load both cores
+# (the chaos scenarios, the benches, the embedded servers' initdb): under xdist they form one
+# group, so they run one after another on one worker, never two at once, while the other
+# worker runs the light tests beside them. A new fault test joins by `pytest.mark.faults`.
+# test_cli_secrets' Redis-password test runs `hivejobs bench` on the shared server: beside
+# test_bench, whose check that no hivejobs_bench* database is left sees the whole server.
+HEAVY = (
+    "tests/process/test_bench.py",
+    "tests/process/test_bench_embedded.py",
+    "tests/process/test_embedded.py",
+    "tests/process/test_dev_security.py",
+    "tests/process/test_pgbouncer.py",
+    "tests/process/test_redis_topologies.py",
+    "tests/process/test_cli_secrets.py::test_no_redis_password_in_any_output",
+)
+
+
+def _heavy(item: pytest.Item) -> bool:
+    return item.nodeid.startswith(HEAVY) or item.get_closest_marker("faults") is not None
+
+
+def _order(item: pytest.Item) -> int:
+    """The heavy group first, then real-process tests, then the rest: the longest work starts
+    early, so the run does not end with one worker busy and the other idle."""
+    if _heavy(item):
+        return 0
+    return 1 if item.path.relative_to(ROOT).parts[1] in ("process", "web") else 2
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the xdist_group marks
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if _heavy(item):
+            item.add_marker(pytest.mark.xdist_group("heavy"))
+    if hasattr(config, "workerinput"):  # an xdist worker; every worker sorts alike
+        items.sort(key=_order)  # stable: collection order within each rank
 
 
 @pytest.fixture(scope="session")

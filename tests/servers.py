@@ -44,6 +44,14 @@ class PgBouncer:
         """`ignore_options`: drop startup `options` silently instead of refusing them (a
         common workaround that loses every setting sent that way)."""
         self.folder = _own_folder("hj-pgbouncer-")
+        self.proc: subprocess.Popen[bytes] | None = None
+        try:
+            self._start(upstream_port, pool_size, ignore_options)
+        except BaseException:
+            self.stop()  # a failed start leaves no process and no temp folder behind
+            raise
+
+    def _start(self, upstream_port: int, pool_size: int, ignore_options: bool) -> None:
         self.port = free_port()
         users = ("postgres", "root")
         (self.folder / "userlist.txt").write_text("".join(f'"{u}" ""\n' for u in users))
@@ -105,7 +113,7 @@ class PgBouncer:
         return len(clients), len(servers)
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
+        if self.proc is not None and self.proc.poll() is None:
             self.proc.terminate()
             try:
                 self.proc.wait(10)

@@ -13,6 +13,7 @@ import time
 from typing import Any
 
 from hivejobs import App, Interrupted, JobContext
+from tests.apps.gate import wait_at_gate
 from tests.apps.ledger import note
 
 app = App()
@@ -65,8 +66,16 @@ def flaky(ctx: JobContext, payload: dict[str, Any]) -> str:
 
 @app.job("long", concurrency=CONCURRENCY)
 def long(ctx: JobContext, payload: dict[str, Any]) -> str:
-    """Works `s` seconds, reporting progress; stops cooperatively when told."""
+    """Works `s` seconds, reporting progress, or until the test opens gate `gate` if the
+    payload names one; stops cooperatively when told."""
     start(ctx)
+    if "gate" in payload:
+        ctx.set_status("waiting at the gate")
+        if not wait_at_gate(payload["gate"], ctx.stopping):
+            end(ctx, "interrupted")
+            raise Interrupted()
+        end(ctx, "ok")
+        return "done"
     total = float(payload.get("s", 20))
     began = time.monotonic()
     while (elapsed := time.monotonic() - began) < total:

@@ -14,6 +14,7 @@ import time
 import msgspec
 
 from hivejobs import App, Backoff, Interrupted, JobContext, Retry
+from tests.apps.gate import wait_at_gate
 from tests.apps.ledger import note
 
 app = App()
@@ -40,17 +41,25 @@ def register(name: str, **options: object):  # type: ignore[no-untyped-def]
     return wrap
 
 
+def work(payload: dict[str, float | str]) -> None:
+    """Wait at the test's gate `gate` if the payload names one, else sleep `ms`."""
+    if "gate" in payload:
+        wait_at_gate(str(payload["gate"]))
+    else:
+        time.sleep(float(payload.get("ms", 10)) / 1000)
+
+
 @register("alo", concurrency=8, attempts=5)
-def alo(ctx: JobContext, payload: dict[str, float]) -> None:
+def alo(ctx: JobContext, payload: dict[str, float | str]) -> None:
     start(ctx)
-    time.sleep(payload.get("ms", 10) / 1000)
+    work(payload)
     end(ctx, "ok")
 
 
 @register("amo", concurrency=4, delivery="at_most_once")
-def amo(ctx: JobContext, payload: dict[str, float]) -> None:
+def amo(ctx: JobContext, payload: dict[str, float | str]) -> None:
     start(ctx)
-    time.sleep(payload.get("ms", 10) / 1000)
+    work(payload)
     end(ctx, "ok")
 
 

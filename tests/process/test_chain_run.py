@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from hivejobs import App, Chain
+from tests.apps.gate import open_gate
 from tests.harness import (
     Instance,
     alive,
@@ -223,7 +224,12 @@ def test_sigterm_suspends_chain_and_another_instance_resumes_it(
     a = chain_instance()
     chain = Chain("rolling-restart")
     first = chain.job("step", {}, key="first")
-    longs = [chain.job("long", {"s": 6}, key=f"long{i}", after=[first], tries=2) for i in range(3)]
+    # The long jobs wait at a gate opened only once A has exited: A's tries are always
+    # interrupted and B's always resume them, however long B takes to start.
+    longs = [
+        chain.job("long", {"gate": "longs"}, key=f"long{i}", after=[first], tries=2)
+        for i in range(3)
+    ]
     chain.job("step", {}, key="last", after=longs)
     request_id = chain_app.run_chain(chain)
     wait_until(
@@ -241,6 +247,7 @@ def test_sigterm_suspends_chain_and_another_instance_resumes_it(
     a.signal_group(signal.SIGTERM)
     a.signal_group(signal.SIGTERM)  # Heroku may send several: no escalation (R10)
     assert a.wait(15) == 0
+    open_gate(chain_app.broker, "longs")
     final = wait_final(chain_app, request_id, timeout=40)
     st = chain_app.chain_status(request_id)
     if final != "succeeded":

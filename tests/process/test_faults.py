@@ -17,6 +17,7 @@ import pytest
 import redis
 
 from hivejobs import App
+from tests.apps.gate import open_gate
 from tests.harness import (
     Instance,
     RedisServer,
@@ -349,8 +350,10 @@ def test_instance_killed_whole_is_rescued_by_another(
     a = start_instance({"HJ_TYPES": "alo,amo"})
     app = fleet_app(make_app, database_url, ["alo", "amo"])
     a_alo, a_amo = pool_pids(database_url, "alo")[0], pool_pids(database_url, "amo")[0]
-    alo = app.enqueue_many("alo", [{"ms": 3000}] * 8)
-    amo = app.enqueue_many("amo", [{"ms": 3000}] * 4)
+    # The jobs wait at a gate opened only after the kill: they are mid-run when A dies,
+    # however long B takes to start on a loaded machine.
+    alo = app.enqueue_many("alo", [{"gate": "work"}] * 8)
+    amo = app.enqueue_many("amo", [{"gate": "work"}] * 4)
     wait_until(
         lambda: (
             len(running_in_pid(ledger_dir, a_alo)) == 8
@@ -362,6 +365,10 @@ def test_instance_killed_whole_is_rescued_by_another(
     wait_until(lambda: len(pool_pids(database_url, "alo")) == 2, what="B's pools")
     a.signal_group(signal.SIGKILL)
     killed = time.monotonic()
+    # A's pools have process groups of their own and die by PDEATHSIG once A's supervisor
+    # is gone: open the gate only after that, or their jobs could still finish there.
+    wait_until(lambda: not [p for p in (a_alo, a_amo) if alive(p)], what="A's pools gone")
+    open_gate(app.broker, "work")
     wait_until(lambda: live_jobs(database_url) == 0, timeout=60, what="B finished everything")
     # Rescue waited for stale heartbeats (stuck_after 5 s), plus B's own R6 health window.
     assert time.monotonic() - killed > 5

@@ -1,0 +1,48 @@
+"""A gate the test opens: handlers block on it instead of working a fixed duration.
+
+A fixed duration races the test on a loaded machine (the jobs may end before the test gets
+to its fault); a gate holds them until the test says so, however slow anything else is.
+The gate is a Redis list under the instance's key prefix; the test opens it by pushing one
+element, and every waiter passes it on with BLMOVE to the same list (an atomic rotation),
+so one push releases all current and later waiters, and it stays open.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from functools import cache
+
+import redis
+
+from hivejobs.broker import Broker
+
+
+def gate_key(prefix: str, name: str) -> str:
+    return f"{prefix}gate:{name}"
+
+
+@cache
+def _client() -> redis.Redis:
+    return redis.Redis.from_url(os.environ["HIVEJOBS_REDIS_URL"])
+
+
+def wait_at_gate(name: str, stopping: threading.Event | None = None, timeout: float = 60) -> bool:
+    """Block until the test opens gate `name` (True) or `stopping` is set (False); a gate
+    never opened within `timeout` s raises, so a forgotten open fails loudly."""
+    key = gate_key(os.environ["HIVEJOBS_PREFIX"], name)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if stopping is not None and stopping.is_set():
+            return False
+        # Short blocking waits only when `stopping` must be watched too.
+        wait = 0.1 if stopping is not None else max(deadline - time.monotonic(), 0.01)
+        if _client().blmove(key, key, wait, "RIGHT", "LEFT") is not None:  # type: ignore[arg-type]
+            return True
+    raise TimeoutError(f"gate {name!r} not opened within {timeout} s")
+
+
+def open_gate(broker: Broker, name: str) -> None:
+    """Release every handler waiting at gate `name` under `broker`'s prefix, now and later."""
+    broker.redis.rpush(gate_key(broker.prefix, name), "open")
