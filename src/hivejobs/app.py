@@ -47,6 +47,7 @@ from hivejobs.errors import (
     UnknownJobType,
 )
 from hivejobs.failpoints import failpoint
+from hivejobs.flow import Limits, checked_limits, pause_type, paused_types, resume_type
 from hivejobs.integrations import adriver_connection, driver_connection
 from hivejobs.logs import error_fields
 from hivejobs.metrics import record_callback
@@ -156,6 +157,7 @@ class JobType:
     callback_timeout_s: float | None = None
     unique: Unique | None = None
     retention_s: float | None = None  # archive retention of its finished jobs (None: global)
+    limits: Limits | None = None  # fleet-wide limits (issue 12, flow.py)
 
     def info(self) -> JobTypeInfo:
         return JobTypeInfo(
@@ -215,6 +217,9 @@ class App:
         callback: bool = False,
         callback_timeout: float = 3600.0,
         retention: float | None = None,
+        global_concurrency: int | None = None,
+        rate: str | None = None,
+        burst: int | None = None,
     ) -> Callable[[F], F]:
         """Register a handler `fn(ctx, payload)` as job type `name`.
 
@@ -231,10 +236,15 @@ class App:
         failed attempt while attempts are left, else failed).
 
         `retention`: seconds its finished jobs stay in the archive (default: the
-        `archive_retention_s` setting), e.g. a day for chatty jobs, a year for payments."""
+        `archive_retention_s` setting), e.g. a day for chatty jobs, a year for payments.
+
+        Fleet-wide limits, across every instance (flow.py): `global_concurrency` jobs of this
+        type running at once; `rate="100/s"` (or "/m", "/h") starts, from a token bucket of
+        `burst` starts (default one second's worth). A job over a limit waits queued."""
         jt = self._validated_type(
             name, concurrency, processes, attempts, delivery, timeout, priority
         )
+        jt.limits = checked_limits(global_concurrency, rate, burst)  # issue 12 hook
         if cron is not None:
             check_cron(cron, tz)
         if unique_for is not None:
@@ -711,6 +721,23 @@ class App:
             )
         record_callback(self, name, result.outcome)
         return result
+
+    # -- flow control (issue 12 hook: the logic is in flow.py) ----------------------------
+
+    def pause(self, name: str) -> bool:
+        """Pause job type `name` across the fleet: running jobs finish, nothing new starts,
+        queued jobs wait, through restarts and Redis flushes. False if it was paused."""
+        self.job_type(name)  # UnknownJobType, with the names it knows
+        return pause_type(self.store, name)
+
+    def resume(self, name: str) -> bool:
+        """Let a paused type run again (within a second). False if it was not paused."""
+        self.job_type(name)
+        return resume_type(self.store, name)
+
+    def paused(self) -> list[str]:
+        """The paused job types."""
+        return paused_types(self.store)
 
     def replay(self, job_id: str) -> str:
         """Enqueue a finished job again, as a new job with a new id; returns that id.

@@ -345,6 +345,22 @@ def cmd_cancel(args: argparse.Namespace) -> int:
     return 0 if done else 1
 
 
+def cmd_pause(args: argparse.Namespace) -> int:
+    """Issue 12: pause a type fleet-wide; without a name, list the paused types."""
+    app = _app(args)
+    if args.name is None:
+        for name in app.paused():
+            print(name)
+        return 0
+    print("paused" if app.pause(args.name) else "already paused")
+    return 0
+
+
+def cmd_resume(args: argparse.Namespace) -> int:
+    print("resumed" if _app(args).resume(args.name) else "was not paused")
+    return 0
+
+
 def cmd_replay(args: argparse.Namespace) -> int:
     """The new id on stdout; what differs from the original on stderr, one line each."""
     done = _app(args).replay_job(args.job_id)
@@ -540,6 +556,10 @@ def build_parser() -> Parser:
     add("cron", cmd_cron, "periodic schedules with their last and next tick (UTC)")
     p = add("cancel", cmd_cancel, "cancel a job (a running one is told to stop)")
     p.add_argument("job_id")
+    p = add("pause", cmd_pause, "pause a job type fleet-wide (no name: list paused types)")
+    p.add_argument("name", nargs="?", help="the job type; queued jobs wait, running ones finish")
+    p = add("resume", cmd_resume, "resume a paused job type")
+    p.add_argument("name")
     p = add("replay", cmd_replay, "enqueue a finished job again; prints the new id")
     p.add_argument("job_id")
     p = add("restart", cmd_restart, "reload every worker instance gracefully (new code)")

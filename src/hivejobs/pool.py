@@ -29,6 +29,7 @@ from hivejobs.config import Settings
 from hivejobs.context import JobContext
 from hivejobs.executor import ended, execute, failed
 from hivejobs.failpoints import failpoint
+from hivejobs.flow import Flow
 from hivejobs.logs import error_fields, fatal_on_error
 from hivejobs.metrics import Recorder
 from hivejobs.records import ClaimedJob, Completion, Outcome
@@ -108,7 +109,9 @@ class Pool:
         # Claims beyond `concurrency` cut statements per job for short jobs; never for
         # at-most-once (a claim dying with us fails it) and not for slow jobs, whose
         # prefetched claims would wait long and be charged a worker loss if we die.
-        self.prefetch = PREFETCH if jt.delivery == "at_least_once" else 0
+        # Nor for a type with fleet-wide limits: a claim waiting here holds a slot (issue 12).
+        self.prefetch = PREFETCH if jt.delivery == "at_least_once" and jt.limits is None else 0
+        self.flow = Flow(self.store, self.broker, jt.name, jt.limits)  # issue 12 hook
         self.avg_run_s = 1.0  # pessimistic until measured
         self.last_heartbeat_ok = time.monotonic()
         # Logged at exit. foreign_ids: ids of other types found in our lists (dropped);
@@ -265,7 +268,14 @@ class Pool:
                 self.stop_acquiring.wait(0.2)
                 continue
             try:
-                popped = self.broker.pop(self.jt.name, free)
+                # Flow control (issue 12 hook): a paused or fleet-limited type waits here,
+                # its ids left in Redis; own completions (notify) end a wait for a slot early.
+                room = self.flow.room(free)
+                if room.allowed <= 0:
+                    with self.lock:
+                        self.lock.wait(room.wait_s)
+                    continue
+                popped = self.broker.pop(self.jt.name, room.allowed)
                 self.counts["pops"] += 1
                 if popped.ids:
                     self._claim(popped)
@@ -285,7 +295,7 @@ class Pool:
         with self.claim_lock:
             try:
                 with self.store.connection() as conn:
-                    jobs = self.store.claim_queued(ids, self.worker_id, conn, name=self.jt.name)
+                    jobs = self.flow.claim(conn, ids, self.worker_id)  # issue 12 hook
             except psycopg.Error as exc:
                 failure: psycopg.Error | None = exc
             else:
@@ -308,6 +318,7 @@ class Pool:
         for job in jobs:
             self.work.put(job)
         if len(jobs) < len(ids):
+            self.flow.put_back(popped, jobs)  # issue 12 hook: refused by a pause or limit
             claimed = {j.id for j in jobs}
             self._drop_foreign(popped.key, [i for i in ids if i not in claimed])
 

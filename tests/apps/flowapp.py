@@ -1,0 +1,34 @@
+"""The app of the flow-control process tests (issue 12): `hivejobs run tests.apps.flowapp:app`.
+
+Each handler writes "begin <id> <pid> <monotonic ns>" and "end <id> <pid> <monotonic ns>" to
+the ledger (tests/apps/ledger.py: O_APPEND lines that survive kill -9): the independent
+record of when handlers ran, from which the tests count how many ran at once. The clock is
+CLOCK_MONOTONIC, one clock for every process on the machine.
+HJ_GLOBAL sets `limited`'s global_concurrency, HJ_RATE and HJ_BURST `rated`'s rate.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+from hivejobs import App, JobContext
+from tests.apps.ledger import note
+
+app = App()
+
+
+def _timed(ctx: JobContext, payload: dict[str, float]) -> None:
+    note("begin", ctx.job_id, os.getpid(), time.monotonic_ns())
+    time.sleep(payload.get("ms", 50) / 1000)
+    note("end", ctx.job_id, os.getpid(), time.monotonic_ns())
+
+
+app.job("limited", concurrency=8, global_concurrency=int(os.environ.get("HJ_GLOBAL", "3")))(_timed)
+app.job(
+    "rated",
+    concurrency=8,
+    rate=os.environ.get("HJ_RATE", "10/s"),
+    burst=int(os.environ.get("HJ_BURST", "2")),
+)(_timed)
+app.job("plain", concurrency=4)(_timed)
