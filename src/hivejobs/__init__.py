@@ -29,6 +29,7 @@ from hivejobs.errors import (
     SchemaMissing,
     SchemaOutdated,
     UnknownJobType,
+    WaitTimeout,
 )
 from hivejobs.records import JobInfo, JobState
 
@@ -56,6 +57,7 @@ __all__ = [
     "JobInfo",
     "JobNotFinished",
     "JobNotFound",
+    "WaitTimeout",
     "JobState",
     "NotAnAncestor",
     "PayloadInvalid",

@@ -26,6 +26,7 @@ import psycopg
 import redis
 from loguru import logger
 
+from hivejobs import waiting
 from hivejobs.aio import AsyncBackends, AsyncBackendsByLoop
 from hivejobs.broker import MAX_ID_LENGTH, Broker, ControlMessage, Pusher
 from hivejobs.config import (
@@ -721,6 +722,20 @@ class App:
             )
         record_callback(self, name, result.outcome)
         return result
+
+    # -- waiting (issue 12 hook: the logic is in waiting.py) ------------------------------
+
+    def wait(self, job_id: str, timeout: float | None = None) -> JobInfo:
+        """Block until the job finishes and return it (state, attempt, error, result).
+        Woken by a Postgres NOTIFY when it is archived, not by polling. Raises WaitTimeout
+        after `timeout` seconds (None: no limit), JobNotFound for an unknown id."""
+        _check_id(job_id)
+        return waiting.wait(self, job_id, timeout)
+
+    async def await_job(self, job_id: str, timeout: float | None = None) -> JobInfo:
+        """`wait` for event loops: `info = await app.await_job(job_id, timeout=30)`."""
+        _check_id(job_id)
+        return await waiting.await_job(self, job_id, timeout)
 
     # -- flow control (issue 12 hook: the logic is in flow.py) ----------------------------
 

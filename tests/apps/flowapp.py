@@ -12,16 +12,19 @@ from __future__ import annotations
 import os
 import time
 
-from hivejobs import App, JobContext
+from hivejobs import App, Fail, JobContext
 from tests.apps.ledger import note
 
 app = App()
 
 
-def _timed(ctx: JobContext, payload: dict[str, float]) -> None:
+def _timed(ctx: JobContext, payload: dict[str, object]) -> object:
     note("begin", ctx.job_id, os.getpid(), time.monotonic_ns())
-    time.sleep(payload.get("ms", 50) / 1000)
+    time.sleep(float(payload.get("ms", 50)) / 1000)  # type: ignore[arg-type]
     note("end", ctx.job_id, os.getpid(), time.monotonic_ns())
+    if payload.get("fail"):
+        raise Fail("asked to fail")
+    return payload.get("echo")
 
 
 app.job("limited", concurrency=8, global_concurrency=int(os.environ.get("HJ_GLOBAL", "3")))(_timed)
