@@ -9,7 +9,9 @@ HJ_GLOBAL sets `limited`'s global_concurrency, HJ_RATE and HJ_BURST `rated`'s ra
 
 from __future__ import annotations
 
+import asyncio
 import os
+import threading
 import time
 
 from hivejobs import App, Fail, JobContext
@@ -35,3 +37,20 @@ app.job(
     burst=int(os.environ.get("HJ_BURST", "2")),
 )(_timed)
 app.job("plain", concurrency=4)(_timed)
+
+
+async def _awaits(ctx: JobContext, payload: dict[str, float]) -> str:
+    """An async handler: begin/end lines with the thread it ran on (the loop's), and a
+    "cancelled" line when a stop reached it as asyncio cancellation."""
+    note("abegin", ctx.job_id, os.getpid(), time.monotonic_ns(), threading.get_ident())
+    try:
+        await asyncio.sleep(payload.get("s", 0.4))
+    except asyncio.CancelledError:
+        note("cancelled", ctx.job_id, os.getpid(), ctx.attempt)
+        raise
+    note("aend", ctx.job_id, os.getpid(), time.monotonic_ns(), threading.get_ident())
+    return "awaited"
+
+
+app.job("aio", concurrency=8)(_awaits)
+app.job("aio_timeout", concurrency=2, attempts=1, timeout=1.0)(_awaits)
