@@ -51,6 +51,7 @@ from hivejobs.failpoints import failpoint
 from hivejobs.flow import Limits, checked_limits, pause_type, paused_types, resume_type
 from hivejobs.integrations import adriver_connection, driver_connection
 from hivejobs.logs import error_fields
+from hivejobs.memory import checked_max_rss
 from hivejobs.metrics import record_callback
 from hivejobs.records import (
     JOB_TYPE_NAME_RE,
@@ -159,6 +160,7 @@ class JobType:
     unique: Unique | None = None
     retention_s: float | None = None  # archive retention of its finished jobs (None: global)
     limits: Limits | None = None  # fleet-wide limits (issue 12, flow.py)
+    max_rss_mb: float | None = None  # recycle its pool processes above this (memory.py)
 
     def info(self) -> JobTypeInfo:
         return JobTypeInfo(
@@ -221,6 +223,7 @@ class App:
         global_concurrency: int | None = None,
         rate: str | None = None,
         burst: int | None = None,
+        max_rss_mb: float | None = None,
     ) -> Callable[[F], F]:
         """Register a handler `fn(ctx, payload)` as job type `name`.
 
@@ -241,11 +244,15 @@ class App:
 
         Fleet-wide limits, across every instance (flow.py): `global_concurrency` jobs of this
         type running at once; `rate="100/s"` (or "/m", "/h") starts, from a token bucket of
-        `burst` starts (default one second's worth). A job over a limit waits queued."""
+        `burst` starts (default one second's worth). A job over a limit waits queued.
+
+        `max_rss_mb`: a pool process whose resident memory passes it finishes its running
+        jobs and is forked again (a suspension of what still runs, not a failure)."""
         jt = self._validated_type(
             name, concurrency, processes, attempts, delivery, timeout, priority
         )
         jt.limits = checked_limits(global_concurrency, rate, burst)  # issue 12 hook
+        jt.max_rss_mb = checked_max_rss(max_rss_mb)  # issue 12 hook
         if cron is not None:
             check_cron(cron, tz)
         if unique_for is not None:

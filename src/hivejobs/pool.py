@@ -31,6 +31,7 @@ from hivejobs.executor import ended, execute, failed
 from hivejobs.failpoints import failpoint
 from hivejobs.flow import Flow
 from hivejobs.logs import error_fields, fatal_on_error
+from hivejobs.memory import MemoryCap
 from hivejobs.metrics import Recorder
 from hivejobs.records import ClaimedJob, Completion, Outcome
 from hivejobs.store import Store
@@ -112,6 +113,7 @@ class Pool:
         # Nor for a type with fleet-wide limits: a claim waiting here holds a slot (issue 12).
         self.prefetch = PREFETCH if jt.delivery == "at_least_once" and jt.limits is None else 0
         self.flow = Flow(self.store, self.broker, jt.name, jt.limits)  # issue 12 hook
+        self.memory_cap = MemoryCap(jt.max_rss_mb)  # issue 12 hook
         self.avg_run_s = 1.0  # pessimistic until measured
         self.last_heartbeat_ok = time.monotonic()
         # Logged at exit. foreign_ids: ids of other types found in our lists (dropped);
@@ -155,6 +157,14 @@ class Pool:
         self.log.info("pool started", concurrency=self.jt.concurrency)
         while not self.stop_acquiring.wait(0.1):
             self._watch_timeouts()
+            if self.memory_cap.exceeded():  # issue 12 hook: drain, exit, be forked again
+                self.log.warning(
+                    "memory cap passed: recycling the pool",
+                    rss_mb=round(self.memory_cap.seen_mb),
+                    max_rss_mb=self.jt.max_rss_mb,
+                )
+                self.recycle_reason = "memory cap"
+                self.stop_acquiring.set()
         return self._shutdown()
 
     def _on_stop_signal(self, signum: int, _frame: object) -> None:

@@ -54,3 +54,15 @@ async def _awaits(ctx: JobContext, payload: dict[str, float]) -> str:
 
 app.job("aio", concurrency=8)(_awaits)
 app.job("aio_timeout", concurrency=2, attempts=1, timeout=1.0)(_awaits)
+
+
+HOARD: list[bytes] = []  # what `hog` jobs leak, on purpose, until the pool is recycled
+
+
+def _hog(ctx: JobContext, payload: dict[str, float]) -> None:
+    note("begin", ctx.job_id, os.getpid(), time.monotonic_ns())
+    HOARD.append(b"\x01" * (int(payload.get("mb", 40)) << 20))  # touched: resident
+    note("end", ctx.job_id, os.getpid(), time.monotonic_ns())
+
+
+app.job("hog", concurrency=1, max_rss_mb=float(os.environ.get("HJ_MAX_RSS", "250")))(_hog)

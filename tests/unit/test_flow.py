@@ -90,6 +90,8 @@ def test_default_burst_is_one_second_of_starts() -> None:
         ({"burst": 3}, "burst needs a rate"),
         ({"rate": "5/s", "burst": 0}, "burst must be a whole number of jobs, at least 1"),
         ({"rate": 5}, "rate must look like"),
+        ({"max_rss_mb": 0}, "max_rss_mb must be a positive number of MiB"),
+        ({"max_rss_mb": "1G"}, "max_rss_mb must be a positive number of MiB"),
     ],
 )
 def test_bad_limits_are_refused_at_registration(options: dict[str, object], message: str) -> None:
