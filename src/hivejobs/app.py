@@ -48,7 +48,7 @@ from hivejobs.errors import (
     UnknownJobType,
 )
 from hivejobs.failpoints import failpoint
-from hivejobs.flow import Limits, checked_limits, pause_type, paused_types, resume_type
+from hivejobs.flow import Limits, checked_limits, pause_type, paused_types, resume_type, scale_type
 from hivejobs.integrations import adriver_connection, driver_connection
 from hivejobs.logs import error_fields
 from hivejobs.memory import checked_max_rss
@@ -756,6 +756,13 @@ class App:
         """Let a paused type run again (within a second). False if it was not paused."""
         self.job_type(name)
         return resume_type(self.store, name)
+
+    def scale(self, name: str, concurrency: int | None) -> None:
+        """Runner threads per pool process of `name`, across the fleet, without a restart
+        (pools look within a second); None: back to the type's own `concurrency`. A
+        scale-down interrupts no running job: pools just claim less."""
+        self.job_type(name)
+        scale_type(self.store, name, concurrency)
 
     def paused(self) -> list[str]:
         """The paused job types."""

@@ -27,13 +27,14 @@ import time
 from dataclasses import dataclass
 
 from hivejobs.broker import Broker, Popped
-from hivejobs.errors import InvalidJobType
+from hivejobs.errors import InvalidArgument, InvalidJobType
 from hivejobs.records import ClaimedJob
 from hivejobs.store import Conn, Store
 from hivejobs.store.flow import FlowState, FlowStore, Room
 
 PAUSE_POLL_S = 1.0  # a paused type's pools look again this often (resume takes up to this)
 SLOT_POLL_S = 0.1  # a full type's pools look again this often (sooner on their own completions)
+MAX_SCALE = 1000  # threads per pool process `hivejobs scale` may ask for
 MAX_RATE_WAIT_S = 1.0  # a rate-limited pool re-reads the bucket at least this often
 _RATE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*/\s*(s|sec|second|m|min|minute|h|hour)\s*$")
 _PER = {"s": 1.0, "sec": 1.0, "second": 1.0, "m": 60.0, "min": 60.0, "minute": 60.0}
@@ -123,13 +124,14 @@ class Flow:
         self._paused = False
         self._checked_at = -math.inf
         self._ensured = False  # a limited type's flow row exists (made at the first look)
+        self.concurrency: int | None = None  # `hivejobs scale` (None: the type's own)
 
     def room(self, want: int) -> Room:
         """Before a pop: how many ids to pop, or how long to wait first."""
         if self.limits is None:
             now = time.monotonic()
             if now - self._checked_at >= PAUSE_POLL_S:
-                self._paused = self.flows.is_paused(self.name)
+                self._paused, self.concurrency = self.flows.pool_settings(self.name)
                 self._checked_at = now
             if self._paused:
                 return Room(allowed=0, wait_s=PAUSE_POLL_S, tokens=None)
@@ -141,6 +143,7 @@ class Flow:
         if state is None:  # row deleted by hand: made again, limits hold from the next claim
             self._ensured = False
             return Room(allowed=0, wait_s=SLOT_POLL_S, tokens=None)
+        self.concurrency = state.concurrency
         return decide(self.limits, want, state)
 
     def claim(self, conn: Conn, ids: list[str], worker_id: str) -> list[ClaimedJob]:
@@ -175,6 +178,21 @@ def pause_type(store: Store, name: str) -> bool:
 def resume_type(store: Store, name: str) -> bool:
     """Resume a paused type; True if it was paused."""
     return FlowStore(store).resume(name)
+
+
+def scale_type(store: Store, name: str, concurrency: int | None) -> None:
+    """Runner threads per pool process of `name`, fleet-wide, from the pools' next look
+    (within a second); None: back to the type's own `concurrency`. A scale-down only
+    claims less: running jobs finish."""
+    if concurrency is not None and (
+        isinstance(concurrency, bool)
+        or not isinstance(concurrency, int)
+        or not 1 <= concurrency <= MAX_SCALE
+    ):
+        raise InvalidArgument(
+            f"concurrency must be a whole number from 1 to {MAX_SCALE}, not {concurrency!r}"
+        )
+    FlowStore(store).scale(name, concurrency)
 
 
 def paused_types(store: Store) -> list[str]:

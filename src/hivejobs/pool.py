@@ -96,6 +96,10 @@ class Pool:
         self.running: dict[str, Running] = {}
         self.lock = threading.Condition()
         self.reserved = 0  # claimed jobs not yet finished (waiting or running)
+        # Runner threads wanted (`hivejobs scale` changes it; guarded by `lock`) and started
+        # (only the fetcher and run() start them).
+        self.concurrency = jt.concurrency
+        self.runners = 0
         self.stop_acquiring = threading.Event()
         self.shutting_down = threading.Event()
         # SIGUSR1 from the supervisor (a second Ctrl-C or SIGTERM there): suspend running
@@ -140,10 +144,7 @@ class Pool:
             signal.signal(signal.SIGUSR1, self._on_stop_now_signal)
         self.completer.start()
         self.metrics.start()
-        threads = [
-            threading.Thread(target=fatal_on_error(self._runner), name=f"runner-{i}", daemon=True)
-            for i in range(self.jt.concurrency)
-        ]
+        threads = [self._new_runner() for _ in range(self.jt.concurrency)]
         self._fetcher_thread = threading.Thread(
             target=fatal_on_error(self._fetcher), name="fetcher", daemon=True
         )
@@ -259,8 +260,8 @@ class Pool:
         healthy completer writes a few at a time.
         """
         extra = self.prefetch if self.avg_run_s < PREFETCH_BELOW_S else 0
-        slots = self.jt.concurrency + extra - self.reserved
-        unwritten_room = UNWRITTEN_PER_RUNNER * self.jt.concurrency + extra - len(self.held)
+        slots = self.concurrency + extra - self.reserved
+        unwritten_room = UNWRITTEN_PER_RUNNER * self.concurrency + extra - len(self.held)
         if unwritten_room < slots and slots > 0:
             self.counts["paused_for_completions"] += int(unwritten_room <= 0)
         return min(slots, unwritten_room)
@@ -281,6 +282,8 @@ class Pool:
                 # Flow control (issue 12 hook): a paused or fleet-limited type waits here,
                 # its ids left in Redis; own completions (notify) end a wait for a slot early.
                 room = self.flow.room(free)
+                if self._scale(self.flow.concurrency or self.jt.concurrency):
+                    continue  # `free` was counted for the old concurrency
                 if room.allowed <= 0:
                     with self.lock:
                         self.lock.wait(room.wait_s)
@@ -393,6 +396,25 @@ class Pool:
                 )
 
     # -- runners -----------------------------------------------------------------------
+
+    def _new_runner(self) -> threading.Thread:
+        self.runners += 1
+        name = f"runner-{self.runners - 1}"
+        return threading.Thread(target=fatal_on_error(self._runner), name=name, daemon=True)
+
+    def _scale(self, concurrency: int) -> bool:
+        """`hivejobs scale` (issue 12 hook): claim_room follows `concurrency` at once; more
+        runner threads start when it grows. When it shrinks the extra runners stay, idle:
+        fewer claims are made, and no running job is interrupted."""
+        if concurrency == self.concurrency:
+            return False
+        with self.lock:
+            before, self.concurrency = self.concurrency, concurrency
+            self.lock.notify_all()
+        while self.runners < concurrency:
+            self._new_runner().start()
+        self.log.info("concurrency scaled", concurrency=concurrency, before=before)
+        return True
 
     def _runner(self) -> None:
         while True:

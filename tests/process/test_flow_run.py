@@ -23,12 +23,17 @@ APP = "tests.apps.flowapp:app"
 DONE = "SELECT count(*) FROM hivejobs_archive WHERE name = %s AND state = 'succeeded'"
 
 
-def intervals(folder: Path, killed: dict[int, int] | None = None) -> list[tuple[int, int]]:
-    """(begin, end) ns of every handler run; a run of a killed pid with no end ended at the
-    latest by the kill (`killed`: pid -> monotonic ns taken just after the kill)."""
+def intervals(
+    folder: Path, killed: dict[int, int] | None = None, ids: list[str] | None = None
+) -> list[tuple[int, int]]:
+    """(begin, end) ns of every handler run (of the jobs `ids` only, if given); a run of a
+    killed pid with no end ended at the latest by the kill (`killed`: pid -> monotonic ns
+    taken just after the kill)."""
     begins: dict[tuple[str, int], int] = {}
     runs: list[tuple[int, int]] = []
     for parts in read_ledger(folder):
+        if ids is not None and parts[1] not in ids:
+            continue
         key = (parts[1], int(parts[2]))
         if parts[0] == "begin":
             begins[key] = int(parts[3])
@@ -179,3 +184,47 @@ def test_pause_holds_through_a_restart_and_a_redis_flush(
     second.signal_group(signal.SIGTERM)
     assert second.wait(20) == 0
     client.close()
+
+
+def test_scale_changes_concurrency_without_a_restart(
+    start_instance: Callable[..., Instance],
+    make_app: Callable[..., App],
+    database_url: str,
+    ledger_dir: Path,
+    instance_env: dict[str, str],
+) -> None:
+    inst = start_instance({}, app_spec=APP)  # `plain`: concurrency 4 in the code
+    app = fleet_app(make_app, database_url, ["plain"])
+
+    def scale(n: int, seen: int) -> None:
+        cli = hivejobs(["scale", "plain", str(n)], instance_env)
+        assert cli.returncode == 0, cli.stderr
+        wait_until(
+            lambda: inst.log_text().count("concurrency scaled") == seen, what=f"scaled to {n}"
+        )
+
+    def run(n: int, ms: int) -> list[str]:
+        ids = app.enqueue_many("plain", [{"ms": ms}] * n)
+        for i in ids:
+            assert app.wait(i, timeout=60).state == "succeeded"
+        return ids
+
+    scale(1, seen=1)
+    assert most_at_once(intervals(ledger_dir, ids=run(6, 150))) == 1
+    scale(7, seen=2)  # more than the code's 4: runner threads are added
+    assert most_at_once(intervals(ledger_dir, ids=run(14, 500))) == 7
+
+    # A scale-down while 7 run: they all finish, on their first attempt.
+    long = app.enqueue_many("plain", [{"ms": 1500}] * 7)
+    wait_until(lambda: len(intervals_begun(ledger_dir, long)) == 7, what="7 running")
+    scale(2, seen=3)
+    assert {(app.wait(i, timeout=30).state, app.get_job(i).attempt) for i in long} == {
+        ("succeeded", 1)
+    }
+    assert most_at_once(intervals(ledger_dir, ids=run(8, 200))) == 2
+    bad = hivejobs(["scale", "plain", "0"], instance_env)
+    assert bad.returncode == 2 and "concurrency must be a whole number from 1" in bad.stderr
+
+
+def intervals_begun(folder: Path, ids: list[str]) -> set[str]:
+    return {p[1] for p in read_ledger(folder) if p[0] == "begin" and p[1] in ids}

@@ -29,6 +29,7 @@ class FlowState(msgspec.Struct, frozen=True, kw_only=True):
     """A type's flow row as a claim sees it: pause, bucket, and the fleet's running count."""
 
     paused: bool
+    concurrency: int | None = None  # `hivejobs scale`: threads per pool process, fleet-wide
     tokens: float
     since_s: float  # since the bucket was last refilled, on the database clock
     running: int
@@ -114,7 +115,12 @@ class FlowStore:
             cur = conn.cursor(row_factory=class_row(PausedType))
             return cur.execute(QUERIES["paused_types"]).fetchall()
 
-    def is_paused(self, name: str) -> bool:
+    def pool_settings(self, name: str) -> tuple[bool, int | None]:
+        """(paused, scaled concurrency or None) of an unlimited type."""
         with self.store.connection() as conn:
-            row = conn.execute(QUERIES["is_paused"], {"name": name}).fetchone()
-        return bool(row and row[0])
+            row = conn.execute(QUERIES["pool_settings"], {"name": name}).fetchone()
+        return (False, None) if row is None else (bool(row[0]), row[1])
+
+    def scale(self, name: str, concurrency: int | None) -> None:
+        with self.store.connection() as conn:
+            conn.execute(QUERIES["scale_type"], {"name": name, "concurrency": concurrency})

@@ -9,7 +9,7 @@ INSERT INTO hivejobs_flow (name) VALUES (%(name)s) ON CONFLICT (name) DO NOTHING
 -- What the fetcher may claim, read without a lock before it pops (a hint: flow_lock decides).
 -- `worker_id IS NOT NULL` is the running index's predicate: a job awaiting its status
 -- callback holds no worker, runs no handler and takes no slot.
-SELECT f.paused, f.tokens,
+SELECT f.paused, f.concurrency, f.tokens,
        greatest(extract(epoch FROM clock_timestamp() - f.refilled_at), 0)::float8 AS since_s,
        (SELECT count(*) FROM hivejobs_job j
          WHERE j.name = %(name)s AND j.state = 'running' AND j.worker_id IS NOT NULL)::int
@@ -55,5 +55,11 @@ RETURNING name;
 -- name: paused_types
 SELECT name, paused_at FROM hivejobs_flow WHERE paused ORDER BY name;
 
--- name: is_paused
-SELECT paused FROM hivejobs_flow WHERE name = %(name)s;
+-- name: pool_settings
+-- What an unlimited type's pools look at every second: pause, and `hivejobs scale`.
+SELECT paused, concurrency FROM hivejobs_flow WHERE name = %(name)s;
+
+-- name: scale_type
+-- NULL: back to the job type's own concurrency.
+INSERT INTO hivejobs_flow (name, concurrency) VALUES (%(name)s, %(concurrency)s)
+ON CONFLICT (name) DO UPDATE SET concurrency = EXCLUDED.concurrency;
