@@ -62,6 +62,7 @@ HOARD: list[bytes] = []  # what `hog` jobs leak, on purpose, until the pool is r
 def _hog(ctx: JobContext, payload: dict[str, float]) -> None:
     note("begin", ctx.job_id, os.getpid(), time.monotonic_ns())
     HOARD.append(b"\x01" * (int(payload.get("mb", 40)) << 20))  # touched: resident
+    time.sleep(0.3)  # the pool looks at its memory once a second: let it look between jobs
     note("end", ctx.job_id, os.getpid(), time.monotonic_ns())
 
 
