@@ -22,7 +22,7 @@ from hivejobs.serialization import TOO_DEEP, PayloadCodec, encode_json
 from hivejobs.store.payload_schemas import PayloadSchemaStore
 
 if TYPE_CHECKING:
-    from hivejobs.app import JobType
+    from hivejobs.jobtypes import JobType
     from hivejobs.store import Store
 
 REFRESH_S = 5.0  # as the declared job types: a redeployed worker's schema is seen this late

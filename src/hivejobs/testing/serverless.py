@@ -29,9 +29,9 @@ from hivejobs.errors import (
     JobNotFound,
     UnknownJobType,
 )
-from hivejobs.worker.executor import execute
 from hivejobs.records import ClaimedJob, JobInfo, JobState, NewJob, Outcome
 from hivejobs.serialization import decode_json
+from hivejobs.worker.executor import execute
 
 if TYPE_CHECKING:
     from hivejobs.app import App
@@ -83,9 +83,7 @@ class InlineRunner:
         expires_at: datetime | None = None,
         conn: object | None = None,
     ) -> str:
-        from hivejobs.app import _new_job
-
-        job = _new_job(self._type(name), payload, id, priority, delay, run_at, expires_at)
+        job = self._type(name).new_job(payload, id, priority, delay, run_at, expires_at)
         return self._accept([job])[0]
 
     def enqueue_many(
@@ -98,9 +96,7 @@ class InlineRunner:
         expires_at: datetime | None = None,
         conn: object | None = None,
     ) -> list[str]:
-        from hivejobs.app import _new_jobs
-
-        return self._accept(_new_jobs(self._type(name), payloads, priority, delay, expires_at))
+        return self._accept(self._type(name).new_jobs(payloads, priority, delay, expires_at))
 
     async def aenqueue(self, name: str, payload: object = None, **options: object) -> str:
         return self.enqueue(name, payload, **options)  # type: ignore[arg-type]
