@@ -13,6 +13,7 @@ import asyncio
 import os
 import threading
 import time
+from typing import Any
 
 from hivejobs import App, Fail, JobContext
 from tests.apps.ledger import note
@@ -20,7 +21,7 @@ from tests.apps.ledger import note
 app = App()
 
 
-def _timed(ctx: JobContext, payload: dict[str, object]) -> object:
+def _timed(ctx: JobContext, payload: dict[str, Any]) -> object:
     note("begin", ctx.job_id, os.getpid(), time.monotonic_ns())
     time.sleep(float(payload.get("ms", 50)) / 1000)  # type: ignore[arg-type]
     note("end", ctx.job_id, os.getpid(), time.monotonic_ns())
