@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import time
+from typing import Any
 
 import redis
 
@@ -53,7 +54,9 @@ def work() -> None:
     processes=int(os.environ.get("HIVEJOBS_BENCH_PROCESSES", "2")),
     concurrency=int(os.environ.get("HIVEJOBS_BENCH_CONCURRENCY", "8")),
 )
-def bench_noop(ctx: JobContext, payload: dict[str, object]) -> None:
+def bench_noop(ctx: JobContext, payload: dict[str, Any]) -> None:
+    """A JSON object payload (dict[str, Any] has a JSON Schema, so the limits scenario
+    enqueues through the types the worker declared)."""
     started = time.time()
     sent = payload.get("t")
     if isinstance(sent, float) and OUT_DIR:
