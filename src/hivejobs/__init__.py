@@ -29,6 +29,7 @@ from hivejobs.errors import (
     SchemaMissing,
     SchemaOutdated,
     UnknownJobType,
+    WaitTimeout,
 )
 from hivejobs.jobtypes import Backoff, Fail, Retry
 from hivejobs.records import JobInfo, JobState
@@ -57,6 +58,7 @@ __all__ = [
     "JobInfo",
     "JobNotFinished",
     "JobNotFound",
+    "WaitTimeout",
     "JobState",
     "NotAnAncestor",
     "PayloadInvalid",

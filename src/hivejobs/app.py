@@ -21,6 +21,7 @@ import psycopg
 import redis
 from loguru import logger
 
+from hivejobs import waiting
 from hivejobs.aio import AsyncBackends
 from hivejobs.broker import Broker, ControlMessage, Pusher
 from hivejobs.chains.api import ChainClient, chain_query
@@ -35,6 +36,7 @@ from hivejobs.errors import (
     UsageError,
 )
 from hivejobs.failpoints import failpoint
+from hivejobs.flow import checked_limits, pause_type, paused_types, resume_type, scale_type
 from hivejobs.integrations import adriver_connection, driver_connection
 from hivejobs.jobtypes import (
     UNIQUE_STATES,
@@ -50,6 +52,7 @@ from hivejobs.jobtypes import (
     new_schedule,
 )
 from hivejobs.logs import error_fields
+from hivejobs.memory import checked_max_rss
 from hivejobs.metrics import record_callback
 from hivejobs.payload_schema import RemoteSchemas
 from hivejobs.records import (
@@ -124,6 +127,10 @@ class App:
         callback: bool = False,
         callback_timeout: float = 3600.0,
         retention: float | None = None,
+        global_concurrency: int | None = None,
+        rate: str | None = None,
+        burst: int | None = None,
+        max_rss_mb: float | None = None,
     ) -> Callable[[F], F]:
         """Register a handler `fn(ctx, payload)` as job type `name`.
 
@@ -140,7 +147,14 @@ class App:
         failed attempt while attempts are left, else failed).
 
         `retention`: seconds its finished jobs stay in the archive (default: the
-        `archive_retention_s` setting), e.g. a day for chatty jobs, a year for payments."""
+        `archive_retention_s` setting), e.g. a day for chatty jobs, a year for payments.
+
+        Fleet-wide limits, across every instance (flow.py): `global_concurrency` jobs of this
+        type running at once; `rate="100/s"` (or "/m", "/h") starts, from a token bucket of
+        `burst` starts (default one second's worth). A job over a limit waits queued.
+
+        `max_rss_mb`: a pool process whose resident memory passes it finishes its running
+        jobs and is forked again (a suspension of what still runs, not a failure)."""
         jt = declare_type(
             self.types,
             name,
@@ -152,6 +166,8 @@ class App:
             priority,
             self.settings.max_payload_bytes,
         )
+        jt.limits = checked_limits(global_concurrency, rate, burst)  # issue 12 hook
+        jt.max_rss_mb = checked_max_rss(max_rss_mb)  # issue 12 hook
         if cron is not None:
             check_cron(cron, tz)
         if unique_for is not None:
@@ -485,6 +501,44 @@ class App:
             )
         record_callback(self, name, result.outcome)
         return result
+
+    # -- waiting (issue 12 hook: the logic is in waiting.py) ------------------------------
+
+    def wait(self, job_id: str, timeout: float | None = None) -> JobInfo:
+        """Block until the job finishes and return it (state, attempt, error, result).
+        Woken by a Postgres NOTIFY when it is archived, not by polling. Raises WaitTimeout
+        after `timeout` seconds (None: no limit), JobNotFound for an unknown id."""
+        check_id(job_id)
+        return waiting.wait(self, job_id, timeout)
+
+    async def await_job(self, job_id: str, timeout: float | None = None) -> JobInfo:
+        """`wait` for event loops: `info = await app.await_job(job_id, timeout=30)`."""
+        check_id(job_id)
+        return await waiting.await_job(self, job_id, timeout)
+
+    # -- flow control (issue 12 hook: the logic is in flow.py) ----------------------------
+
+    def pause(self, name: str) -> bool:
+        """Pause job type `name` across the fleet: running jobs finish, nothing new starts,
+        queued jobs wait, through restarts and Redis flushes. False if it was paused."""
+        self.job_type(name)  # UnknownJobType, with the names it knows
+        return pause_type(self.store, name)
+
+    def resume(self, name: str) -> bool:
+        """Let a paused type run again (within a second). False if it was not paused."""
+        self.job_type(name)
+        return resume_type(self.store, name)
+
+    def scale(self, name: str, concurrency: int | None) -> None:
+        """Runner threads per pool process of `name`, across the fleet, without a restart
+        (pools look within a second); None: back to the type's own `concurrency`. A
+        scale-down interrupts no running job: pools just claim less."""
+        self.job_type(name)
+        scale_type(self.store, name, concurrency)
+
+    def paused(self) -> list[str]:
+        """The paused job types."""
+        return paused_types(self.store)
 
     def replay(self, job_id: str) -> str:
         """Enqueue a finished job again, as a new job with a new id; returns that id.

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import time
+from typing import Any
 
 import redis
 
@@ -53,7 +54,9 @@ def work() -> None:
     processes=int(os.environ.get("HIVEJOBS_BENCH_PROCESSES", "2")),
     concurrency=int(os.environ.get("HIVEJOBS_BENCH_CONCURRENCY", "8")),
 )
-def bench_noop(ctx: JobContext, payload: dict[str, object]) -> None:
+def bench_noop(ctx: JobContext, payload: dict[str, Any]) -> None:
+    """A JSON object payload (dict[str, Any] has a JSON Schema, so the limits scenario
+    enqueues through the types the worker declared)."""
     started = time.time()
     sent = payload.get("t")
     if isinstance(sent, float) and OUT_DIR:
@@ -69,3 +72,16 @@ def bench_noop(ctx: JobContext, payload: dict[str, object]) -> None:
 @app.job("bench_step", concurrency=int(os.environ.get("HIVEJOBS_BENCH_CHAIN_CONCURRENCY", "50")))
 def bench_step(ctx: JobContext, payload: dict[str, object]) -> None:
     """A chain job for the chain scenario: no work, so hops measure coordination only."""
+
+
+if os.environ.get("HIVEJOBS_BENCH_LIMITS") == "1":
+    # `hivejobs bench --scenarios limits` (bench/limits.py): the no-op job under each limit.
+    # Open limits (never reached) price the enforcement itself; bench_rate's rate is reached.
+    _processes = int(os.environ.get("HIVEJOBS_BENCH_PROCESSES", "2"))
+    _concurrency = int(os.environ.get("HIVEJOBS_BENCH_CONCURRENCY", "8"))
+    _rate = os.environ.get("HIVEJOBS_BENCH_RATE_LIMIT", "100/s")
+    _all = _processes * _concurrency
+    _p, _c = _processes, _concurrency
+    app.job("bench_gc", processes=_p, concurrency=_c, global_concurrency=_all)(bench_noop)
+    app.job("bench_rate_open", processes=_p, concurrency=_c, rate="1000000/s")(bench_noop)
+    app.job("bench_rate", processes=_p, concurrency=_c, rate=_rate)(bench_noop)

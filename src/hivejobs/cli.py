@@ -342,6 +342,37 @@ def cmd_cancel(args: argparse.Namespace) -> int:
     return ExitCode.OK if done else ExitCode.FAILED
 
 
+def cmd_pause(args: argparse.Namespace) -> int:
+    """Issue 12: pause a type fleet-wide; without a name, list the paused types."""
+    app = _app(args)
+    if args.name is None:
+        for name in app.paused():
+            print(name)
+        return 0
+    print("paused" if app.pause(args.name) else "already paused")
+    return 0
+
+
+def cmd_resume(args: argparse.Namespace) -> int:
+    print("resumed" if _app(args).resume(args.name) else "was not paused")
+    return 0
+
+
+def cmd_scale(args: argparse.Namespace) -> int:
+    """Issue 12: a type's concurrency per pool process, fleet-wide, without a restart."""
+    if args.concurrency == "default":
+        concurrency = None
+    elif args.concurrency.isdigit():
+        concurrency = int(args.concurrency)
+    else:
+        raise InvalidArgument(
+            f"concurrency must be a whole number or 'default', not {args.concurrency!r}"
+        )
+    _app(args).scale(args.name, concurrency)
+    print(f"{args.name}: concurrency {args.concurrency} (pools follow within a second)")
+    return 0
+
+
 def cmd_replay(args: argparse.Namespace) -> int:
     """The new id on stdout; what differs from the original on stderr, one line each."""
     done = _app(args).replay_job(args.job_id)
@@ -537,6 +568,13 @@ def build_parser() -> Parser:
     add("cron", cmd_cron, "periodic schedules with their last and next tick (UTC)")
     p = add("cancel", cmd_cancel, "cancel a job (a running one is told to stop)")
     p.add_argument("job_id")
+    p = add("pause", cmd_pause, "pause a job type fleet-wide (no name: list paused types)")
+    p.add_argument("name", nargs="?", help="the job type; queued jobs wait, running ones finish")
+    p = add("resume", cmd_resume, "resume a paused job type")
+    p.add_argument("name")
+    p = add("scale", cmd_scale, "change a job type's concurrency fleet-wide, no restart")
+    p.add_argument("name")
+    p.add_argument("concurrency", help="threads per pool process, or 'default' (the code's)")
     p = add("replay", cmd_replay, "enqueue a finished job again; prints the new id")
     p.add_argument("job_id")
     p = add("restart", cmd_restart, "reload every worker instance gracefully (new code)")

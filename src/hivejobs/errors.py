@@ -135,6 +135,15 @@ class JobNotFinished(HivejobsError):
         super().__init__(f"job {job_id!r} is {state}: only a finished job can be replayed")
 
 
+class WaitTimeout(HivejobsError, TimeoutError):
+    """app.wait gave up (issue 12): the job still runs; wait again, or cancel it."""
+
+    def __init__(self, job_id: str, timeout_s: float, state: str) -> None:
+        super().__init__(f"job {job_id!r} is still {state} after waiting {timeout_s:g} s")
+        self.job_id = job_id
+        self.state = state
+
+
 class JobAlreadyFinished(HivejobsError):
     """An action on a live job (cancel) came after the job had finished."""
 

@@ -16,7 +16,7 @@ import uuid
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import TypeVar, get_args
+from typing import TYPE_CHECKING, TypeVar, get_args
 
 import msgspec
 
@@ -41,6 +41,9 @@ from hivejobs.records import (
 )
 from hivejobs.schedules import Schedule, check_cron
 from hivejobs.serialization import PayloadCodec, decode_json
+
+if TYPE_CHECKING:
+    from hivejobs.flow import Limits
 
 NAME_RE = JOB_TYPE_NAME_RE
 # Unicode categories refused in ids: controls, format characters (RTL override, zero-width),
@@ -131,6 +134,8 @@ class JobType:
     callback_timeout_s: float | None = None
     unique: Unique | None = None
     retention_s: float | None = None  # archive retention of its finished jobs (None: global)
+    limits: Limits | None = None  # fleet-wide limits (issue 12, flow.py)
+    max_rss_mb: float | None = None  # recycle its pool processes above this (memory.py)
 
     def info(self) -> JobTypeInfo:
         return JobTypeInfo(

@@ -9,6 +9,7 @@ from typing import Literal, NamedTuple
 import msgspec
 
 JobState = Literal["scheduled", "queued", "running", "succeeded", "failed", "cancelled", "expired"]
+TERMINAL_STATES: frozenset[str] = frozenset({"succeeded", "failed", "cancelled", "expired"})
 Delivery = Literal["at_least_once", "at_most_once"]
 # How a claim ended, as the pool reports it to the completer.
 # "await_callback": a callback type's handler returned; the job stays running, without a

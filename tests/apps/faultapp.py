@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from typing import Any
 
 import msgspec
 
@@ -167,7 +168,7 @@ def _hog_the_gil(seconds: float) -> None:
         re.match(r"(a+)+$", "a" * 25 + "b")
 
 
-def _poison_plan(ctx: JobContext, payload: dict[str, object]) -> str:
+def _poison_plan(ctx: JobContext, payload: dict[str, Any]) -> str:
     """RELIABILITY S8: normal work, or the poison the payload names."""
     start(ctx)
     action = payload.get("do", "ok")

@@ -14,6 +14,7 @@ import os
 import subprocess
 import threading
 import time
+from typing import Any
 
 from hivejobs import App, JobContext
 from tests.apps.ledger import note
@@ -21,7 +22,7 @@ from tests.apps.ledger import note
 app = App()
 SELECTED = set(filter(None, os.environ.get("HJ_TYPES", "").split(","))) or {"a", "b"}
 
-JobPayload = dict[str, object]
+JobPayload = dict[str, Any]
 
 
 def _act(ctx: JobContext, payload: JobPayload) -> object:

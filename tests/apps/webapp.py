@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
+from typing import Any
 
 import msgspec
 
@@ -30,12 +31,12 @@ def echo(ctx: JobContext, payload: Echo) -> dict[str, object]:
 
 
 @app.job("boom", concurrency=2, attempts=2, backoff=Backoff(base_s=0.05, max_s=0.1))
-def boom(ctx: JobContext, payload: dict[str, object]) -> None:
+def boom(ctx: JobContext, payload: dict[str, Any]) -> None:
     raise RuntimeError("boom: the handler failed on purpose")
 
 
 @app.job("hold", concurrency=2, attempts=1)
-def hold(ctx: JobContext, payload: dict[str, object]) -> None:
+def hold(ctx: JobContext, payload: dict[str, Any]) -> None:
     if ctx.stopping.wait(float(os.environ.get("HJ_HOLD_S", "30"))):
         raise Interrupted()  # cancelled (ends cancelled) or shutting down (suspended)
 
@@ -48,7 +49,7 @@ def hold(ctx: JobContext, payload: dict[str, object]) -> None:
     callback_timeout=float(os.environ.get("HJ_CALLBACK_TIMEOUT_S", "60")),
     backoff=Backoff(base_s=0.05, max_s=0.1),
 )
-def remote(ctx: JobContext, payload: dict[str, object]) -> None:
+def remote(ctx: JobContext, payload: dict[str, Any]) -> None:
     folder = os.environ.get("HJ_LEDGER")
     if folder:
         path = Path(folder) / f"handed.{ctx.job_id}"

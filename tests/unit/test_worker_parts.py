@@ -55,7 +55,7 @@ def test_batcher_writes_what_accumulated_while_the_previous_batch_was_written() 
 
 def test_a_slot_is_released_once_whichever_way_its_job_leaves() -> None:
     draining = threading.Event()
-    slots = Slots(draining)
+    slots = Slots(draining, 2)
     slots.hand_over([job("a"), job("b"), job("c")])
     assert slots.reserved == 3
     with slots.take() as taken:
@@ -76,7 +76,7 @@ def test_a_slot_is_released_once_whichever_way_its_job_leaves() -> None:
 
 def test_a_suspect_runs_alone_and_others_wait_meanwhile() -> None:
     draining = threading.Event()
-    slots = Slots(draining)
+    slots = Slots(draining, 2)
     with slots.turn(job("s", lost=1), held={"s"}) as suspect_may:
         assert suspect_may  # it holds no other claim
         with slots.turn(job("n"), held={"s", "n"}) as neighbour_may:

@@ -22,7 +22,16 @@ from hivejobs.bench.environment import BenchEnvironment
 from hivejobs.errors import UsageError
 
 WORK_KINDS = ("sleep", "cpu", "redis")
-SCENARIOS = ("enqueue", "throughput", "latency", "chain", "backlog", "stale-stats", "prune")
+SCENARIOS = (
+    "enqueue",
+    "throughput",
+    "latency",
+    "chain",
+    "backlog",
+    "stale-stats",
+    "prune",
+    "limits",
+)
 DEFAULT_SCENARIOS = "enqueue,throughput,latency"
 
 
@@ -207,6 +216,17 @@ def run_scenarios(env: BenchEnvironment, opts: BenchOptions) -> dict[str, Any]:
         from hivejobs.bench.prune import prune_scenario
 
         plan.append(("prune", lambda: prune_scenario(env, opts.backlog_jobs)))
+    if "limits" in opts.scenarios:  # issue 12: the cost of a fleet-wide limit
+        from hivejobs.bench.limits import limits_scenario
+
+        plan.append(
+            (
+                "limits",
+                lambda: limits_scenario(
+                    env, min(opts.jobs, 10_000), opts.processes, opts.concurrency, progress
+                ),
+            )
+        )
     runs: dict[str, list[scenarios.Figures]] = {}
     started = time.perf_counter()
     for name, fn in plan:

@@ -125,10 +125,16 @@ class BenchEnvironment:
             return cur.fetchall() if cur.description else []
 
     def start_worker(
-        self, processes: int, concurrency: int, work_ms: float, work: str = "sleep"
+        self,
+        processes: int,
+        concurrency: int,
+        work_ms: float,
+        work: str = "sleep",
+        extra_env: dict[str, str] | None = None,
     ) -> None:
-        """A real supervisor with its pool processes and coordinator, as in production."""
-        env = dict(os.environ)
+        """A real supervisor with its pool processes and coordinator, as in production.
+        `extra_env`: more of the bench app's variables (the limits scenario's types)."""
+        env = dict(os.environ, **(extra_env or {}))
         env.update(
             {
                 "HIVEJOBS_DATABASE_URL": self.database_url,

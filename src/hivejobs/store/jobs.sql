@@ -78,6 +78,9 @@ UPDATE hivejobs_job
        claim_token = nextval('hivejobs_claim_seq'), started_at = now()
  WHERE id = ANY(%(ids)s) AND state = 'queued' AND name = %(name)s
    AND (expires_at IS NULL OR expires_at > now())
+   -- Flow control hook (issue 12, flow.py): a paused type starts nothing. One lookup by
+   -- primary key, run once per statement (it names no column of the job row).
+   AND NOT EXISTS (SELECT 1 FROM hivejobs_flow f WHERE f.name = %(name)s AND f.paused)
 RETURNING id, name, attempt, attempts, delivery, payload, claim_token, priority, lost,
           extract(epoch FROM now() - run_at)::float8 AS pickup_s;
 

@@ -13,6 +13,7 @@ import traceback
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from hivejobs.async_handlers import call_handler
 from hivejobs.capture import uncaptured
 from hivejobs.errors import HivejobsError, Interrupted, PayloadInvalid, ResultTooLarge
 from hivejobs.records import ClaimedJob, Completion, Outcome
@@ -58,7 +59,7 @@ def execute(
         if jt.handler is None:
             raise HivejobsError(f"job type {jt.name!r} has no handler in this process")
         payload = jt.codec.decode(job.payload)
-        result = jt.handler(ctx, payload)
+        result = call_handler(jt.handler, ctx, payload)  # issue 12 hook: async def too
         encoded = encode_result(result)
         if encoded is not None and len(encoded) > max_result_bytes:
             # A cut JSON document is not JSON: refuse the whole result, say why.

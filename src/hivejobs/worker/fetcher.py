@@ -19,6 +19,7 @@ from loguru import logger
 from hivejobs.broker import Broker, Popped
 from hivejobs.config import Settings
 from hivejobs.failpoints import failpoint
+from hivejobs.flow import Flow
 from hivejobs.jobtypes import JobType
 from hivejobs.logs import error_fields
 from hivejobs.metrics import Recorder
@@ -96,6 +97,8 @@ class Fetcher:
         slots: Slots,
         acquiring_stopped: threading.Event,
         heartbeat_age_s: Callable[[], float],
+        flow: Flow,
+        scale: Callable[[int], bool],
     ) -> None:
         self.jt = jt
         self.worker_id = worker_id
@@ -107,10 +110,13 @@ class Fetcher:
         self.claims = Claims(slots.cond)
         self._stopped = acquiring_stopped
         self._heartbeat_age_s = heartbeat_age_s
+        self.flow = flow  # issue 12: pause, fleet-wide limits, `hivejobs scale`
+        self._scale = scale  # Runners.scale
         # Claims beyond `concurrency` cut statements per job for short jobs; never for
         # at-most-once (a claim dying with us fails it) and not for slow jobs, whose
         # prefetched claims would wait long and be charged a worker loss if we die.
-        self.prefetch = PREFETCH if jt.delivery == "at_least_once" else 0
+        # Nor for a type with fleet-wide limits: a claim waiting here holds a slot (issue 12).
+        self.prefetch = PREFETCH if jt.delivery == "at_least_once" and jt.limits is None else 0
         self.avg_run_s = 1.0  # pessimistic until measured
         # Logged at exit. foreign_ids: ids of other types found in our lists (dropped);
         # paused_for_completions: fetcher passes held back by backpressure.
@@ -155,13 +161,13 @@ class Fetcher:
         completer writes a few at a time.
         """
         extra = self.prefetch if self.avg_run_s < PREFETCH_BELOW_S else 0
-        slots = self.jt.concurrency + extra - self.slots.reserved
+        slots = self.slots.concurrency + extra - self.slots.reserved
         if extra and self.slots.reserved - len(self.slots.running) > REFILL_BELOW:
             return 0  # enough claimed jobs wait for a runner: refill in one larger claim
-        unwritten_room = UNWRITTEN_PER_RUNNER * self.jt.concurrency + extra - len(self.claims.held)
-        if unwritten_room < slots and slots > 0:
-            self.counts["paused_for_completions"] += int(unwritten_room <= 0)
-        return min(slots, unwritten_room)
+        unwritten = UNWRITTEN_PER_RUNNER * self.slots.concurrency + extra - len(self.claims.held)
+        if unwritten < slots and slots > 0:
+            self.counts["paused_for_completions"] += int(unwritten <= 0)
+        return min(slots, unwritten)
 
     def _run(self) -> None:
         backoff = 0.05
@@ -177,7 +183,16 @@ class Fetcher:
                 self._stopped.wait(0.2)
                 continue
             try:
-                popped = self.broker.pop(self.jt.name, free)
+                # Flow control (issue 12): a paused or fleet-limited type waits here, its ids
+                # left in Redis; own completions (Claims.forget) end a wait for a slot early.
+                room = self.flow.room(free)
+                if self._scale(self.flow.concurrency or self.jt.concurrency):
+                    continue  # `free` was counted for the old concurrency
+                if room.allowed <= 0:
+                    with cond:
+                        cond.wait(room.wait_s)
+                    continue
+                popped = self.broker.pop(self.jt.name, room.allowed)
                 self.counts["pops"] += 1
                 if popped.ids:
                     self._claim(popped)
@@ -198,7 +213,7 @@ class Fetcher:
         with claims.lock:
             try:
                 with self.store.connection() as conn:
-                    jobs = self.store.claim_queued(ids, self.worker_id, conn, name=self.jt.name)
+                    jobs = self.flow.claim(conn, ids, self.worker_id)
             except psycopg.Error as exc:
                 failure: psycopg.Error | None = exc
             else:
@@ -218,6 +233,7 @@ class Fetcher:
         self.metrics.picked_up(jobs)
         self.slots.hand_over(jobs)
         if len(jobs) < len(ids):
+            self.flow.put_back(popped, jobs)  # refused by a pause or a limit (issue 12)
             claimed = {j.id for j in jobs}
             self._drop_foreign(popped.key, [i for i in ids if i not in claimed])
 

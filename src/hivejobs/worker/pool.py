@@ -20,8 +20,10 @@ from loguru import logger
 from hivejobs.app import App
 from hivejobs.broker import Broker
 from hivejobs.config import Settings
+from hivejobs.flow import Flow
 from hivejobs.jobtypes import JobType
 from hivejobs.logs import error_fields
+from hivejobs.memory import MemoryCap
 from hivejobs.metrics import Recorder
 from hivejobs.records import Completion
 from hivejobs.store import Store
@@ -30,7 +32,7 @@ from hivejobs.worker.exits import ChildExit
 from hivejobs.worker.fetcher import Fetcher
 from hivejobs.worker.liveness import Liveness
 from hivejobs.worker.runner import Runners
-from hivejobs.worker.shutdown import Shutdown, Stop
+from hivejobs.worker.shutdown import Shutdown, Stop, StopReason
 from hivejobs.worker.slots import Slots
 from hivejobs.worker.watchdog import Watchdog
 
@@ -67,7 +69,8 @@ class Pool:
         self._suspended = 0
         self._count_lock = threading.Lock()
         self.stop = Stop()
-        self.slots = Slots(self.stop.draining)
+        self.slots = Slots(self.stop.draining, jt.concurrency)
+        self.memory_cap = MemoryCap(jt.max_rss_mb)  # issue 12: checked in run()'s loop
         self.completer = Completer(
             self.store,
             self.broker,
@@ -85,6 +88,8 @@ class Pool:
             self.slots,
             self.stop.acquiring_stopped,
             heartbeat_age_s=lambda: self.liveness.heartbeat_age_s(),
+            flow=Flow(self.store, self.broker, jt.name, jt.limits),
+            scale=lambda concurrency: self.runners.scale(concurrency),
         )
         self.liveness = Liveness(
             jt.name,
@@ -128,6 +133,13 @@ class Pool:
         self.log.info("pool started", concurrency=self.jt.concurrency)
         while not self.stop.acquiring_stopped.wait(WATCH_EVERY_S):
             self.watchdog.check()
+            if self.memory_cap.exceeded():  # issue 12: drain, exit, be forked again
+                self.log.warning(
+                    "memory cap passed: recycling the pool",
+                    rss_mb=round(self.memory_cap.seen_mb),
+                    max_rss_mb=self.jt.max_rss_mb,
+                )
+                self.stop.request(StopReason.MEMORY_CAP)
         report = self.shutdown.run()
         self.metrics.stop()
         self.liveness.stop()
@@ -135,7 +147,7 @@ class Pool:
             self.store.deregister_worker(self.worker_id)
         except psycopg.Error as exc:
             self.log.warning("could not remove worker row", **error_fields(exc))
-        self.slots.close(self.jt.concurrency)  # idle runners end
+        self.slots.close(self.runners.count)  # idle runners end
         with self._count_lock:
             suspended = self._suspended
         self.log.info(

@@ -34,9 +34,10 @@ from hivejobs.worker.slots import Slots
 
 
 class Runners:
-    """Owns the `concurrency` runner threads and nothing they share: the slots, the claims
-    and the completer keep their own state and locks. A runner ends when Slots.close()
-    hands it None."""
+    """Owns the runner threads (`_threads`: started by the pool's start() and by scale(),
+    both called from one thread at a time: run() before the fetcher starts, then the fetcher)
+    and nothing they share: the slots, the claims and the completer keep their own state and
+    locks. A runner ends when Slots.close() hands it None."""
 
     def __init__(
         self,
@@ -62,14 +63,37 @@ class Runners:
         self.completer = completer
         self._draining = draining  # Stop.draining
         self.log = logger.bind(pool=jt.name)
-        self._threads = [
-            threading.Thread(target=fatal_on_error(self._run), name=f"runner-{i}", daemon=True)
-            for i in range(jt.concurrency)
-        ]
+        self._threads: list[threading.Thread] = []
+
+    @property
+    def count(self) -> int:
+        """Runner threads started (idle extras of a scale-down included)."""
+        return len(self._threads)
 
     def start(self) -> None:
-        for t in self._threads:
-            t.start()
+        for _ in range(self.jt.concurrency):
+            self._new_runner()
+
+    def scale(self, concurrency: int) -> bool:
+        """`hivejobs scale` (issue 12): the claim room follows `concurrency` at once; more
+        runner threads start when it grows. When it shrinks the extra runners stay, idle:
+        fewer claims are made, and no running job is interrupted. False: no change."""
+        with self.slots.cond:
+            before = self.slots.concurrency
+            if concurrency == before:
+                return False
+            self.slots.concurrency = concurrency
+            self.slots.cond.notify_all()
+        while len(self._threads) < concurrency:
+            self._new_runner()
+        self.log.info("concurrency scaled", concurrency=concurrency, before=before)
+        return True
+
+    def _new_runner(self) -> None:
+        name = f"runner-{len(self._threads)}"
+        thread = threading.Thread(target=fatal_on_error(self._run), name=name, daemon=True)
+        self._threads.append(thread)
+        thread.start()
 
     def _run(self) -> None:
         while True:

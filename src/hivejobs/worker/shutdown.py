@@ -38,6 +38,7 @@ class StopReason(Enum):
     SIGNAL = "signal"  # SIGTERM or SIGINT (from the supervisor, or Heroku to every process)
     TIMED_OUT = "timed out job"  # the watchdog failed an attempt: recycle the process
     POOL_RESTART = "pool restart requested"  # `hivejobs restart --pool`: recycle this pool
+    MEMORY_CAP = "memory cap"  # max_rss_mb passed (memory.py): recycle the process
     RELOAD = "restart requested"  # `hivejobs restart`: the supervisor re-execs for new code
 
 

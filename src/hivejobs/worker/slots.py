@@ -37,6 +37,8 @@ class Slots:
       fetcher keeps it within its claim room; a runner's `take()` block releases one.
     - `running`: job id -> Running, the attempts in runner threads (and each `abandoned`).
     - `isolating`: a suspect waits to run alone; no other job starts meanwhile.
+    - `concurrency`: the runners wanted (`hivejobs scale` changes it, Runners.scale): the
+      fetcher's claim room follows it.
     - the fetcher's `Claims.held` map: claim room depends on both sides, and whoever frees
       room notifies `cond`, on which the fetcher waits for room and a suspect for its turn.
 
@@ -44,9 +46,10 @@ class Slots:
     into quarantine. The work queue needs no lock (a SimpleQueue).
     """
 
-    def __init__(self, draining: threading.Event) -> None:
+    def __init__(self, draining: threading.Event, concurrency: int) -> None:
         self.cond = threading.Condition()
         self.reserved = 0
+        self.concurrency = concurrency
         self.running: dict[str, Running] = {}
         self.isolating = False
         self._isolation = threading.Lock()

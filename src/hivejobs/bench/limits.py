@@ -1,0 +1,72 @@
+"""`hivejobs bench --scenarios limits`: what a fleet-wide limit costs, and how exact a rate is.
+
+One worker runs the no-op job under four types in turn, each draining the same backlog:
+`bench_noop` (no limit), `bench_gc` (global_concurrency = processes x concurrency, so the
+limit is enforced on every claim but never reached) and `bench_rate_open` (a rate never
+reached); throughput is the steady rate from first to last finish, as in `throughput`, and
+the ratios to `bench_noop` sit beside it. Then `bench_rate` (100/s by default) runs RATE_S
+seconds of work at its limit: the rate of starts achieved (first to last start, on the
+database clock) divided by the target, with and without the bucket's initial burst.
+"""
+
+from __future__ import annotations
+
+import time
+
+from hivejobs.bench.environment import BenchEnvironment
+from hivejobs.bench.scenarios import Figures, Progress, _wait_done
+from hivejobs.flow import parse_rate
+
+RATE = "100/s"
+RATE_S = 20.0
+OPEN = (("none", "bench_noop"), ("global_concurrency", "bench_gc"), ("rate", "bench_rate_open"))
+
+
+def limits_scenario(
+    env: BenchEnvironment, jobs: int, processes: int, concurrency: int, progress: Progress
+) -> Figures:
+    assert env.app is not None
+    extra = {"HIVEJOBS_BENCH_LIMITS": "1", "HIVEJOBS_BENCH_RATE_LIMIT": RATE}
+    env.start_worker(processes, concurrency, 0.0, extra_env=extra)
+    fleet = env.app
+    fleet.types.clear()  # enqueue through the types the worker declared
+    figures: Figures = {}
+    done = 0
+    for label, name in OPEN:
+        fleet.enqueue_many(name, [{}] * jobs)
+        done += jobs
+        _wait_done(env, done, time.perf_counter(), f"limits {label}", progress)
+        first, last = env.sql(
+            "SELECT extract(epoch FROM min(finished_at)), extract(epoch FROM max(finished_at))"
+            " FROM hivejobs_archive WHERE name = %s",
+            (name,),
+        )[0]
+        figures[f"{label}_jobs_per_s"] = (jobs - 1) / max(float(last) - float(first), 1e-6)
+    for label, _ in OPEN[1:]:
+        figures[f"{label}_vs_none"] = figures[f"{label}_jobs_per_s"] / figures["none_jobs_per_s"]
+    target = parse_rate(RATE)
+    rated = int(target * RATE_S)
+    fleet.enqueue_many("bench_rate", [{}] * rated)
+    done += rated
+    _wait_done(env, done, time.perf_counter(), "limits rate 100/s", progress)
+    first, last = env.sql(
+        "SELECT extract(epoch FROM min(started_at)), extract(epoch FROM max(started_at))"
+        " FROM hivejobs_archive WHERE name = 'bench_rate'"
+    )[0]
+    achieved = (rated - 1) / max(float(last) - float(first), 1e-6)
+    # The bucket starts full: its first `burst` (one second's worth) starts come at once. The
+    # steady figure counts from the end of that burst.
+    burst = int(target)
+    after_burst = env.sql(
+        "SELECT extract(epoch FROM started_at) FROM hivejobs_archive WHERE name = 'bench_rate'"
+        " ORDER BY started_at OFFSET %s LIMIT 1",
+        (burst,),
+    )[0][0]
+    steady = (rated - burst - 1) / max(float(last) - float(after_burst), 1e-6)
+    figures["rate_target_per_s"] = target
+    figures["rate_achieved_per_s"] = achieved
+    figures["rate_achieved_vs_target"] = achieved / target
+    figures["rate_steady_vs_target"] = steady / target
+    env.stop_worker()
+    env.reset_jobs()
+    return figures

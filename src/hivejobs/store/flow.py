@@ -1,0 +1,126 @@
+"""Flow-control statements (flow.sql): pause state and the limited claim.
+
+Part of store/: decides nothing. flow.py says how many jobs a claim may take; this module
+reads the counts it decides on and claims under the type's flow-row lock, in one
+transaction, so two pools anywhere in the fleet never both see the same free slot.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+import psycopg
+from psycopg.rows import class_row
+
+from hivejobs.records import ClaimedJob
+from hivejobs.store.sql import load_queries
+
+if TYPE_CHECKING:
+    from hivejobs.store import Store
+
+QUERIES = load_queries("flow.sql")
+Conn = psycopg.Connection[Any]
+
+
+class FlowState(msgspec.Struct, frozen=True, kw_only=True):
+    """A type's flow row as a claim sees it: pause, bucket, and the fleet's running count."""
+
+    paused: bool
+    concurrency: int | None = None  # `hivejobs scale`: threads per pool process, fleet-wide
+    tokens: float
+    since_s: float  # since the bucket was last refilled, on the database clock
+    running: int
+
+
+class PausedType(msgspec.Struct, frozen=True, kw_only=True):
+    name: str
+    paused_at: datetime
+
+
+class Room(msgspec.Struct, frozen=True, kw_only=True):
+    """What a type's limits allow now (flow.decide): how many jobs to claim, else how long
+    to wait; and the token bucket refilled up to now, before this claim takes from it."""
+
+    allowed: int
+    wait_s: float
+    tokens: float | None  # None: no rate limit, the bucket is not kept
+
+
+Decide = Callable[[FlowState], Room]
+
+
+class FlowStore:
+    """The flow table, over the Store's connection pool."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    def ensure(self, name: str) -> None:
+        with self.store.connection() as conn:
+            conn.execute(QUERIES["ensure_flow"], {"name": name})
+
+    def state(self, name: str) -> FlowState | None:
+        """The type's state, unlocked (None: never paused nor limited)."""
+        with self.store.connection() as conn:
+            cur = conn.cursor(row_factory=class_row(FlowState))
+            return cur.execute(QUERIES["flow_room"], {"name": name}).fetchone()
+
+    def claim_limited(
+        self, conn: Conn, ids: list[str], worker_id: str, name: str, decide: Decide
+    ) -> list[ClaimedJob]:
+        """Claim at most what `decide` allows, in order, under the type's row lock. The
+        lock is held to the commit: the next claimer counts our claims as running."""
+        with conn.transaction():
+            row = conn.execute(QUERIES["flow_lock"], {"name": name}).fetchone()
+            if row is None:  # the row is made at pool start; a deleted row limits nothing
+                return self.store.claim_queued(ids, worker_id, conn, name=name)
+            paused, tokens, now, since_s = row
+            running = conn.execute(QUERIES["flow_running"], {"name": name}).fetchone()
+            state = FlowState(
+                paused=paused, tokens=tokens, since_s=since_s, running=running[0] if running else 0
+            )
+            room = decide(state)
+            chosen = ids[: room.allowed]
+            jobs = self.store.claim_queued(chosen, worker_id, conn, name=name) if chosen else []
+            if room.tokens is not None:
+                # The bucket loses what was claimed, not what was allowed: a duplicate id
+                # claims nothing and costs no token.
+                level = room.tokens - len(jobs)
+                conn.execute(
+                    QUERIES["flow_take_tokens"], {"name": name, "tokens": level, "now": now}
+                )
+            return jobs
+
+    def refused(self, ids: list[str], name: str) -> list[str]:
+        """Of ids popped but not claimed, those still waiting for a pool of `name`."""
+        with self.store.connection() as conn:
+            rows = conn.execute(QUERIES["flow_refused"], {"ids": ids, "name": name}).fetchall()
+        return [r[0] for r in rows]
+
+    def pause(self, name: str) -> bool:
+        """True if the type was running and is now paused."""
+        with self.store.connection() as conn:
+            return conn.execute(QUERIES["pause_type"], {"name": name}).fetchone() is not None
+
+    def resume(self, name: str) -> bool:
+        """True if the type was paused and now runs again."""
+        with self.store.connection() as conn:
+            return conn.execute(QUERIES["resume_type"], {"name": name}).fetchone() is not None
+
+    def paused(self) -> list[PausedType]:
+        with self.store.connection() as conn:
+            cur = conn.cursor(row_factory=class_row(PausedType))
+            return cur.execute(QUERIES["paused_types"]).fetchall()
+
+    def pool_settings(self, name: str) -> tuple[bool, int | None]:
+        """(paused, scaled concurrency or None) of an unlimited type."""
+        with self.store.connection() as conn:
+            row = conn.execute(QUERIES["pool_settings"], {"name": name}).fetchone()
+        return (False, None) if row is None else (bool(row[0]), row[1])
+
+    def scale(self, name: str, concurrency: int | None) -> None:
+        with self.store.connection() as conn:
+            conn.execute(QUERIES["scale_type"], {"name": name, "concurrency": concurrency})

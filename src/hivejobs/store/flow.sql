@@ -1,0 +1,65 @@
+-- Flow control (issue 12): pause and fleet-wide limits of a job type. The type's flow row is
+-- the lock that makes a limited claim atomic; the running slots are its `running` rows.
+
+-- name: ensure_flow
+-- A limited type's row exists before its first claim locks it.
+INSERT INTO hivejobs_flow (name) VALUES (%(name)s) ON CONFLICT (name) DO NOTHING;
+
+-- name: flow_room
+-- What the fetcher may claim, read without a lock before it pops (a hint: flow_lock decides).
+-- `worker_id IS NOT NULL` is the running index's predicate: a job awaiting its status
+-- callback holds no worker, runs no handler and takes no slot.
+SELECT f.paused, f.concurrency, f.tokens,
+       greatest(extract(epoch FROM clock_timestamp() - f.refilled_at), 0)::float8 AS since_s,
+       (SELECT count(*) FROM hivejobs_job j
+         WHERE j.name = %(name)s AND j.state = 'running' AND j.worker_id IS NOT NULL)::int
+           AS running
+  FROM hivejobs_flow f WHERE f.name = %(name)s;
+
+-- name: flow_lock
+-- First statement of a limited claim: claims of this type wait here for each other, across
+-- the fleet, until the holder commits. Only the next statement counts the running rows: its
+-- snapshot is taken after the wait, so it sees every claim committed before ours.
+SELECT paused, tokens, clock_timestamp() AS now,
+       greatest(extract(epoch FROM clock_timestamp() - refilled_at), 0)::float8 AS since_s
+  FROM hivejobs_flow WHERE name = %(name)s
+   FOR UPDATE;
+
+-- name: flow_running
+SELECT count(*)::int FROM hivejobs_job
+ WHERE name = %(name)s AND state = 'running' AND worker_id IS NOT NULL;
+
+-- name: flow_take_tokens
+-- Under flow_lock: the bucket as refilled up to `now` (flow_lock's clock), less what was taken.
+UPDATE hivejobs_flow SET tokens = %(tokens)s, refilled_at = %(now)s WHERE name = %(name)s;
+
+-- name: flow_refused
+-- Ids a pool popped and did not claim that are still waiting for it (paused, or beyond a
+-- limit): they go back to the head of their list. Duplicates of claimed or finished jobs,
+-- expired jobs and other types' ids stay dropped.
+SELECT id FROM hivejobs_job
+ WHERE id = ANY(%(ids)s) AND state = 'queued' AND name = %(name)s
+   AND (expires_at IS NULL OR expires_at > now());
+
+-- name: pause_type
+-- Returns the row when the state changed (a pause of a paused type: no row).
+INSERT INTO hivejobs_flow (name, paused, paused_at) VALUES (%(name)s, true, now())
+ON CONFLICT (name) DO UPDATE SET paused = true, paused_at = now()
+ WHERE NOT hivejobs_flow.paused
+RETURNING name;
+
+-- name: resume_type
+UPDATE hivejobs_flow SET paused = false, paused_at = NULL WHERE name = %(name)s AND paused
+RETURNING name;
+
+-- name: paused_types
+SELECT name, paused_at FROM hivejobs_flow WHERE paused ORDER BY name;
+
+-- name: pool_settings
+-- What an unlimited type's pools look at every second: pause, and `hivejobs scale`.
+SELECT paused, concurrency FROM hivejobs_flow WHERE name = %(name)s;
+
+-- name: scale_type
+-- NULL: back to the job type's own concurrency.
+INSERT INTO hivejobs_flow (name, concurrency) VALUES (%(name)s, %(concurrency)s)
+ON CONFLICT (name) DO UPDATE SET concurrency = EXCLUDED.concurrency;

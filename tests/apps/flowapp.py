@@ -1,0 +1,70 @@
+"""The app of the flow-control process tests (issue 12): `hivejobs run tests.apps.flowapp:app`.
+
+Each handler writes "begin <id> <pid> <monotonic ns>" and "end <id> <pid> <monotonic ns>" to
+the ledger (tests/apps/ledger.py: O_APPEND lines that survive kill -9): the independent
+record of when handlers ran, from which the tests count how many ran at once. The clock is
+CLOCK_MONOTONIC, one clock for every process on the machine.
+HJ_GLOBAL sets `limited`'s global_concurrency, HJ_RATE and HJ_BURST `rated`'s rate.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+import time
+from typing import Any
+
+from hivejobs import App, Fail, JobContext
+from tests.apps.ledger import note
+
+app = App()
+
+
+def _timed(ctx: JobContext, payload: dict[str, Any]) -> object:
+    note("begin", ctx.job_id, os.getpid(), time.monotonic_ns())
+    time.sleep(float(payload.get("ms", 50)) / 1000)  # type: ignore[arg-type]
+    note("end", ctx.job_id, os.getpid(), time.monotonic_ns())
+    if payload.get("fail"):
+        raise Fail("asked to fail")
+    return payload.get("echo")
+
+
+app.job("limited", concurrency=8, global_concurrency=int(os.environ.get("HJ_GLOBAL", "3")))(_timed)
+app.job(
+    "rated",
+    concurrency=8,
+    rate=os.environ.get("HJ_RATE", "10/s"),
+    burst=int(os.environ.get("HJ_BURST", "2")),
+)(_timed)
+app.job("plain", concurrency=4)(_timed)
+
+
+async def _awaits(ctx: JobContext, payload: dict[str, float]) -> str:
+    """An async handler: begin/end lines with the thread it ran on (the loop's), and a
+    "cancelled" line when a stop reached it as asyncio cancellation."""
+    note("abegin", ctx.job_id, os.getpid(), time.monotonic_ns(), threading.get_ident())
+    try:
+        await asyncio.sleep(payload.get("s", 0.4))
+    except asyncio.CancelledError:
+        note("cancelled", ctx.job_id, os.getpid(), ctx.attempt)
+        raise
+    note("aend", ctx.job_id, os.getpid(), time.monotonic_ns(), threading.get_ident())
+    return "awaited"
+
+
+app.job("aio", concurrency=8)(_awaits)
+app.job("aio_timeout", concurrency=2, attempts=1, timeout=1.0)(_awaits)
+
+
+HOARD: list[bytes] = []  # what `hog` jobs leak, on purpose, until the pool is recycled
+
+
+def _hog(ctx: JobContext, payload: dict[str, float]) -> None:
+    note("begin", ctx.job_id, os.getpid(), time.monotonic_ns())
+    HOARD.append(b"\x01" * (int(payload.get("mb", 40)) << 20))  # touched: resident
+    time.sleep(0.3)  # the pool looks at its memory once a second: let it look between jobs
+    note("end", ctx.job_id, os.getpid(), time.monotonic_ns())
+
+
+app.job("hog", concurrency=1, max_rss_mb=float(os.environ.get("HJ_MAX_RSS", "250")))(_hog)

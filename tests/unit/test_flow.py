@@ -1,0 +1,111 @@
+"""Flow control without servers: what a claim may take (decide), and refused options."""
+
+from __future__ import annotations
+
+import pytest
+
+from hivejobs import App, InvalidJobType, JobContext
+from hivejobs.flow import PAUSE_POLL_S, SLOT_POLL_S, Limits, checked_limits, decide, parse_rate
+from hivejobs.store.flow import FlowState
+
+GC3 = Limits(global_concurrency=3)
+R10 = Limits(rate_per_s=10.0, burst=5)
+BOTH = Limits(global_concurrency=3, rate_per_s=10.0, burst=5)
+
+
+def st(
+    paused: bool = False, tokens: float = 0.0, since_s: float = 0.0, running: int = 0
+) -> FlowState:
+    return FlowState(paused=paused, tokens=tokens, since_s=since_s, running=running)
+
+
+@pytest.mark.parametrize(
+    ("limits", "want", "state", "allowed", "wait_s", "tokens"),
+    [
+        (None, 8, st(), 8, 0.0, None),  # no limits: all
+        (None, 8, st(paused=True), 0, PAUSE_POLL_S, None),  # paused: none, look again later
+        (GC3, 8, st(running=0), 3, 0.0, None),  # up to the free slots
+        (GC3, 8, st(running=2), 1, 0.0, None),
+        (GC3, 8, st(running=3), 0, SLOT_POLL_S, None),  # full: wait for a slot
+        (GC3, 8, st(running=5), 0, SLOT_POLL_S, None),  # over (a limit lowered): none
+        (GC3, 2, st(running=0), 2, 0.0, None),  # fewer wanted than free
+        (R10, 8, st(tokens=0.0, since_s=0.25), 2, 0.0, 2.5),  # refilled at 10/s
+        (R10, 8, st(tokens=0.0, since_s=60.0), 5, 0.0, 5.0),  # capped at the burst
+        (R10, 8, st(tokens=0.5, since_s=0.0), 0, 0.05, 0.5),  # half a token: wait for one
+        (R10, 1, st(tokens=4.0, since_s=0.0), 1, 0.0, 4.0),
+        (BOTH, 8, st(tokens=5.0, running=2), 1, 0.0, 5.0),  # the tighter limit wins
+        (BOTH, 8, st(tokens=0.0, running=3), 0, 0.1, 0.0),  # both: the longer wait
+        (BOTH, 8, st(paused=True, tokens=5.0), 0, PAUSE_POLL_S, None),
+    ],
+)
+def test_decide(
+    limits: Limits | None,
+    want: int,
+    state: FlowState,
+    allowed: int,
+    wait_s: float,
+    tokens: float | None,
+) -> None:
+    room = decide(limits, want, state)
+    assert room.allowed == allowed
+    assert room.wait_s == pytest.approx(wait_s)
+    assert room.tokens == (None if tokens is None else pytest.approx(tokens))
+
+
+def test_rate_wait_is_capped_for_slow_rates() -> None:
+    room = decide(Limits(rate_per_s=1 / 3600, burst=1), 1, st(tokens=0.0))
+    assert room.allowed == 0 and room.wait_s == 1.0  # re-reads the bucket every second
+
+
+@pytest.mark.parametrize(
+    ("text", "per_s"),
+    [("100/s", 100.0), ("30/m", 0.5), ("36/h", 0.01), (" 2.5 / sec ", 2.5), ("1/minute", 1 / 60)],
+)
+def test_parse_rate(text: str, per_s: float) -> None:
+    assert parse_rate(text) == pytest.approx(per_s)
+
+
+@pytest.mark.parametrize("text", ["100", "0/s", "-1/s", "1/d", "fast", "1/s/s"])
+def test_bad_rate_is_refused(text: str) -> None:
+    with pytest.raises(InvalidJobType, match="rate must look like '100/s'"):
+        parse_rate(text)
+
+
+def test_default_burst_is_one_second_of_starts() -> None:
+    assert checked_limits(None, "100/s", None) == Limits(None, 100.0, 100)
+    assert checked_limits(None, "30/m", None) == Limits(None, 0.5, 1)
+    assert checked_limits(4, None, None) == Limits(4, None, 1)
+    assert checked_limits(None, None, None) is None
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (
+            {"global_concurrency": 0},
+            "global_concurrency must be a whole number of jobs, at least 1",
+        ),
+        ({"global_concurrency": 2.5}, "global_concurrency must be a whole number"),
+        ({"global_concurrency": True}, "global_concurrency must be a whole number"),
+        ({"burst": 3}, "burst needs a rate"),
+        ({"rate": "5/s", "burst": 0}, "burst must be a whole number of jobs, at least 1"),
+        ({"rate": 5}, "rate must look like"),
+        ({"max_rss_mb": 0}, "max_rss_mb must be a positive number of MiB"),
+        ({"max_rss_mb": "1G"}, "max_rss_mb must be a positive number of MiB"),
+    ],
+)
+def test_bad_limits_are_refused_at_registration(options: dict[str, object], message: str) -> None:
+    app = App()
+    with pytest.raises(InvalidJobType, match=message):
+        app.job("t", **options)  # type: ignore[arg-type]
+    assert "t" not in app.types
+
+
+def test_limits_reach_the_job_type() -> None:
+    app = App()
+
+    @app.job("t", global_concurrency=2, rate="10/s", burst=3)
+    def handler(ctx: JobContext, payload: object) -> None:
+        return None
+
+    assert app.types["t"].limits == Limits(2, 10.0, 3)
