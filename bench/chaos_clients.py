@@ -39,7 +39,7 @@ SPAWN = multiprocessing.get_context("spawn")
 
 
 def _client_app(url: str, redis_url: str, prefix: str) -> App:
-    app = App(database_url=url, redis_url=redis_url, prefix=prefix, **FAST_SETTINGS)
+    app = App(database_url=url, redis_url=redis_url, prefix=prefix, testing=None, **FAST_SETTINGS)
     app.types.clear()
     return app
 
@@ -158,7 +158,7 @@ def _problem(s: Scenario, label: str, text: str) -> None:
 
 
 def _refused(
-    s: Scenario, label: str, call: Callable[[], object], error: type[Exception], text: str
+    s: Scenario, label: str, call: Callable[..., object], error: type[Exception], text: str
 ) -> bool:
     """Run a case that must be refused with `error` whose message holds `text`; True if it
     was accepted (it stored a job)."""

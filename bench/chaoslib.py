@@ -62,7 +62,8 @@ COLUMNS = [
 def error_row(name: str, exc: BaseException) -> Row:
     """A scenario that could not finish: its row says why, nothing else is claimed."""
     text = " ".join(f"{type(exc).__name__}: {exc}".split())[:160]
-    return {c: "-" for c in COLUMNS} | {"scenario": name, "result": f"FAIL: {text}"}
+    row: Row = {c: "-" for c in COLUMNS}
+    return row | {"scenario": name, "result": f"FAIL: {text}"}
 
 
 class Scenario:
@@ -125,6 +126,7 @@ class Scenario:
             database_url=self.url,
             redis_url=self.redis_url,
             prefix=self.prefix,
+            testing=None,
             **{**FAST_SETTINGS, **settings},
         )
         app.types.clear()
@@ -167,7 +169,7 @@ class Scenario:
         return bool(ok)
 
     def recovery(
-        self, since: float, predicate: Callable[[], object], what: str, timeout: float = 60
+        self, since: float, predicate: Callable[..., object], what: str, timeout: float = 60
     ) -> float:
         """Wait for the recovery condition of a fault injected at `since` (monotonic)."""
         wait_until(predicate, timeout=timeout, interval=0.1, what=what)

@@ -114,7 +114,13 @@ def make_app(database_url: str, redis_prefix: str) -> Iterator[Callable[..., App
 
     def factory(redis_url: str = REDIS_URL, **overrides: float) -> App:
         settings = {**FAST_SETTINGS, **overrides}
-        app = App(database_url=database_url, redis_url=redis_url, prefix=redis_prefix, **settings)
+        app = App(
+            database_url=database_url,
+            redis_url=redis_url,
+            prefix=redis_prefix,
+            testing=None,
+            **settings,
+        )
         apps.append(app)
         return app
 

@@ -37,12 +37,15 @@ FAST_SETTINGS: dict[str, float] = {
 
 
 def wait_until(
-    predicate: Callable[[], Any],
+    predicate: Callable[..., Any],
     timeout: float = 30.0,
     interval: float = 0.05,
     what: str = "condition",
 ) -> Any:
-    """Poll until predicate() is truthy; return its value, or fail with `what`."""
+    """Poll until predicate() is truthy; return its value, or fail with `what`.
+
+    `...`: loops bind their variables as lambda defaults (`lambda k=kind: ...`), and mypy
+    types such a lambda only against a signature that admits the extra parameters."""
     deadline = time.monotonic() + timeout
     while True:
         value = predicate()

@@ -48,7 +48,7 @@ def merge(ctx: JobContext, payload: dict[str, Any]) -> dict[str, Any]:
         end(ctx, "error")
         raise ValueError(f"upstream has {len(up)} results, missing {missing[:5]}")
     end(ctx, "ok")
-    return {"count": len(up), "sum": sum(int(v["n"]) for v in up.values())}
+    return {"count": len(up), "sum": sum(int(v["n"]) for v in up.values() if isinstance(v, dict))}
 
 
 @app.job("flaky", concurrency=4)

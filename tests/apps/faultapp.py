@@ -10,7 +10,8 @@ from __future__ import annotations
 import os
 import threading
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import msgspec
 
@@ -20,6 +21,7 @@ from tests.apps.ledger import note
 
 app = App()
 SELECTED = set(filter(None, os.environ.get("HJ_TYPES", "").split(",")))
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 def start(ctx: JobContext) -> None:
@@ -30,14 +32,14 @@ def end(ctx: JobContext, outcome: str) -> None:
     note("end", ctx.job_id, ctx.attempt, outcome, os.getpid())
 
 
-def register(name: str, **options: object):  # type: ignore[no-untyped-def]
-    def wrap(fn):  # type: ignore[no-untyped-def]
+def register(name: str, **options: Any) -> Callable[[F], F]:
+    def wrap(fn: F) -> F:
         if SELECTED and name not in SELECTED:
             return fn
         key = "HJ_CONCURRENCY_" + name.upper()
         if key in os.environ:
             options["concurrency"] = int(os.environ[key])
-        return app.job(name, **options)(fn)  # type: ignore[arg-type]
+        return app.job(name, **options)(fn)
 
     return wrap
 
@@ -134,11 +136,15 @@ register("poison_amo", concurrency=2, delivery="at_most_once", timeout=1.0)(_poi
 # -- opt-in types (registered only when HJ_TYPES names them) ------------------------------
 
 
-def opt_in(name: str, **options: object):  # type: ignore[no-untyped-def]
+def unchanged(fn: F) -> F:
+    return fn
+
+
+def opt_in(name: str, **options: Any) -> Callable[[F], F]:
     """Like register(), but never part of "all types": only an explicit HJ_TYPES adds it."""
     if name in SELECTED:
         return register(name, **options)
-    return lambda fn: fn
+    return unchanged
 
 
 def _allocate_until_refused() -> None:

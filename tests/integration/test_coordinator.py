@@ -14,18 +14,19 @@ from hivejobs.coordinator.elector import Elector
 from hivejobs.coordinator.gauges import Gauges
 from hivejobs.coordinator.reconciler import Reconciler
 from hivejobs.coordinator.rescuer import Rescuer
+from hivejobs.records import Lease
 from hivejobs.store import new_worker_id
 from tests.harness import sql
 
 _HOLDERS: dict[int, str] = {}
 
 
-def leader(app: App) -> tuple[str, int]:
+def leader(app: App) -> Lease:
     """Take (or renew) the lease as this app's one coordinator identity."""
     holder = _HOLDERS.setdefault(id(app), new_worker_id())
     term = app.store.lease_acquire(holder, 30.0)
     assert term is not None
-    return holder, term
+    return Lease(holder, term)
 
 
 def make(app: App, database_url: str) -> App:
@@ -63,7 +64,7 @@ def test_reconciler_restores_everything_after_a_flush(
     assert (result.full_restore, result.pushed) == (True, 25_000)
     listed = app.broker.redis.lrange(app.broker.queue_key("thing", 0), 0, -1)
     # Oldest first by queued_at; one COPY shares one queued_at, so within it by id.
-    assert [i.decode() for i in listed] == sorted(ids)
+    assert [i.decode() for i in listed if isinstance(i, bytes)] == sorted(ids)
     assert app.broker.boot_marker_present()
 
 

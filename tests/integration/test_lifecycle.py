@@ -150,7 +150,7 @@ def test_scheduled_job_is_queued_by_one_promoter_pass_once_due(
     app.job("resize")(lambda ctx, payload: None)
     before = app.store.now()
     when = {"delay": 0.6} if how == "delay" else {"run_at": in_future(0.6)}
-    job_id = app.enqueue("resize", {"w": 1}, **when)  # type: ignore[arg-type]
+    job_id = app.enqueue("resize", {"w": 1}, **when)
 
     info = app.get_job(job_id)
     assert info.state == "scheduled"
@@ -160,7 +160,7 @@ def test_scheduled_job_is_queued_by_one_promoter_pass_once_due(
     assert promoter.run_once(lease).promoted == 0  # not due yet
 
     wait_until(lambda: app.store.now() >= info.run_at, timeout=5, what="run_at passed")
-    stale = (new_worker_id(), lease[1] + 1)
+    stale = Lease(new_worker_id(), lease[1] + 1)
     assert promoter.run_once(stale).promoted == 0  # a lease we do not hold writes nothing
     assert app.get_job(job_id).state == "scheduled"
 

@@ -14,6 +14,7 @@ def test_listings_use_the_read_url(database_url: str, redis_prefix: str) -> None
         redis_url=REDIS_URL,
         prefix=redis_prefix,
         read_database_url=read_url,
+        testing=None,
         **FAST_SETTINGS,
     )
 

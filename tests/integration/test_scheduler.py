@@ -7,6 +7,7 @@ from collections.abc import Callable
 
 from hivejobs import App, JobContext
 from hivejobs.coordinator.scheduler import Scheduler, _tick_job
+from hivejobs.records import Lease
 from hivejobs.schedules import due_ticks
 from hivejobs.store import new_worker_id
 from hivejobs.store.schedules import ScheduleStore
@@ -25,11 +26,11 @@ def declared(make_app: Callable[..., App], catch_up: bool) -> App:
     return app
 
 
-def lease(app: App) -> tuple[str, int]:
+def lease(app: App) -> Lease:
     holder = new_worker_id()
     term = app.store.lease_acquire(holder, 30.0)
     assert term is not None
-    return holder, term
+    return Lease(holder, term)
 
 
 def rewind(database_url: str, seconds: int) -> None:
@@ -86,7 +87,7 @@ def test_a_stale_view_and_a_lost_lease_write_nothing(
     assert schedules.enqueue_ticks_if_leader(lease(app), state, job_list, ticks[-1]) == []
     # A holder whose term ended writes nothing either.
     (fresh,) = schedules.states()
-    stale = (new_worker_id(), 1)
+    stale = Lease(new_worker_id(), 1)
     assert schedules.enqueue_ticks_if_leader(stale, fresh, job_list, ticks[-1]) is None
     assert jobs(database_url) == []
 

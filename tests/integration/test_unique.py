@@ -112,7 +112,7 @@ def test_bad_unique_options_and_bulk_are_refused(make_app: Callable[..., App]) -
         {"unique_for": 60, "on_duplicate": "ignore"},
     ):
         with pytest.raises(InvalidJobType):
-            app.job("x", **bad)  # type: ignore[arg-type]
+            app.job("x", **bad)
     unique = make(make_app, unique_by=["user_id"])
     with pytest.raises(InvalidArgument, match="one by one"):
         unique.enqueue_many("sync_user", [{"user_id": 1}])

@@ -60,7 +60,9 @@ def test_postgres_restart_crash_and_killed_connections(
     inst = Instance(env, tmp_path / "instance.log")
     try:
         wait_until(lambda: pool_pids(url, "alo"), what="pool")
-        app = App(database_url=url, redis_url=REDIS_URL, prefix=redis_prefix, **settings)
+        app = App(
+            database_url=url, redis_url=REDIS_URL, prefix=redis_prefix, testing=None, **settings
+        )
         app.types.clear()
         ids = app.enqueue_many("alo", [{"ms": 5}] * 3000)
 

@@ -25,7 +25,13 @@ def test_run_over_tls_with_client_certificates_and_an_acl_user(
     tls_redis = TlsRedis(tmp_path / "redis", ca)
     prefix = f"hjtls:{uuid.uuid4().hex[:8]}:"
     database_url = template.format(db="hj")
-    app = App(database_url=database_url, redis_url=tls_redis.url, prefix=prefix, **FAST_SETTINGS)
+    app = App(
+        database_url=database_url,
+        redis_url=tls_redis.url,
+        prefix=prefix,
+        testing=None,
+        **FAST_SETTINGS,
+    )
     try:
         app.migrate()  # creates the database, over TLS
         start_instance(

@@ -21,7 +21,7 @@ class Resize(msgspec.Struct):
 
 
 def inline_app() -> tuple[App, list[str]]:
-    app = App(**NOWHERE, testing="inline")  # type: ignore[arg-type]
+    app = App(**NOWHERE, testing="inline")
     seen: list[str] = []
 
     @app.job("resize")

@@ -54,7 +54,13 @@ def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def fresh_app(**settings: float) -> App:
-    return App(database_url=NOWHERE, redis_url="redis://127.0.0.1:1/0", **settings)
+    return App(
+        database_url=NOWHERE,
+        redis_url="redis://127.0.0.1:1/0",
+        prefix=None,
+        testing=None,
+        **settings,
+    )
 
 
 # -- job type registration ----------------------------------------------------------------

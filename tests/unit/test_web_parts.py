@@ -14,7 +14,7 @@ from hivejobs.broker import Broker
 from hivejobs.config import Settings
 from hivejobs.exposition import render_counters
 from hivejobs.metrics import BUCKETS, Recorder, _bucket
-from hivejobs.records import ChainJobStatus, ClaimedJob, Completion
+from hivejobs.records import ChainJobState, ChainJobStatus, ClaimedJob, Completion
 from hivejobs.store.dashboard import EPOCH, FAR_FUTURE, decode_cursor, encode_cursor
 from hivejobs.web.auth import Tokens, bearer, parse_tokens
 from hivejobs.web.render import dag, esc
@@ -44,7 +44,7 @@ def test_cursor_round_trip_and_garbage() -> None:
     assert decode_cursor("2026-01-01T00:00:00|x", False) == (EPOCH, "")  # naive: refused
 
 
-def _job(key: str, state: str, after: list[str]) -> ChainJobStatus:
+def _job(key: str, state: ChainJobState, after: list[str]) -> ChainJobStatus:
     return ChainJobStatus(
         key=key,
         type="t",
@@ -144,7 +144,11 @@ def test_recorder_keeps_increments_across_a_failed_flush(broker: Broker) -> None
     rec.completion("email", done)
     FlakyRedis.fail = False
     assert rec.flush() is True
-    stored = {k.decode(): v.decode() for k, v in broker.redis.hgetall(broker.metrics_key).items()}
+    stored = {
+        k.decode(): v.decode()
+        for k, v in broker.redis.hgetall(broker.metrics_key).items()
+        if isinstance(k, bytes) and isinstance(v, bytes)
+    }
     assert stored["c:succeeded:email"] == "2"
     assert stored["c:retried:email"] == "1"
     assert stored["h:pickup:email:2"] == "1"

@@ -119,7 +119,7 @@ def test_get_cancel_replay_and_lists(server: Server, database_url: str) -> None:
     seen: list[str] = []
     after = None
     while True:
-        params = {"state": "queued", "type": "hold", "limit": 2}
+        params: dict[str, str | int] = {"state": "queued", "type": "hold", "limit": 2}
         page = c.get("/v1/jobs", params={**params, **({"after": after} if after else {})})
         assert page.status_code == 200
         seen += [j["id"] for j in page.json()["jobs"]]
