@@ -192,8 +192,8 @@ def _poison_plan(ctx: JobContext, payload: dict[str, Any]) -> str:
     if action == "hang":
         threading.Event().wait()
     if action == "gil_hog":
-        _hog_the_gil(float(payload.get("s", 20)))  # type: ignore[arg-type]
-    time.sleep(float(payload.get("ms", 10)) / 1000)  # type: ignore[arg-type]
+        _hog_the_gil(float(payload.get("s", 20)))
+    time.sleep(float(payload.get("ms", 10)) / 1000)
     end(ctx, "ok")
     return str(action)
 

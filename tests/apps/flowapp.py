@@ -23,7 +23,7 @@ app = App()
 
 def _timed(ctx: JobContext, payload: dict[str, Any]) -> object:
     note("begin", ctx.job_id, os.getpid(), time.monotonic_ns())
-    time.sleep(float(payload.get("ms", 50)) / 1000)  # type: ignore[arg-type]
+    time.sleep(float(payload.get("ms", 50)) / 1000)
     note("end", ctx.job_id, os.getpid(), time.monotonic_ns())
     if payload.get("fail"):
         raise Fail("asked to fail")
