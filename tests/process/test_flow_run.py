@@ -122,6 +122,27 @@ def test_a_killed_holder_gives_its_slots_back(
     assert sql(database_url, "SELECT count(*) FROM hivejobs_job")[0][0] == 0  # none lost
 
 
+def test_limit_by_bounds_each_customer_across_two_instances(
+    start_instance: Callable[..., Instance],
+    make_app: Callable[..., App],
+    database_url: str,
+    ledger_dir: Path,
+) -> None:
+    """2 instances x 8 threads, 2 running per customer: each customer reaches 2 and never
+    more, while the other customers run beside it (a full customer blocks no one)."""
+    for _ in range(2):
+        start_instance({"HJ_LIMIT_BY": "1"}, app_spec=APP)
+    wait_until(lambda: len(pool_pids(database_url, "per_customer")) == 2, what="both pools")
+    app = fleet_app(make_app, database_url, ["per_customer"])
+    ids = {c: app.enqueue_many("per_customer", [{"ms": 40, "customer": c}] * 20) for c in "abc"}
+    wait_until(
+        lambda: sql(database_url, DONE, ("per_customer",))[0][0] == 60, timeout=90, what="done"
+    )
+    for c, mine in ids.items():
+        assert most_at_once(intervals(ledger_dir, ids=mine)) == 2, c
+    assert most_at_once(intervals(ledger_dir)) > 2  # customers ran beside each other
+
+
 def test_rate_limit_spaces_the_starts(
     start_instance: Callable[..., Instance],
     make_app: Callable[..., App],
