@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 import pytest
 
-from hivejobs import App, PayloadInvalid, UnknownJobType
+from hivejobs import App, Chain, ChainInvalid, PayloadInvalid, UnknownJobType
 from hivejobs.flow import SLOT_POLL_S, Flow, Limits
 from hivejobs.records import ClaimedJob, Completion
 from hivejobs.store import new_worker_id
@@ -201,4 +201,15 @@ def test_a_partitioned_payload_without_its_field_stores_nothing(
         app.enqueue("per_customer", {"client": "a"})
     with pytest.raises(PayloadInvalid, match="needs a JSON object payload"):
         app.enqueue_many("per_customer", [{"customer": "a"}, ["a"]])
+    assert sql(database_url, "SELECT count(*) FROM hivejobs_job")[0][0] == 0
+
+
+def test_a_chain_step_of_a_partitioned_type_needs_the_field(
+    make_app: Callable[..., App], database_url: str
+) -> None:
+    app = make_by(make_app())
+    chain = Chain("exports")
+    chain.job("per_customer", {"client": "x"})
+    with pytest.raises(ChainInvalid, match="no 'customer' field"):
+        app.run_chain(chain)
     assert sql(database_url, "SELECT count(*) FROM hivejobs_job")[0][0] == 0
