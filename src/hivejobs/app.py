@@ -130,6 +130,7 @@ class App:
         global_concurrency: int | None = None,
         rate: str | None = None,
         burst: int | None = None,
+        limit_by: str | None = None,
         max_rss_mb: float | None = None,
     ) -> Callable[[F], F]:
         """Register a handler `fn(ctx, payload)` as job type `name`.
@@ -152,6 +153,9 @@ class App:
         Fleet-wide limits, across every instance (flow.py): `global_concurrency` jobs of this
         type running at once; `rate="100/s"` (or "/m", "/h") starts, from a token bucket of
         `burst` starts (default one second's worth). A job over a limit waits queued.
+        `limit_by="customer_id"` makes `global_concurrency` a bound per value of that payload
+        field (at most N running per customer); its payloads must be JSON objects holding
+        the field (PayloadInvalid at enqueue otherwise). Not combinable with `rate` yet.
 
         `max_rss_mb`: a pool process whose resident memory passes it finishes its running
         jobs and is forked again (a suspension of what still runs, not a failure)."""
@@ -166,7 +170,7 @@ class App:
             priority,
             self.settings.max_payload_bytes,
         )
-        jt.limits = checked_limits(global_concurrency, rate, burst)  # issue 12 hook
+        jt.limits = checked_limits(global_concurrency, rate, burst, limit_by)  # issue 12 hook
         jt.max_rss_mb = checked_max_rss(max_rss_mb)  # issue 12 hook
         if cron is not None:
             check_cron(cron, tz)

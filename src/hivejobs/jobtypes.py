@@ -149,6 +149,19 @@ class JobType:
             callback_timeout_s=self.callback_timeout_s,
         )
 
+    def encode(self, payload: object) -> bytes:
+        """The payload as stored; a limit_by type's must be a JSON object holding the field
+        (flow.py), else its jobs would share one partition no one asked for."""
+        encoded = self.codec.encode(payload)
+        field = None if self.limits is None else self.limits.limit_by
+        if field is not None:
+            value = decode_json(encoded)
+            if not isinstance(value, dict):
+                raise PayloadInvalid(self.name, f"limit_by={field!r} needs a JSON object payload")
+            if field not in value:
+                raise PayloadInvalid(self.name, f"the payload has no {field!r} field (limit_by)")
+        return encoded
+
     def new_job(
         self,
         payload: object,
@@ -160,7 +173,7 @@ class JobType:
     ) -> NewJob:
         """Check the options and encode the payload: bad input raises before any write."""
         prio = self._checked_options(job_id, priority, delay, run_at, expires_at)
-        encoded = self.codec.encode(payload)
+        encoded = self.encode(payload)
         return NewJob(
             id=job_id or str(uuid.uuid4()),
             name=self.name,
@@ -370,7 +383,7 @@ def new_schedule(
         job_type=job_type,
         cron=cron,
         tz=tz,
-        payload=jt.codec.encode(payload),
+        payload=jt.encode(payload),
         priority=prio,
         catch_up=catch_up,
     )

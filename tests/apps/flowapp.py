@@ -4,7 +4,8 @@ Each handler writes "begin <id> <pid> <monotonic ns>" and "end <id> <pid> <monot
 the ledger (tests/apps/ledger.py: O_APPEND lines that survive kill -9): the independent
 record of when handlers ran, from which the tests count how many ran at once. The clock is
 CLOCK_MONOTONIC, one clock for every process on the machine.
-HJ_GLOBAL sets `limited`'s global_concurrency, HJ_RATE and HJ_BURST `rated`'s rate.
+HJ_GLOBAL sets `limited`'s global_concurrency, HJ_RATE and HJ_BURST `rated`'s rate;
+HJ_LIMIT_BY=1 registers `per_customer` (2 running per payload "customer").
 """
 
 from __future__ import annotations
@@ -38,6 +39,8 @@ app.job(
     burst=int(os.environ.get("HJ_BURST", "2")),
 )(_timed)
 app.job("plain", concurrency=4)(_timed)
+if os.environ.get("HJ_LIMIT_BY"):  # only where a test runs it: one pool process fewer elsewhere
+    app.job("per_customer", concurrency=8, global_concurrency=2, limit_by="customer")(_timed)
 
 
 async def _awaits(ctx: JobContext, payload: dict[str, float]) -> str:

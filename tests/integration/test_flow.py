@@ -8,8 +8,8 @@ from collections.abc import Callable
 
 import pytest
 
-from hivejobs import App, UnknownJobType
-from hivejobs.flow import Flow, Limits
+from hivejobs import App, Chain, ChainInvalid, PayloadInvalid, UnknownJobType
+from hivejobs.flow import SLOT_POLL_S, Flow, Limits
 from hivejobs.records import ClaimedJob, Completion
 from hivejobs.store import new_worker_id
 from tests.harness import sql
@@ -96,3 +96,120 @@ def test_racing_limited_claims_never_exceed_the_limit(make_app: Callable[..., Ap
         t.join(120)
     assert not left
     assert 1 <= peak <= 3
+
+
+BY = Limits(global_concurrency=2, limit_by="customer")
+
+
+def make_by(app: App) -> App:
+    app.job("per_customer", global_concurrency=2, limit_by="customer")(lambda ctx, payload: None)
+    app.store.upsert_job_types([jt.info() for jt in app.types.values()])
+    return app
+
+
+def test_racing_partitioned_claims_never_exceed_the_limit_per_customer(
+    make_app: Callable[..., App],
+) -> None:
+    """16 threads claim and finish jobs of 3 customers as fast as they can, counting each
+    claim in per customer while it is held: never more than 2 of one customer at once, and
+    every customer reaches its bound (a full one does not hold the others back)."""
+    app = make_by(make_app())
+    customers = ["acme", "globex", "initech"]
+    owner: dict[str, str] = {}
+    for c in customers:
+        for job_id in app.enqueue_many("per_customer", [{"customer": c}] * 40):
+            owner[job_id] = c
+    lock = threading.Lock()
+    holding = dict.fromkeys(customers, 0)
+    peak = dict.fromkeys(customers, 0)
+    left = list(owner)
+
+    def finish(jobs: list[ClaimedJob]) -> None:
+        with lock:  # counted out before the completion commits: still inside the slot
+            for j in jobs:
+                holding[owner[j.id]] -= 1
+        done = [Completion(id=j.id, claim_token=j.claim_token, outcome="succeeded") for j in jobs]
+        if done:
+            with app.store.connection() as conn:
+                app.store.finish(done, conn)
+
+    def worker(n: int) -> None:
+        # Each thread keeps its last claims while it claims again, so holders overlap.
+        flow = Flow(app.store, app.broker, "per_customer", BY)
+        flow.room(1)  # makes the flow row, as a pool's first look does
+        kept: list[ClaimedJob] = []
+        while True:
+            with lock:
+                if not left:
+                    break
+                batch = left[n % len(left) :][:3] or left[:3]
+            jobs = claim(app, flow, batch)
+            with lock:
+                for j in jobs:
+                    holding[owner[j.id]] += 1
+                    peak[owner[j.id]] = max(peak[owner[j.id]], holding[owner[j.id]])
+                    left.remove(j.id)
+            finish(kept)
+            kept = jobs
+        finish(kept)
+
+    threads = [threading.Thread(target=worker, args=(n,)) for n in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not left
+    assert peak == dict.fromkeys(customers, 2)
+
+
+def test_a_full_partition_does_not_block_the_others_and_waits_at_the_tail(
+    make_app: Callable[..., App],
+) -> None:
+    app = make_by(make_app())
+    flow = Flow(app.store, app.broker, "per_customer", BY)
+    flow.room(1)
+    held = app.enqueue_many("per_customer", [{"customer": "a"}] * 2)
+    app.flush()
+    first = claim(app, flow, app.broker.pop("per_customer", 2).ids)
+    assert sorted(j.id for j in first) == sorted(held)  # a is full
+    waiting_a = app.enqueue_many("per_customer", [{"customer": "a"}] * 3)
+    b = app.enqueue("per_customer", {"customer": "b"})
+    app.flush()
+    popped = app.broker.pop("per_customer", 10)
+    assert popped.ids == [*waiting_a, b]
+    jobs = claim(app, flow, popped.ids)
+    assert [j.id for j in jobs] == [b]  # b runs at once, behind a's waiting jobs
+    assert flow.put_back(popped, jobs) == 0.0  # it claimed something: pop again now
+    popped = app.broker.pop("per_customer", 10)
+    assert popped.ids == waiting_a  # at the tail, in order, kept
+    # Only a's jobs left: nothing claimed, they go back, and the pool waits for a slot.
+    assert claim(app, flow, popped.ids) == []
+    assert flow.put_back(popped, []) == SLOT_POLL_S
+    # A slot of a frees: one more of a may start, not two.
+    done = [Completion(id=first[0].id, claim_token=first[0].claim_token, outcome="succeeded")]
+    with app.store.connection() as conn:
+        app.store.finish(done, conn)
+    popped = app.broker.pop("per_customer", 10)
+    assert [j.id for j in claim(app, flow, popped.ids)] == waiting_a[:1]
+
+
+def test_a_partitioned_payload_without_its_field_stores_nothing(
+    make_app: Callable[..., App], database_url: str
+) -> None:
+    app = make_by(make_app())
+    with pytest.raises(PayloadInvalid, match="no 'customer' field"):
+        app.enqueue("per_customer", {"client": "a"})
+    with pytest.raises(PayloadInvalid, match="needs a JSON object payload"):
+        app.enqueue_many("per_customer", [{"customer": "a"}, ["a"]])
+    assert sql(database_url, "SELECT count(*) FROM hivejobs_job")[0][0] == 0
+
+
+def test_a_chain_step_of_a_partitioned_type_needs_the_field(
+    make_app: Callable[..., App], database_url: str
+) -> None:
+    app = make_by(make_app())
+    chain = Chain("exports")
+    chain.job("per_customer", {"client": "x"})
+    with pytest.raises(ChainInvalid, match="no 'customer' field"):
+        app.run_chain(chain)
+    assert sql(database_url, "SELECT count(*) FROM hivejobs_job")[0][0] == 0

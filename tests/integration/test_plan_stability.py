@@ -29,6 +29,7 @@ from hivejobs.store import QUERIES
 from hivejobs.store.sql import load_queries
 
 CHAIN_QUERIES = load_queries("chain_queries.sql")
+FLOW_QUERIES = load_queries("flow.sql")
 QUEUED = 50_000
 CLAIMED = QUEUED // 20  # 5 % of the queue is running
 BATCH = 8  # ids per claim or completion batch: small, so that any scan of a set shows
@@ -246,6 +247,20 @@ def hot_statements(ld: Loaded) -> list[tuple[str, str, dict[str, Any], int]]:
         # Gauges count rows: what they are about is every row they count.
         ("queued_counts", QUERIES["queued_counts"], {}, QUEUED - CLAIMED + 2 * BATCH),
         ("running_counts", QUERIES["running_counts"], {}, CLAIMED),
+        # limit_by (flow.py): the popped ids' partitions by primary key, and the type's
+        # running rows counted per partition (every running row of the type is read).
+        (
+            "flow_partitions",
+            FLOW_QUERIES["flow_partitions"],
+            {"ids": ld.next_queued, "name": "noop", "field": "customer"},
+            n,
+        ),
+        (
+            "flow_running_by_partition",
+            FLOW_QUERIES["flow_running_by_partition"],
+            {"name": "noop", "field": "customer", "parts": [""]},
+            CLAIMED,
+        ),
     ]
 
 

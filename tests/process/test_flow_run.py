@@ -122,6 +122,61 @@ def test_a_killed_holder_gives_its_slots_back(
     assert sql(database_url, "SELECT count(*) FROM hivejobs_job")[0][0] == 0  # none lost
 
 
+def test_limit_by_bounds_each_customer_across_two_instances(
+    start_instance: Callable[..., Instance],
+    make_app: Callable[..., App],
+    database_url: str,
+    ledger_dir: Path,
+) -> None:
+    """2 instances x 8 threads, 2 running per customer: each customer reaches 2 and never
+    more, while the other customers run beside it (a full customer blocks no one)."""
+    for _ in range(2):
+        start_instance({"HJ_LIMIT_BY": "1"}, app_spec=APP)
+    wait_until(lambda: len(pool_pids(database_url, "per_customer")) == 2, what="both pools")
+    app = fleet_app(make_app, database_url, ["per_customer"])
+    ids = {c: app.enqueue_many("per_customer", [{"ms": 40, "customer": c}] * 20) for c in "abc"}
+    wait_until(
+        lambda: sql(database_url, DONE, ("per_customer",))[0][0] == 60, timeout=90, what="done"
+    )
+    for c, mine in ids.items():
+        assert most_at_once(intervals(ledger_dir, ids=mine)) == 2, c
+    assert most_at_once(intervals(ledger_dir)) > 2  # customers ran beside each other
+
+
+def test_a_killed_holder_gives_its_customer_slot_back(
+    start_instance: Callable[..., Instance],
+    make_app: Callable[..., App],
+    database_url: str,
+    ledger_dir: Path,
+) -> None:
+    for _ in range(2):
+        start_instance({"HJ_LIMIT_BY": "1"}, app_spec=APP)
+    wait_until(lambda: len(pool_pids(database_url, "per_customer")) == 2, what="both pools")
+    app = fleet_app(make_app, database_url, ["per_customer"])
+    app.enqueue_many("per_customer", [{"ms": 150, "customer": "a"}] * 60)
+    holding = """SELECT w.pid FROM hivejobs_worker w JOIN hivejobs_job j ON j.worker_id = w.id
+                  WHERE j.state = 'running' AND w.role = 'pool' LIMIT 1"""
+    victim = wait_until(lambda: sql(database_url, holding), what="a pool holding a slot")[0][0]
+    os.kill(victim, signal.SIGKILL)
+    killed_at = time.monotonic_ns()
+    orphans = """SELECT count(*) FROM hivejobs_job WHERE state = 'running' AND (worker_id NOT
+                    IN (SELECT id FROM hivejobs_worker) OR worker_id IN
+                    (SELECT id FROM hivejobs_worker WHERE pid = %s))"""
+    wait_until(
+        lambda: sql(database_url, orphans, (victim,))[0][0] == 0,
+        timeout=30,
+        what="the dead pool's claims rescued",
+    )
+    rescued_at = time.monotonic_ns()
+    wait_until(
+        lambda: sql(database_url, DONE, ("per_customer",))[0][0] == 60, timeout=90, what="done"
+    )
+    runs = intervals(ledger_dir, killed={victim: killed_at})
+    assert most_at_once(runs) <= 2  # never exceeded, the killed runs counted up to the kill
+    assert most_at_once(runs, since_ns=rescued_at) == 2  # no slot leaked: 2 run again
+    assert sql(database_url, "SELECT count(*) FROM hivejobs_job")[0][0] == 0  # none lost
+
+
 def test_rate_limit_spaces_the_starts(
     start_instance: Callable[..., Instance],
     make_app: Callable[..., App],

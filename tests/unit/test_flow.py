@@ -4,8 +4,16 @@ from __future__ import annotations
 
 import pytest
 
-from hivejobs import App, InvalidJobType, JobContext
-from hivejobs.flow import PAUSE_POLL_S, SLOT_POLL_S, Limits, checked_limits, decide, parse_rate
+from hivejobs import App, InvalidJobType, JobContext, PayloadInvalid
+from hivejobs.flow import (
+    PAUSE_POLL_S,
+    SLOT_POLL_S,
+    Limits,
+    checked_limits,
+    choose,
+    decide,
+    parse_rate,
+)
 from hivejobs.store.flow import FlowState
 
 GC3 = Limits(global_concurrency=3)
@@ -90,6 +98,10 @@ def test_default_burst_is_one_second_of_starts() -> None:
         ({"burst": 3}, "burst needs a rate"),
         ({"rate": "5/s", "burst": 0}, "burst must be a whole number of jobs, at least 1"),
         ({"rate": 5}, "rate must look like"),
+        ({"limit_by": "customer_id"}, "limit_by needs global_concurrency"),
+        ({"global_concurrency": 2, "limit_by": ""}, "limit_by must be the name of a payload"),
+        ({"global_concurrency": 2, "limit_by": 3}, "limit_by must be the name of a payload"),
+        ({"global_concurrency": 2, "rate": "5/s", "limit_by": "c"}, "does not partition rate"),
         ({"max_rss_mb": 0}, "max_rss_mb must be a positive number of MiB"),
         ({"max_rss_mb": "1G"}, "max_rss_mb must be a positive number of MiB"),
     ],
@@ -109,3 +121,51 @@ def test_limits_reach_the_job_type() -> None:
         return None
 
     assert app.types["t"].limits == Limits(2, 10.0, 3)
+
+
+BY = Limits(global_concurrency=2, limit_by="customer_id")
+
+
+@pytest.mark.parametrize(
+    ("candidates", "running", "want", "chosen"),
+    [
+        ([("1", "a"), ("2", "a"), ("3", "a")], {}, 8, ["1", "2"]),  # 2 per partition
+        ([("1", "a"), ("2", "b"), ("3", "a")], {"a": 1}, 8, ["1", "2"]),  # a has 1 free
+        ([("1", "a"), ("2", "b"), ("3", "b")], {"a": 2}, 8, ["2", "3"]),  # full a: b goes on
+        ([("1", "a"), ("2", "b"), ("3", "c")], {}, 2, ["1", "2"]),  # at most `want`
+        ([("1", "a"), ("2", "a")], {"a": 5}, 8, []),  # over (a limit lowered): none
+        ([], {}, 8, []),
+    ],
+)
+def test_choose(
+    candidates: list[tuple[str, str]], running: dict[str, int], want: int, chosen: list[str]
+) -> None:
+    assert choose(candidates, running, 2, want) == chosen
+
+
+def test_limit_by_leaves_the_type_wide_count_to_the_claim() -> None:
+    # 9 running of the type say nothing about one customer: the pool pops, the claim picks.
+    assert decide(BY, 4, st(running=9)).allowed == 4
+    assert decide(BY, 4, st(paused=True)).allowed == 0
+
+
+def test_limit_by_reaches_the_job_type() -> None:
+    app = App()
+    app.job("t", global_concurrency=2, limit_by="customer_id")(lambda ctx, payload: None)
+    assert app.types["t"].limits == BY
+
+
+@pytest.mark.parametrize(
+    ("payload", "message"),
+    [
+        ([1, 2], "limit_by='customer_id' needs a JSON object payload"),
+        (None, "needs a JSON object payload"),
+        ({"other": 1}, "the payload has no 'customer_id' field"),
+    ],
+)
+def test_limit_by_payload_without_the_field_is_refused(payload: object, message: str) -> None:
+    app = App()
+    app.job("t", global_concurrency=2, limit_by="customer_id")(lambda ctx, payload: None)
+    with pytest.raises(PayloadInvalid, match=message):
+        app.types["t"].new_job(payload, None, None, None, None, None)
+    app.types["t"].new_job({"customer_id": None}, None, None, None, None, None)  # null: a value

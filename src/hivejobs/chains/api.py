@@ -121,7 +121,7 @@ class ChainClient:
             spec = chain.jobs[key]
             try:
                 jt = self._job_type(spec.type)
-                payload = jt.codec.encode(spec.payload)
+                payload = jt.encode(spec.payload)  # limit_by checked too
             except (UnknownJobType, PayloadInvalid, PayloadTooLarge) as exc:
                 raise ChainInvalid(f"job {key!r}: {exc}") from None
             if jt.delivery == "at_most_once" and spec.tries != 1:

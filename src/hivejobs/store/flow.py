@@ -50,6 +50,16 @@ class Room(msgspec.Struct, frozen=True, kw_only=True):
 
 
 Decide = Callable[[FlowState], Room]
+# limit_by (flow.choose): (candidates as (id, partition) in pop order, running jobs per
+# partition, how many the type-wide decision allows) -> the ids to claim.
+Pick = Callable[[list[tuple[str, str]], dict[str, int], int], list[str]]
+
+
+class LimitBy(msgspec.Struct, frozen=True, kw_only=True):
+    """A partitioned limit for claim_limited: the payload field, and the choice."""
+
+    field: str
+    pick: Pick
 
 
 class FlowStore:
@@ -69,10 +79,18 @@ class FlowStore:
             return cur.execute(QUERIES["flow_room"], {"name": name}).fetchone()
 
     def claim_limited(
-        self, conn: Conn, ids: list[str], worker_id: str, name: str, decide: Decide
+        self,
+        conn: Conn,
+        ids: list[str],
+        worker_id: str,
+        name: str,
+        decide: Decide,
+        limit_by: LimitBy | None = None,
     ) -> list[ClaimedJob]:
         """Claim at most what `decide` allows, in order, under the type's row lock. The
-        lock is held to the commit: the next claimer counts our claims as running."""
+        lock is held to the commit: the next claimer counts our claims as running. With
+        `limit_by`, the running rows are counted per partition, in the same snapshot, and
+        `limit_by.pick` chooses the ids whose partition has room."""
         with conn.transaction():
             row = conn.execute(QUERIES["flow_lock"], {"name": name}).fetchone()
             if row is None:  # the row is made at pool start; a deleted row limits nothing
@@ -83,7 +101,10 @@ class FlowStore:
                 paused=paused, tokens=tokens, since_s=since_s, running=running[0] if running else 0
             )
             room = decide(state)
-            chosen = ids[: room.allowed]
+            if limit_by is None:
+                chosen = ids[: room.allowed]
+            else:
+                chosen = self._pick(conn, ids, name, limit_by, room.allowed)
             jobs = self.store.claim_queued(chosen, worker_id, conn, name=name) if chosen else []
             if room.tokens is not None:
                 # The bucket loses what was claimed, not what was allowed: a duplicate id
@@ -93,6 +114,20 @@ class FlowStore:
                     QUERIES["flow_take_tokens"], {"name": name, "tokens": level, "now": now}
                 )
             return jobs
+
+    def _pick(
+        self, conn: Conn, ids: list[str], name: str, limit_by: LimitBy, allowed: int
+    ) -> list[str]:
+        if allowed <= 0:
+            return []
+        params = {"ids": ids, "name": name, "field": limit_by.field}
+        parts = dict(conn.execute(QUERIES["flow_partitions"], params).fetchall())
+        candidates = [(i, parts[i]) for i in ids if i in parts]
+        if not candidates:
+            return []
+        params["parts"] = sorted({p for _, p in candidates})
+        rows = conn.execute(QUERIES["flow_running_by_partition"], params).fetchall()
+        return limit_by.pick(candidates, dict(rows), allowed)
 
     def refused(self, ids: list[str], name: str) -> list[str]:
         """Of ids popped but not claimed, those still waiting for a pool of `name`."""

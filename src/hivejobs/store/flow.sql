@@ -29,6 +29,27 @@ SELECT paused, tokens, clock_timestamp() AS now,
 SELECT count(*)::int FROM hivejobs_job
  WHERE name = %(name)s AND state = 'running' AND worker_id IS NOT NULL;
 
+-- name: flow_partitions
+-- limit_by, under flow_lock: the partition of each popped id still queued for this type. The
+-- partition is the field's JSON text ('"acme"', '42', 'null'), so 42 and "42" differ; a
+-- payload without the field (stored by a client that did not know the limit) is the ''
+-- partition. Primary-key lookups only.
+SELECT id,
+       coalesce((convert_from(payload, 'UTF8')::jsonb -> %(field)s)::text, '') AS part
+  FROM hivejobs_job
+ WHERE id = ANY(%(ids)s) AND state = 'queued' AND name = %(name)s;
+
+-- name: flow_running_by_partition
+-- limit_by, under flow_lock, in a snapshot taken after it: the slots taken in each partition
+-- the claim may take from. Reads the type's running rows through the running index (bounded
+-- by the fleet's runner threads of the type), as flow_running does.
+SELECT part, count(*)::int
+  FROM (SELECT coalesce((convert_from(payload, 'UTF8')::jsonb -> %(field)s)::text, '') AS part
+          FROM hivejobs_job
+         WHERE name = %(name)s AND state = 'running' AND worker_id IS NOT NULL) r
+ WHERE part = ANY(%(parts)s)
+ GROUP BY part;
+
 -- name: flow_take_tokens
 -- Under flow_lock: the bucket as refilled up to `now` (flow_lock's clock), less what was taken.
 UPDATE hivejobs_flow SET tokens = %(tokens)s, refilled_at = %(now)s WHERE name = %(name)s;

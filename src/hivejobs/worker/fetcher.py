@@ -194,8 +194,9 @@ class Fetcher:
                     continue
                 popped = self.broker.pop(self.jt.name, room.allowed)
                 self.counts["pops"] += 1
-                if popped.ids:
-                    self._claim(popped)
+                if popped.ids and (wait_s := self._claim(popped)) > 0:
+                    with cond:  # limit_by: only full partitions' ids were popped
+                        cond.wait(wait_s)
                 backoff = 0.05
             except (redis.RedisError, psycopg.Error) as exc:
                 self.log.warning(
@@ -207,7 +208,8 @@ class Fetcher:
                 self._stopped.wait(backoff)
                 backoff = min(backoff * 2, 2.0)
 
-    def _claim(self, popped: Popped) -> None:
+    def _claim(self, popped: Popped) -> float:
+        """Claim what was popped; returns how long to wait before the next pop (flow.put_back)."""
         ids = popped.ids
         claims = self.claims
         with claims.lock:
@@ -232,10 +234,12 @@ class Fetcher:
         failpoint("pool.after_claim_commit")
         self.metrics.picked_up(jobs)
         self.slots.hand_over(jobs)
-        if len(jobs) < len(ids):
-            self.flow.put_back(popped, jobs)  # refused by a pause or a limit (issue 12)
-            claimed = {j.id for j in jobs}
-            self._drop_foreign(popped.key, [i for i in ids if i not in claimed])
+        if len(jobs) == len(ids):
+            return 0.0
+        wait_s = self.flow.put_back(popped, jobs)  # refused by a pause or a limit (issue 12)
+        claimed = {j.id for j in jobs}
+        self._drop_foreign(popped.key, [i for i in ids if i not in claimed])
+        return wait_s
 
     def _drop_foreign(self, key: str, unclaimed: list[str]) -> None:
         """Ids we popped but did not claim are mostly duplicates (already claimed or done);
