@@ -99,6 +99,7 @@ class App:
         self.connections = Connections(self.settings)
         self._remote_types: tuple[float, dict[str, JobTypeInfo]] = (0.0, {})
         self._remote_schemas = RemoteSchemas()
+        self.testing = testing  # `hivejobs run` refuses such an app: it has nothing to serve
         if testing is not None:
             from hivejobs.testing.serverless import install
 

@@ -139,6 +139,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.reload and (missing := check_watch_available()):
         raise ConfigError(missing)
     app = load_app(args.app_spec)
+    if app.testing is not None:
+        raise UsageError(
+            f"{args.app_spec} was made with App(testing={app.testing!r}): its jobs run in the"
+            " caller at enqueue, so a worker would serve nothing; give `hivejobs run` an App"
+            " made without testing="
+        )
     if timeout is not None:
         app.settings.shutdown_timeout_s = timeout
     metrics = (args.metrics_host, args.metrics_port) if args.metrics_port is not None else None

@@ -79,6 +79,7 @@ NUL_CHAIN = b'{"name":"a\\u0000b","jobs":[{"key":"a","type":"untyped"}]}'
         (["run", APP, "--shutdown-timeout", "nan"], {}, 2, "--shutdown-timeout must be"),
         (["run", APP], {"HIVEJOBS_HEARTBEAT_S": "-1"}, 2, "finite number of seconds > 0"),
         (["run", APP], {"HIVEJOBS_SHUTDOWN_TIMEOUT_S": "nan"}, 2, "SHUTDOWN_TIMEOUT_S='nan'"),
+        (["run", "tests.apps.inlineapp:app"], {}, 2, "made with App(testing='inline')"),
         (["restart"], {"HIVEJOBS_REDIS_URL": "redis://127.0.0.1:1/0"}, 1, "cannot reach Redis"),
         # libpq's whole reason, not only its last line ("Is the server running...")
         (
