@@ -118,8 +118,10 @@ class Reconciler:
                 after = (rows[-1].queued_at, rows[-1].id)
         self.broker.set_boot_marker(marker)
         self.store.record_boot_marker(prefix, marker)
-        if flushed:
+        if flushed and pushed:
             logger.warning(MSG_FLUSHED, jobs=pushed)
+        elif flushed:
+            logger.info("Redis had no boot marker: nothing queued to restore; marker set")
         else:
             # A first start is no news, even with ids pushed: a job enqueued meanwhile may be
             # popped between the two reads above and pushed again (its claim fences it).
