@@ -5,7 +5,8 @@ Keys (all under the prefix, default ``hivejobs:``):
                                   coordinator; BLMPOP from the left by pool fetchers. The type in
                                   braces is a hash tag: one type's priorities share a cluster slot.
   ``{prefix}boot``                  string, set by the coordinator after a full restore; missing
-                                  means Redis was flushed or restarted empty (R1).
+                                  means Redis was flushed or restarted empty (R1), or is new
+                                  to this prefix (Postgres records each marker set: 0013).
   ``{prefix}control``               pub/sub channel: cancel/stop/restart messages to pools
                                   (each pool process subscribes: ControlSubscription).
   ``{prefix}wake``                  pub/sub channel: chain ids whose try just finished, from

@@ -10,31 +10,30 @@
       ``ssl_keyfile``, ``ssl_cert_reqs``, ``db`` ...) are redis-py's own; for the sentinels
       themselves ``sentinel_username`` / ``sentinel_password``.
 
-Knows nothing of keys or job ids (broker.py); never logs a URL (config.redact_url does).
+Knows nothing of keys or job ids (broker.py); never logs a URL (config.redact_url does), and
+parses none itself (config.parse_redis_url, which redaction reads too).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any, cast
-from urllib.parse import unquote, urlsplit
 
 import redis
 import redis.asyncio
 import redis.asyncio.cluster
 import redis.asyncio.sentinel
 import redis.cluster
-import redis.connection
 import redis.sentinel
 from redis.cluster import RedisCluster
 from redis.connection import SSLConnection
 
+from hivejobs.config import parse_redis_url
 from hivejobs.errors import ConfigError
 
 Client = redis.Redis | RedisCluster
 AsyncClient = redis.asyncio.Redis | redis.asyncio.cluster.RedisCluster
 # redis-py leaves these untyped; their types as we call them.
-parse_url = cast(Callable[[str], dict[str, Any]], redis.connection.parse_url)
 Sentinel = cast(Callable[..., redis.sentinel.Sentinel], redis.sentinel.Sentinel)
 AsyncSentinel = cast(
     Callable[..., redis.asyncio.sentinel.Sentinel], redis.asyncio.sentinel.Sentinel
@@ -43,11 +42,12 @@ ClusterNode = cast(Callable[[str, int], redis.cluster.ClusterNode], redis.cluste
 
 
 class Target:
-    """A parsed broker URL: which kind, the hosts, and redis-py's connection arguments."""
+    """A broker URL as the clients need it: which kind, the hosts, and redis-py's connection
+    arguments. config.parse_redis_url takes the URL apart; this refuses what cannot open."""
 
     def __init__(self, url: str) -> None:
-        scheme, sep, rest = url.partition("://")
-        base, _, self.kind = scheme.partition("+")
+        scheme, sep, _ = url.partition("://")
+        base, _, self.kind = scheme.lower().partition("+")
         kinds = ("", "sentinel", "cluster")
         if not sep or base not in ("redis", "rediss", "unix") or self.kind not in kinds:
             raise ConfigError(
@@ -61,24 +61,18 @@ class Target:
         self.sentinel_kwargs: dict[str, Any] = {}
         if not self.kind:
             return
-        parts = urlsplit(f"{base}://{rest}")
-        netloc = parts.netloc.rsplit("@", 1)[-1]
-        for item in filter(None, netloc.split(",")):
+        parsed = parse_redis_url(url)
+        for item in parsed.hosts:
             host, _, port = item.rpartition(":")
             if not host or not port.isdigit():
                 raise ConfigError(f"{scheme} URL: {item!r} should be host:port")
             self.hosts.append((host.strip("[]"), int(port)))
         if not self.hosts:
             raise ConfigError(f"{scheme} URL names no host:port")
-        path = [unquote(p) for p in parts.path.split("/") if p]
-        if self.kind == "sentinel":
-            if not path:
-                raise ConfigError("redis+sentinel URL: name the master, as /mymaster")
-            self.service = path.pop(0)
-        # redis-py parses the rest (user, password, db, query) as it does for one server.
-        userinfo = parts.netloc.rsplit("@", 1)[0] + "@" if "@" in parts.netloc else ""
-        one = f"{base}://{userinfo}{netloc.split(',')[0]}/{'/'.join(path)}"
-        kwargs = parse_url(one + (f"?{parts.query}" if parts.query else ""))
+        if self.kind == "sentinel" and not parsed.service:
+            raise ConfigError("redis+sentinel URL: name the master, as /mymaster")
+        self.service = parsed.service
+        kwargs = dict(parsed.params)
         for key in ("host", "port"):
             kwargs.pop(key, None)
         if kwargs.pop("connection_class", None) is SSLConnection:

@@ -472,6 +472,13 @@ def _print_table(rows: Sequence[Sequence[object]]) -> None:
         print("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip())
 
 
+ENQUEUE_CHECK = """\
+The payload is checked before anything is stored. With --app (or HIVEJOBS_APP), by the
+handler's own payload type; without it, against the JSON Schema the workers declared for
+that type when `hivejobs run` started (kept in Postgres). A type no worker has declared a
+schema for is refused without --app."""
+
+
 def app_parent() -> Parser:
     """--app for every level (`hivejobs --app X chain run F`, `chain --app X run F`,
     `chain run F --app X`): only the top level has a default, so a subcommand's parser never
@@ -500,13 +507,17 @@ def build_parser() -> Parser:
     )
 
     def add(
-        name: str, fn: Callable[[argparse.Namespace], int], help_: str, app_opt: bool = True
+        name: str,
+        fn: Callable[[argparse.Namespace], int],
+        help_: str,
+        app_opt: bool = True,
+        details: str = "",
     ) -> Parser:
         parents = [app_parent()] if app_opt else []
         p: Parser = sub.add_parser(
             name,
             help=help_,
-            description=help_,
+            description=help_ + (f"\n\n{details}" if details else ""),
             parents=parents,
             epilog=ENVIRONMENT,
             formatter_class=HelpFormatter,
@@ -539,9 +550,9 @@ def build_parser() -> Parser:
         action="store_true",
         help="restart the pools gracefully when the app's Python files change (watchfiles)",
     )
-    p = add("enqueue", cmd_enqueue, "enqueue one job; prints its id")
-    p.add_argument("name")
-    p.add_argument("payload", metavar="JSON")
+    p = add("enqueue", cmd_enqueue, "enqueue one job; prints its id", details=ENQUEUE_CHECK)
+    p.add_argument("name", help="the job type")
+    p.add_argument("payload", metavar="JSON", help="the payload, checked before anything is stored")
     p.add_argument("--id", help="your id (idempotent: the same payload returns the job)")
     p.add_argument("--priority", type=int, help="0-9, 0 runs first (default: the type's)")
     p.add_argument("--delay", type=float, help="seconds before it may run")

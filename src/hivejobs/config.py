@@ -40,7 +40,7 @@ _MAX_S = 10 * 366 * 24 * 3600.0
 Seconds = Annotated[float, msgspec.Meta(gt=0, le=_MAX_S)]
 Count = Annotated[int, msgspec.Meta(ge=1)]
 # redis-py's own URL parser (what Redis.from_url uses), typed.
-parse_redis_url = cast(Callable[[str], dict[str, Any]], _redis_parse_url)
+_redis_py_parse_url = cast(Callable[[str], dict[str, Any]], _redis_parse_url)
 # Room for an error's head, the truncation note and its tail.
 MIN_RESULT_BYTES = 1024
 
@@ -219,7 +219,7 @@ def check_redis_url(url: str) -> None:
         shown = redact_url(url) if isinstance(url, str) else type(url).__name__
         raise ConfigError(f"URL {shown!r} should start with redis://")
     try:
-        parse_redis_url(one_redis_server(url))
+        parse_redis_url(url)
     except (ValueError, TypeError):
         raise ConfigError(
             "the Redis URL is malformed: percent-encode special characters in the password "
@@ -232,7 +232,7 @@ def url_secrets(url: str) -> list[str]:
     found: list[str] = []
     try:
         if is_redis_url(url):
-            found += [str(parse_redis_url(one_redis_server(url)).get("password") or "")]
+            found += [str(parse_redis_url(url).params.get("password") or "")]
         else:
             params = conninfo_to_dict(url)
             found += [str(params.get(key) or "") for key in _SECRET_KEYS]
@@ -321,25 +321,45 @@ def _redact_postgres(url: str) -> str:
     return f"postgresql://{netloc}/{quote(dbname, safe='')}{query}"
 
 
-def one_redis_server(url: str) -> str:
-    """A redis(s)+sentinel / +cluster URL as one server's (the first host, a sentinel's
-    master name dropped), for redis-py's parser to read user, password, db and query."""
+class RedisUrl(msgspec.Struct, frozen=True, kw_only=True):
+    """A Redis URL taken apart: what broker_client.py opens and what redact_url() shows.
+    The hosts of a +sentinel / +cluster URL and a sentinel's master name are ours to read;
+    the rest (user, password, db, query) is redis-py's, read as for the first host alone."""
+
+    base: str  # redis, rediss or unix (lower case; anything else is the caller's to refuse)
+    kind: str  # "" for one server, else what follows the "+": sentinel, cluster
+    hosts: list[str]  # a +kind URL's host:port items as written (empty for one server)
+    service: str  # a sentinel's master name (the first path segment), "" otherwise
+    params: dict[str, Any]  # redis-py's parse_url of the URL as one server's
+
+
+def parse_redis_url(url: str) -> RedisUrl:
+    """The one parser of our Redis URLs; raises ValueError or TypeError (from redis-py) on a
+    malformed one and checks nothing else: a host without a port, a sentinel URL without its
+    master, are the broker client's to refuse (redaction shows them as they are)."""
     scheme, _, rest = url.partition("://")
-    base, plus, kind = scheme.partition("+")
+    base, plus, kind = scheme.lower().partition("+")
     if not plus:
-        return url
+        return RedisUrl(base=base, kind="", hosts=[], service="", params=_redis_py_parse_url(url))
     cut = min((i for i in (rest.find("/"), rest.find("?")) if i >= 0), default=len(rest))
     netloc, tail = rest[:cut], rest[cut:]
     creds, at, hosts = netloc.rpartition("@")
     path, mark, query = tail.partition("?")
     segments = [s for s in path.split("/") if s]
-    if kind.lower() == "sentinel":
-        segments = segments[1:]
-    return f"{base}://{creds}{at}{hosts.split(',')[0]}/{'/'.join(segments)}{mark}{query}"
+    service = unquote(segments.pop(0)) if kind == "sentinel" and segments else ""
+    first = hosts.split(",")[0]
+    one = f"{base}://{creds}{at}{first}/{'/'.join(segments)}{mark}{query}"
+    return RedisUrl(
+        base=base,
+        kind=kind,
+        hosts=[h for h in hosts.split(",") if h],
+        service=service,
+        params=_redis_py_parse_url(one),
+    )
 
 
 def _redact_redis(url: str) -> str:
-    parts = parse_redis_url(one_redis_server(url))
+    parts = parse_redis_url(url).params
     scheme = url.split("://", 1)[0].lower()
     user = str(parts.get("username") or "")
     userinfo = quote(user, safe="") + (":***" if parts.get("password") else "")

@@ -357,15 +357,8 @@ class Schedule(msgspec.Struct, frozen=True, kw_only=True):
     catch_up: bool
 
 
-class ScheduleState(msgspec.Struct, frozen=True, kw_only=True):
+class ScheduleState(Schedule, frozen=True, kw_only=True):
     """A schedule as stored, with the last tick enqueued (None: never ran yet)."""
 
-    name: str
-    job_type: str
-    cron: str
-    tz: str
-    payload: bytes
-    priority: int
-    catch_up: bool
     declared_at: datetime
     last_tick: datetime | None

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import psycopg
 import pytest
+from loguru import logger
 
 from hivejobs import App
 from hivejobs.coordinator.compactor import Compactor
@@ -145,6 +147,42 @@ def test_first_start_without_marker_does_not_push_ids_twice(
     assert (result.full_restore, result.pushed) == (True, 0)
     assert app.broker.redis.llen(app.broker.queue_key("thing", 0)) == 100
     assert app.broker.boot_marker_present()
+
+
+@contextmanager
+def log_levels() -> Iterator[list[str]]:
+    """The level of each line hivejobs logs meanwhile (it is silent unless enabled)."""
+    levels: list[str] = []
+    logger.enable("hivejobs")
+    sink = logger.add(lambda m: levels.append(m.record["level"].name), level="DEBUG")
+    try:
+        yield levels
+    finally:
+        logger.remove(sink)
+        logger.disable("hivejobs")
+
+
+def test_first_start_is_not_a_flush_but_a_later_missing_marker_is(
+    make_app: Callable[..., App], database_url: str
+) -> None:
+    """On a first start a job popped between the reconciler's reads (by a worker whose claim
+    is not made yet) is pushed again: harmless, and no sign of a flush."""
+    app = make(make_app(), database_url)
+    job_id = app.enqueue("thing", {"n": 1})
+    assert app.flush()
+    key = app.broker.queue_key("thing", 0)
+    assert app.broker.redis.lpop(key) == job_id.encode()
+    with log_levels() as levels:
+        result = Reconciler(app.store, app.broker).run_once(leader(app))
+    assert (result.full_restore, result.pushed) == (True, 1)
+    assert "INFO" in levels and "WARNING" not in levels
+    # The marker was set and Postgres remembers it: a Redis that lost it was flushed.
+    app.broker.redis.delete(key, app.broker.boot_key)
+    with log_levels() as levels:
+        result = Reconciler(app.store, app.broker).run_once(leader(app))
+    assert (result.full_restore, result.pushed) == (True, 1)
+    assert app.broker.redis.lrange(key, 0, -1) == [job_id.encode()]
+    assert "WARNING" in levels
 
 
 def test_compactor_gives_a_drained_hot_table_its_space_back(

@@ -100,3 +100,12 @@ def test_unknown_and_unchecked_types_are_refused_with_what_to_do(
     )
     assert "--app MODULE:APP" in legacy.stderr
     assert jobs_stored(database_url) == 0
+
+
+def test_enqueue_help_says_what_checks_the_payload_without_the_app() -> None:
+    done = hivejobs(["enqueue", "--help"], cli_env())
+    assert done.returncode == 0, done.stderr
+    text = " ".join(done.stdout.split())
+    assert "With --app (or HIVEJOBS_APP), by the handler's own payload type" in text
+    assert "without it, against the JSON Schema the workers declared for that type" in text
+    assert "A type no worker has declared a schema for is refused without --app" in text

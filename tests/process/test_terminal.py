@@ -8,12 +8,24 @@ import json
 import os
 import signal
 import textwrap
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
-from hivejobs import App
-from tests.harness import ROOT, Instance, fleet_app, pool_pids, sql, wait_until
+import pytest
+
+from hivejobs import App, JobContext
+from tests.harness import (
+    ROOT,
+    Instance,
+    fleet_app,
+    ledger_oks,
+    live_jobs,
+    pool_pids,
+    sql,
+    wait_until,
+)
 
 
 def final_state(url: str, job_id: str) -> str | None:
@@ -31,9 +43,7 @@ def test_banner_and_a_line_per_job(
     parts = urlsplit(database_url)
     secret_url = urlunsplit(parts._replace(netloc=f"{parts.username}:s3cret-pw@{parts.hostname}"))
     inst = start_instance({"HJ_TYPES": "alo,raises", "HIVEJOBS_DATABASE_URL": secret_url})
-    # The coordinator's first pass sees an empty Redis first: a job enqueued before it may be
-    # popped between its two reads and re-pushed, which is a restore, not a first start.
-    first_pass = "Redis had no boot marker: nothing queued to restore"
+    first_pass = "first start on this Redis prefix"
     wait_until(lambda: first_pass in inst.log_text(), what="the coordinator's first pass")
     app = fleet_app(make_app, database_url, ["alo", "raises"])
     ok = app.enqueue("alo", {"ms": 5})
@@ -51,12 +61,7 @@ def test_banner_and_a_line_per_job(
     assert "alo     concurrency 8, at_least_once, attempts 5" in log
     assert "raises  concurrency 2, at_least_once, attempts 3" in log
     # A first start against an empty Redis is no news: nothing above INFO but the retries.
-    loud = [
-        line
-        for line in log.splitlines()
-        if (" WARNING " in line or " ERROR " in line) and "raises[" not in line
-    ]
-    assert loud == []
+    assert [line for line in loud_lines(log) if "raises[" not in line] == []
     lines = log.splitlines()
     assert any(line.endswith(f"alo[{ok}] started {{'attempt': 1}}") for line in lines)
     assert any(f"alo[{ok}] succeeded in 0.0" in line for line in lines)
@@ -65,6 +70,55 @@ def test_banner_and_a_line_per_job(
     assert lines[failed_at + 1] == "Traceback (most recent call last):"
     assert "ValueError: always fails" in lines[failed_at + 2 : failed_at + 12]
     assert "'pops'" not in log  # internal counters are DEBUG
+
+
+def loud_lines(log: str) -> list[str]:
+    return [line for line in log.splitlines() if " WARNING " in line or " ERROR " in line]
+
+
+@pytest.mark.faults
+def test_first_start_while_jobs_are_enqueued_is_no_news(
+    make_app: Callable[..., App],
+    start_instance: Callable[..., Instance],
+    database_url: str,
+    ledger_dir: Path,
+) -> None:
+    """The coordinator's first pass on a fresh prefix, with jobs enqueued throughout: some are
+    committed but not pushed yet, or popped but not claimed yet, and get pushed again. That is
+    no flush: no WARNING, and each job runs once. A failpoint holds the first pass between
+    its reads of Postgres and Redis for a second, so that the pools pop meanwhile."""
+    app = make_app()
+
+    @app.job("alo", concurrency=8, attempts=5)  # as tests.apps.faultapp declares it
+    def alo(ctx: JobContext, payload: dict[str, float | str]) -> None: ...
+
+    app.store.upsert_job_types([app.types["alo"].info()])
+    ids: list[str] = []
+    stop = threading.Event()
+
+    def enqueue_loop() -> None:
+        while not stop.is_set():
+            ids.append(app.enqueue("alo", {"ms": 1}))
+
+    thread = threading.Thread(target=enqueue_loop)
+    thread.start()
+    try:
+        wait_until(lambda: len(ids) >= 20, what="jobs enqueued before the start")
+        inst = start_instance(
+            {"HJ_TYPES": "alo", "HIVEJOBS_FAILPOINTS": "coord.between_restore_reads=sleep:1"}
+        )
+        wait_until(lambda: "boot marker" in inst.log_text(), what="the first pass")
+        after = len(ids)
+        wait_until(lambda: len(ids) >= after + 200, what="jobs enqueued after the first pass")
+    finally:
+        stop.set()
+        thread.join()
+    wait_until(lambda: live_jobs(database_url) == 0, timeout=60, what="all jobs finished")
+    oks = ledger_oks(ledger_dir)
+    assert [i for i in ids if oks[i] != 1] == []
+    inst.signal_group(signal.SIGTERM)
+    assert inst.wait(20) == 0
+    assert loud_lines(inst.log_text()) == []
 
 
 def test_json_lines_and_debug_level(

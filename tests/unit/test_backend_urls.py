@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from hivejobs.broker_client import Target
-from hivejobs.config import settings_from_env
+from hivejobs.config import parse_redis_url, redact_url, settings_from_env, url_secrets
 from hivejobs.errors import ConfigError
 from hivejobs.store.pooling import connect_kwargs, local_settings_sql, pooler_refused
 
@@ -28,6 +28,23 @@ def test_cluster_url() -> None:
     t = Target("redis+cluster://h1:7000,h2:7001")
     assert (t.kind, t.hosts) == ("cluster", [("h1", 7000), ("h2", 7001)])
     assert "db" not in t.kwargs and "ssl" not in t.kwargs
+
+
+def test_the_client_and_the_redaction_read_the_url_alike() -> None:
+    """One parser (config.parse_redis_url): the password the client sends is the one
+    redaction hides, '#' percent-encoded included."""
+    url = "REDISS+sentinel://app:s%23cret@h1:26379,h2:26380/mymaster/3?ssl_ca_certs=/ca.pem"
+    parsed = parse_redis_url(url)
+    assert (parsed.base, parsed.kind, parsed.service) == ("rediss", "sentinel", "mymaster")
+    assert parsed.hosts == ["h1:26379", "h2:26380"]
+    t = Target(url)
+    assert t.kwargs["password"] == parsed.params["password"] == "s#cret"
+    assert (t.kwargs["db"], t.kwargs["ssl"], t.service) == (3, True, "mymaster")
+    assert "s#cret" in url_secrets(url)
+    assert redact_url(url) == "rediss+sentinel://app:***@h1:26379,h2:26380/mymaster/3"
+    one = "unix:///tmp/r.sock?db=2&password=pw2"
+    assert parse_redis_url(one).params["password"] == "pw2"
+    assert redact_url(one) == "unix://:***@/tmp/r.sock?db=2"
 
 
 @pytest.mark.parametrize(

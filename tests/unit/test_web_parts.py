@@ -6,6 +6,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 import fakeredis
+import msgspec
 import pytest
 import redis
 from prometheus_client.parser import text_string_to_metric_families
@@ -14,10 +15,11 @@ from hivejobs.broker import Broker
 from hivejobs.config import Settings
 from hivejobs.exposition import render_counters
 from hivejobs.metrics import BUCKETS, Recorder, _bucket
-from hivejobs.records import ChainJobState, ChainJobStatus, ClaimedJob, Completion
+from hivejobs.records import ChainJobState, ChainJobStatus, ClaimedJob, Completion, WorkerInfo
 from hivejobs.store.dashboard import EPOCH, FAR_FUTURE, decode_cursor, encode_cursor
 from hivejobs.web.auth import Tokens, bearer, parse_tokens
 from hivejobs.web.render import dag, esc
+from hivejobs.web.schemas import LeaderOut, WorkerOut
 
 
 def test_token_roles() -> None:
@@ -155,3 +157,26 @@ def test_recorder_keeps_increments_across_a_failed_flush(broker: Broker) -> None
     assert float(stored["hs:pickup:email"]) == pytest.approx(0.02)
     assert rec.flush() is True  # nothing left: no second write
     assert broker.redis.hget(broker.metrics_key, "c:succeeded:email") == b"2"
+
+
+def test_responses_that_inherit_records_keep_their_wire_shape() -> None:
+    """WorkerOut and LeaderOut inherit records.WorkerInfo / LeaseInfo: the JSON and the
+    schema clients see are what the API always sent (keys, order, required, types)."""
+    at = datetime(2026, 1, 2, tzinfo=UTC)
+    info = WorkerInfo(
+        id="w", host="h", pid=7, role="pool", pool="p", started_at=at, heartbeat_at=at,
+        heartbeat_age_s=0.5, running=2,
+    )  # fmt: skip
+    worker = msgspec.json.encode(WorkerOut(**msgspec.structs.asdict(info)))
+    assert worker == (
+        b'{"id":"w","host":"h","pid":7,"role":"pool","pool":"p",'
+        b'"started_at":"2026-01-02T00:00:00Z","heartbeat_at":"2026-01-02T00:00:00Z",'
+        b'"heartbeat_age_s":0.5,"running":2}'
+    )
+    leader = LeaderOut(holder=None, term=3, valid=False, expires_in_s=-1.5)
+    assert msgspec.json.encode(leader) == (
+        b'{"holder":null,"term":3,"valid":false,"expires_in_s":-1.5}'
+    )
+    schema = msgspec.json.schema(LeaderOut)["$defs"]["LeaderOut"]
+    assert sorted(schema["required"]) == ["expires_in_s", "holder", "term", "valid"]
+    assert list(schema["properties"]) == ["holder", "term", "valid", "expires_in_s"]

@@ -1,9 +1,10 @@
 """Reconciler (leader only): Redis lists from Postgres, so that Redis loses latency, never a
 job (rule R1 in docs/concepts/reliability.md: Redis carries hints, Postgres the truth).
 
-Two triggers: the boot marker is missing (Redis was flushed or restarted empty: restore every
-empty list), or a list holds fewer ids than Postgres has queued for it (a crash between commit
-and push, an evicted key: re-push the ids queued longer than the grace).
+Two triggers: the boot marker is missing (Redis was flushed or restarted empty, or this is the
+first start on its prefix: restore every empty list), or a list holds fewer ids than Postgres
+has queued for it (a crash between commit and push, an evicted key: re-push the ids queued
+longer than the grace).
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from hivejobs.store import Store
 
 BATCH = 10_000
 MSG_KEY_REFUSED = "Redis refused a queue key (only its own list waits)"
+MSG_FLUSHED = "Redis had no boot marker (flushed or restarted): restored queues"
+MSG_FIRST_START = "first start on this Redis prefix: boot marker set"
 
 
 class ReconcileResult(msgspec.Struct):
@@ -90,13 +93,17 @@ class Reconciler:
             return 0
 
     def _restore_all(self) -> int:
-        """No boot marker: Redis was flushed or restarted empty, or this is its first use.
-        Push every queued id of each list that is empty, keyset-paged per queue (the queued
-        index leads with the queue); a list that still holds ids (a first start after
-        enqueues) is left to the deficit check, so a fresh Redis does not get every id
-        twice."""
+        """No boot marker: Redis was flushed or restarted empty, or this is the first start on
+        this prefix. Push every queued id of each list that is empty, keyset-paged per queue
+        (the queued index leads with the queue); a list that still holds ids (a first start
+        after enqueues) is left to the deficit check, so a fresh Redis does not get every id
+        twice. Postgres remembers each marker set (migration 0013): only then is a missing
+        one news."""
         marker = str(uuid.uuid4())
+        prefix = self.broker.prefix
+        flushed = self.store.boot_marker_recorded(prefix)
         pg = self.store.queued_counts()
+        failpoint("coord.between_restore_reads")  # tests: widen the window pools pop in
         lengths = self._lengths({name for name, _ in pg})
         empty = sorted(queue for queue in pg if lengths.get(queue, -1) == 0)
         pushed = 0
@@ -110,11 +117,13 @@ class Reconciler:
                 failpoint("coord.mid_reconcile_batch")
                 after = (rows[-1].queued_at, rows[-1].id)
         self.broker.set_boot_marker(marker)
-        if pushed:
-            logger.warning(
-                "Redis had no boot marker (flushed or restarted): restored queues", jobs=pushed
-            )
-        else:
-            # A first start against an empty Redis looks the same and is no news.
+        self.store.record_boot_marker(prefix, marker)
+        if flushed and pushed:
+            logger.warning(MSG_FLUSHED, jobs=pushed)
+        elif flushed:
             logger.info("Redis had no boot marker: nothing queued to restore; marker set")
+        else:
+            # A first start is no news, even with ids pushed: a job enqueued meanwhile may be
+            # popped between the two reads above and pushed again (its claim fences it).
+            logger.info(MSG_FIRST_START, jobs=pushed)
         return pushed

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Literal
 import msgspec
 from psycopg.rows import class_row
 
+from hivejobs.records import ChainSummary
 from hivejobs.store.sql import load_queries
 
 if TYPE_CHECKING:
@@ -49,16 +50,9 @@ class JobRow(msgspec.Struct, frozen=True, kw_only=True):
     sort_at: datetime | None
 
 
-class ChainRow(msgspec.Struct, frozen=True, kw_only=True):
+class ChainRow(ChainSummary, frozen=True, kw_only=True):
     """A chain as the dashboard lists it, with its job counts."""
 
-    id: str
-    name: str
-    state: str
-    jobs: int
-    succeeded: int
-    created_at: datetime
-    finished_at: datetime | None
     sort_at: datetime
 
 

@@ -95,6 +95,13 @@ class Maintenance(Leases):
             cur = conn.cursor(row_factory=class_row(QueuedEntry))
             return cur.execute(UPKEEP["queued_page"], params).fetchall()
 
+    def boot_marker_recorded(self, prefix: str) -> bool:
+        """Whether a boot marker was ever set under this Redis prefix: tells a flushed Redis
+        from a first start, which look the same from Redis."""
+        with self.connection() as conn:
+            row = conn.execute(UPKEEP["boot_marker_recorded"], {"prefix": prefix}).fetchone()
+        return bool(row and row[0])
+
     def hot_table_size(self, cap: int) -> tuple[int, int]:
         """(live rows, counted up to `cap`; total bytes of the hot table and its indexes)."""
         with self.connection() as conn:
@@ -103,6 +110,10 @@ class Maintenance(Leases):
         return int(row[0]), int(row[1])
 
     # -- writes that need no lease (idempotent, or not job state) ------------------------
+
+    def record_boot_marker(self, prefix: str, marker: str) -> None:
+        with self.connection() as conn:
+            conn.execute(UPKEEP["record_boot_marker"], {"prefix": prefix, "marker": marker})
 
     def set_gauges(self, values: Sequence[tuple[str, str, int]]) -> None:
         with self.connection() as conn, conn.transaction():

@@ -90,6 +90,14 @@ SELECT name, count(*) AS n FROM hivejobs_job
 INSERT INTO hivejobs_gauge (name, queue, value) VALUES (%(name)s, %(queue)s, %(value)s)
 ON CONFLICT (name, queue) DO UPDATE SET value = EXCLUDED.value, measured_at = now();
 
+-- name: boot_marker_recorded
+-- Has a coordinator ever set a boot marker under this prefix (migration 0013)?
+SELECT EXISTS (SELECT 1 FROM hivejobs_boot_marker WHERE prefix = %(prefix)s);
+
+-- name: record_boot_marker
+INSERT INTO hivejobs_boot_marker (prefix, marker) VALUES (%(prefix)s, %(marker)s)
+ON CONFLICT (prefix) DO UPDATE SET marker = EXCLUDED.marker, set_at = now();
+
 -- name: hot_table_size
 -- Live rows (counted up to a cap: only "nearly empty" matters) and bytes, indexes included.
 SELECT (SELECT count(*) FROM (SELECT 1 FROM hivejobs_job LIMIT %(cap)s) s)::int AS live,

@@ -1,5 +1,8 @@
 """Request and response bodies of the HTTP API: msgspec Structs, from which Litestar builds
 the OpenAPI schema and with which it decodes bodies (a type error is a 422 naming the field).
+
+A response that is a record (records.py) field for field inherits it. The others only look
+alike: the API's states are plain strings (no enum in its schema), the records' a Literal.
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 
 from hivejobs.jobtypes import MAX_DELAY_S
+from hivejobs.records import LeaseInfo, WorkerInfo
 
 Priority = Annotated[int, msgspec.Meta(ge=0, le=9, description="0 runs first")]
 Delay = Annotated[float, msgspec.Meta(ge=0, le=MAX_DELAY_S, description="seconds from now")]
@@ -123,22 +127,11 @@ class JobTypeOut(msgspec.Struct, kw_only=True):
     running: int
 
 
-class WorkerOut(msgspec.Struct, kw_only=True):
-    id: str
-    host: str
-    pid: int
-    role: str
-    pool: str | None
-    started_at: datetime
-    heartbeat_at: datetime
-    heartbeat_age_s: float
-    running: int
+class WorkerOut(WorkerInfo, frozen=True, kw_only=True):
+    """A worker process as the store reads it (records.WorkerInfo), under the API's name."""
 
 
-class LeaderOut(msgspec.Struct, kw_only=True):
-    holder: str | None
-    term: int
-    valid: bool
+class LeaderOut(LeaseInfo, frozen=True, kw_only=True):
     expires_in_s: float
 
 
