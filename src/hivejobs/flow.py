@@ -218,8 +218,9 @@ class Flow:
 
     Owns the cached pause state of an unlimited type (`_paused`, `_checked_at`) and a
     limit_by type's wait after an empty claim (`_empty_wait_s`, set in the claim, read in
-    put_back), read and written by the fetcher thread alone, so no lock. The cache only spares a query per pop:
-    the claim itself checks the pause, so a stale cache costs a bounce, never a start.
+    put_back), read and written by the fetcher thread alone, so no lock. The cache only
+    spares a query per pop: the claim itself checks the pause, so a stale cache costs a
+    bounce, never a start.
     """
 
     def __init__(self, store: Store, broker: Broker, name: str, limits: Limits | None) -> None:

@@ -212,9 +212,7 @@ def test_a_rate_per_customer_holds_across_two_instances(
     wait_until(lambda: len(pool_pids(database_url, "rated_customer")) == 2, what="both pools")
     app = fleet_app(make_app, database_url, ["rated_customer"])
     n, burst, rate = 15, 2, 5.0
-    ids = {
-        c: app.enqueue_many("rated_customer", [{"ms": 300, "customer": c}] * n) for c in "abc"
-    }
+    ids = {c: app.enqueue_many("rated_customer", [{"ms": 300, "customer": c}] * n) for c in "abc"}
     wait_until(
         lambda: sql(database_url, DONE, ("rated_customer",))[0][0] == 3 * n,
         timeout=90,

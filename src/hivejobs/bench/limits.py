@@ -86,7 +86,8 @@ def _rate_by(env: BenchEnvironment, done: int, progress: Progress) -> Figures:
     per = int(target * RATE_S)
     payloads = [{"customer": c} for _ in range(per) for c in CUSTOMERS]  # interleaved
     env.app.enqueue_many("bench_rate_by", payloads)
-    _wait_done(env, done + len(payloads), time.perf_counter(), f"limits rate_by {RATE_BY}", progress)
+    label = f"limits rate_by {RATE_BY}"
+    _wait_done(env, done + len(payloads), time.perf_counter(), label, progress)
     burst = int(target)  # the default bucket: one second's worth, spent at once
     figures: Figures = {"rate_by_target_per_s": target}
     worst = 1.0

@@ -170,7 +170,12 @@ class FlowStore:
         return limit_by.pick(candidates, running, buckets, allowed)
 
     def _take_partition_tokens(
-        self, conn: Conn, name: str, limit_by: LimitBy, picked: Picked, jobs: list[ClaimedJob],
+        self,
+        conn: Conn,
+        name: str,
+        limit_by: LimitBy,
+        picked: Picked,
+        jobs: list[ClaimedJob],
         now: datetime,
     ) -> None:
         """Each partition's bucket loses what was claimed in it (not what was chosen: a

@@ -1,7 +1,8 @@
 """The dashboard: server-rendered pages (render.py), live by re-fetching their own fragment.
 
-Pages: job types with throughput charts (and which are paused), a type's jobs by state, one job, failed jobs with bulk
-replay/cancel, chains and one chain's DAG, workers and the coordinator. Lists are keyset pages
+Pages: job types with throughput charts (and which are paused), a type's jobs by state, one
+job, failed jobs with bulk replay/cancel, chains and one chain's DAG, workers and the
+coordinator. Lists are keyset pages
 (store/dashboard.py): no OFFSET, no count over the archive. Nothing here writes: the buttons
 call the JSON API, whose admin guard applies.
 """
@@ -124,7 +125,7 @@ def _paused(paused_at: datetime | None) -> str:
     """A paused type's badge (issue 12), with the time it was paused; '-' when it runs."""
     if paused_at is None:
         return "-"
-    return f'{badge("paused")} since {esc(when(paused_at))}'
+    return f"{badge('paused')} since {esc(when(paused_at))}"
 
 
 @get("/dashboard/types/{name:str}", include_in_schema=False)
