@@ -93,6 +93,12 @@ def test_racing_claims_never_exceed_any_partitions_budget(
         t.join(120)
     assert started == dict.fromkeys(customers, 5)
     assert peak == dict.fromkeys(customers, 2)
+    # The rows agree: 5 started jobs per customer (finished, archived), the rest never started.
+    per_customer = """SELECT convert_from(payload, 'UTF8')::jsonb ->> 'customer', count(*)
+                        FROM hivejobs_archive WHERE started_at IS NOT NULL GROUP BY 1"""
+    assert dict(sql(database_url, per_customer)) == dict.fromkeys(customers, 5)
+    unstarted = "SELECT count(*) FROM hivejobs_job WHERE state = 'queued' AND started_at IS NULL"
+    assert sql(database_url, unstarted)[0][0] == 4 * 7
     # Every bucket is empty now: the rest of the jobs wait, queued (none lost).
     flow = Flow(app.store, app.broker, "slow_by", SLOW)
     assert claim(app, flow, list(left)) == []
