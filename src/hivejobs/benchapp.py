@@ -90,3 +90,6 @@ if os.environ.get("HIVEJOBS_BENCH_LIMITS") == "1":
     app.job("bench_rate_by", processes=_p, concurrency=_c, rate=_rate_by, limit_by="customer")(
         bench_noop
     )
+    app.job(
+        "bench_rate_by_open", processes=_p, concurrency=_c, rate="1000000/s", limit_by="customer"
+    )(bench_noop)

@@ -2,9 +2,11 @@
 
 One worker runs the no-op job under four types in turn, each draining the same backlog:
 `bench_noop` (no limit), `bench_gc` (global_concurrency = processes x concurrency, so the
-limit is enforced on every claim but never reached) and `bench_rate_open` (a rate never
-reached); throughput is the steady rate from first to last finish, as in `throughput`, and
-the ratios to `bench_noop` sit beside it. Then `bench_rate` (100/s by default) runs RATE_S
+limit is enforced on every claim but never reached), `bench_rate_open` (a rate never
+reached) and `bench_rate_by_open` (the same rate per customer, limit_by, 3 customers in
+turn: a bucket read and written per customer in every claim); throughput is the steady
+rate from first to last finish, as in `throughput`, and the ratios to `bench_noop` sit
+beside it. Then `bench_rate` (100/s by default) runs RATE_S
 seconds of work at its limit: the rate of starts achieved (first to last start, on the
 database clock) divided by the target, with and without the bucket's initial burst.
 """
@@ -21,7 +23,12 @@ RATE = "100/s"
 RATE_BY = "20/s"
 CUSTOMERS = ("acme", "globex", "initech")
 RATE_S = 20.0
-OPEN = (("none", "bench_noop"), ("global_concurrency", "bench_gc"), ("rate", "bench_rate_open"))
+OPEN = (
+    ("none", "bench_noop"),
+    ("global_concurrency", "bench_gc"),
+    ("rate", "bench_rate_open"),
+    ("rate_by", "bench_rate_by_open"),  # limit_by="customer": a bucket per customer
+)
 
 
 def limits_scenario(
@@ -39,7 +46,10 @@ def limits_scenario(
     figures: Figures = {}
     done = 0
     for label, name in OPEN:
-        fleet.enqueue_many(name, [{}] * jobs)
+        if label == "rate_by":  # its payloads name their customer, in turn
+            fleet.enqueue_many(name, [{"customer": CUSTOMERS[i % 3]} for i in range(jobs)])
+        else:
+            fleet.enqueue_many(name, [{}] * jobs)
         done += jobs
         _wait_done(env, done, time.perf_counter(), f"limits {label}", progress)
         first, last = env.sql(
