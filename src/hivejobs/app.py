@@ -154,9 +154,10 @@ class App:
         Fleet-wide limits, across every instance (flow.py): `global_concurrency` jobs of this
         type running at once; `rate="100/s"` (or "/m", "/h") starts, from a token bucket of
         `burst` starts (default one second's worth). A job over a limit waits queued.
-        `limit_by="customer_id"` makes `global_concurrency` a bound per value of that payload
-        field (at most N running per customer); its payloads must be JSON objects holding
-        the field (PayloadInvalid at enqueue otherwise). Not combinable with `rate` yet.
+        `limit_by="customer_id"` makes `global_concurrency` and `rate` bounds per value of
+        that payload field (at most N running, and its own token bucket, per customer); its
+        payloads must be JSON objects holding the field (PayloadInvalid at enqueue
+        otherwise).
 
         `max_rss_mb`: a pool process whose resident memory passes it finishes its running
         jobs and is forked again (a suspension of what still runs, not a failure)."""

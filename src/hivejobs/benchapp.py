@@ -85,3 +85,11 @@ if os.environ.get("HIVEJOBS_BENCH_LIMITS") == "1":
     app.job("bench_gc", processes=_p, concurrency=_c, global_concurrency=_all)(bench_noop)
     app.job("bench_rate_open", processes=_p, concurrency=_c, rate="1000000/s")(bench_noop)
     app.job("bench_rate", processes=_p, concurrency=_c, rate=_rate)(bench_noop)
+    # A rate per customer (limit_by): each payload "customer" has its own bucket.
+    _rate_by = os.environ.get("HIVEJOBS_BENCH_RATE_BY", "20/s")
+    app.job("bench_rate_by", processes=_p, concurrency=_c, rate=_rate_by, limit_by="customer")(
+        bench_noop
+    )
+    app.job(
+        "bench_rate_by_open", processes=_p, concurrency=_c, rate="1000000/s", limit_by="customer"
+    )(bench_noop)

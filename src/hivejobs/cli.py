@@ -249,6 +249,7 @@ def cmd_jobs(args: argparse.Namespace) -> int:
         "failed 1h",
         "succeeded 1h",
         "live pools",
+        "paused",
     )
     table: list[tuple[object, ...]] = [header]
     table += [
@@ -262,6 +263,7 @@ def cmd_jobs(args: argparse.Namespace) -> int:
             r.failed_last_hour,
             r.succeeded_last_hour,
             live.get(r.name, 0) or "none: not processed",
+            "-" if r.paused_at is None else f"since {r.paused_at:%Y-%m-%d %H:%M:%S} UTC",
         )
         for r in rows
     ]

@@ -12,13 +12,20 @@ Everything is enforced where a job starts, at claim time, in Postgres:
   no separate lease can leak. A handler runs only between its claim's commit and its
   completion's, so the handlers running at once never outnumber the running rows;
 - rate: a token bucket in the same row, refilled on the database clock under the same lock;
-- limit_by: `global_concurrency` per distinct value of one payload field (at most N running
-  per customer, say). The partition is read from the payload in the claim, under the same
-  lock: the running rows are counted per partition (`choose` picks the ids whose partition
-  has room), so the slots are still the running rows and a dead holder's come back the same
-  way. Ids refused because their partition is full go to the tail of their list, so a full
-  partition never blocks the others, and a pool that claimed none of them waits for a slot
-  (SLOT_POLL_S, sooner on its own completions) before it pops again: no hot spin.
+- limit_by: `global_concurrency` and/or `rate` per distinct value of one payload field (at
+  most N running, or R starts a second, per customer, say). The partition is read from the
+  payload in the claim, under the same lock: the running rows are counted per partition and
+  each partition's token bucket (`hivejobs_flow_bucket`, one row per partition whose bucket
+  is not full) is refilled on the database clock; `choose` picks the ids whose partition has
+  room and tokens, and the claim writes back the buckets it took from. The type-wide bucket
+  is not used then: the rate is per partition. The slots are still the running rows, so a
+  dead holder's come back the same way. Ids refused because their partition is full or out
+  of tokens go to the tail of their list, so such a partition never blocks the others, and
+  a pool that claimed none of them waits (SLOT_POLL_S, or until the soonest partition's next
+  token, sooner on its own completions) before it pops again: no hot spin. The coordinator's
+  pruner deletes the buckets that have refilled to full (they mean what no row means): the
+  claim visits only the partitions it popped, so it could never find a partition that went
+  quiet, and the hot path stays free of the extra write.
 
 A pool asks `Flow.room` before it pops: a paused or full type waits there without popping
 (no ids bounce through Redis while nothing can run). Ids popped and then refused (a race with
@@ -37,12 +44,13 @@ from hivejobs.broker import Broker, Popped
 from hivejobs.errors import InvalidArgument, InvalidJobType
 from hivejobs.records import ClaimedJob
 from hivejobs.store import Conn, Store
-from hivejobs.store.flow import FlowState, FlowStore, LimitBy, Room
+from hivejobs.store.flow import Bucket, FlowState, FlowStore, LimitBy, Picked, Room
 
 PAUSE_POLL_S = 1.0  # a paused type's pools look again this often (resume takes up to this)
 SLOT_POLL_S = 0.1  # a full type's pools look again this often (sooner on their own completions)
 MAX_SCALE = 1000  # threads per pool process `hivejobs scale` may ask for
 MAX_RATE_WAIT_S = 1.0  # a rate-limited pool re-reads the bucket at least this often
+MIN_WAIT_S = 0.002  # the shortest wait of a limit_by pool that claimed nothing
 _RATE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*/\s*(s|sec|second|m|min|minute|h|hour)\s*$")
 _PER = {"s": 1.0, "sec": 1.0, "second": 1.0, "m": 60.0, "min": 60.0, "minute": 60.0}
 _PER |= {"h": 3600.0, "hour": 3600.0}
@@ -105,35 +113,82 @@ def checked_limits(
 def check_limit_by(limit_by: object, global_concurrency: int | None, rate: str | None) -> None:
     if not isinstance(limit_by, str) or not limit_by:
         raise InvalidJobType(f"limit_by must be the name of a payload field, not {limit_by!r}")
-    if global_concurrency is None:
+    if global_concurrency is None and rate is None:
         raise InvalidJobType(
-            "limit_by needs global_concurrency (limit_by=... caps the running jobs per value "
-            "of that payload field at global_concurrency)"
-        )
-    if rate is not None:
-        # Per-partition token buckets are not built yet: refuse rather than apply the rate
-        # to the whole type while the caller believes it is per partition.
-        raise InvalidJobType(
-            "limit_by does not partition rate yet: drop rate=, or limit_by= and keep a "
-            "type-wide rate on a job type of its own"
+            "limit_by needs global_concurrency or rate (limit_by=... caps the running jobs, "
+            "or the starts per second, per value of that payload field)"
         )
 
 
 def choose(
-    candidates: list[tuple[str, str]], running: dict[str, int], per_partition: int, want: int
+    candidates: list[tuple[str, str]],
+    running: dict[str, int],
+    per_partition: int | None,
+    want: int,
+    tokens: dict[str, float] | None = None,
 ) -> list[str]:
-    """Of (id, partition) candidates in pop order, the ids to claim: at most `want`, and no
-    partition beyond `per_partition` running jobs counting these. Pure: tested with tables
-    (tests/unit/test_flow.py)."""
+    """Of (id, partition) candidates in pop order, the ids to claim: at most `want`, no
+    partition beyond `per_partition` running jobs counting these (None: no cap), and with
+    `tokens` (each partition's refilled bucket) no partition beyond its whole tokens.
+    Pure: tested with tables (tests/unit/test_flow.py)."""
     taken = dict(running)
+    spent: dict[str, int] = {}
     chosen: list[str] = []
     for job_id, part in candidates:
         if len(chosen) >= want:
             break
-        if taken.get(part, 0) < per_partition:
-            taken[part] = taken.get(part, 0) + 1
-            chosen.append(job_id)
+        if per_partition is not None and taken.get(part, 0) >= per_partition:
+            continue
+        if tokens is not None and spent.get(part, 0) + 1 > tokens.get(part, 0.0) + 1e-9:
+            continue
+        taken[part] = taken.get(part, 0) + 1
+        spent[part] = spent.get(part, 0) + 1
+        chosen.append(job_id)
     return chosen
+
+
+def refill(bucket: Bucket | None, rate_per_s: float, burst: int) -> float:
+    """A bucket's tokens now: what it held plus what the rate added since, up to the burst;
+    no row is a full bucket (the coordinator deletes full ones)."""
+    if bucket is None:
+        return float(burst)
+    return min(float(burst), bucket.tokens + bucket.since_s * rate_per_s)
+
+
+def pick_partitions(
+    limits: Limits,
+    candidates: list[tuple[str, str]],
+    running: dict[str, int],
+    buckets: dict[str, Bucket],
+    want: int,
+) -> Picked:
+    """limit_by's choice under the claim's lock: choose() over the partitions' running
+    counts and, with a rate, their buckets refilled up to now. Pure."""
+    tokens: dict[str, float] = {}
+    if limits.rate_per_s is not None:
+        for part in {p for _, p in candidates}:
+            tokens[part] = refill(buckets.get(part), limits.rate_per_s, limits.burst)
+    ids = choose(
+        candidates,
+        running,
+        limits.global_concurrency,
+        want,
+        tokens if limits.rate_per_s is not None else None,
+    )
+    part_of = dict(candidates)
+    return Picked(ids=ids, parts={i: part_of[i] for i in ids}, tokens=tokens)
+
+
+def partition_wait_s(limits: Limits, picked: Picked) -> float:
+    """How long a limit_by pool that claimed nothing waits before it pops again: a slot
+    poll, or less when a partition's next token comes sooner (waiting a whole poll would
+    keep a fast partition below its rate). Never zero: no hot spin."""
+    wait_s = SLOT_POLL_S
+    if limits.rate_per_s is not None:
+        for level in picked.tokens.values():
+            if level < 1.0:
+                wait_s = min(wait_s, (1.0 - level) / limits.rate_per_s)
+    return max(wait_s, MIN_WAIT_S)
 
 
 def decide(limits: Limits | None, want: int, state: FlowState) -> Room:
@@ -148,7 +203,8 @@ def decide(limits: Limits | None, want: int, state: FlowState) -> Room:
         allowed = min(allowed, free)
         if free == 0:
             wait_s = SLOT_POLL_S
-    if limits is not None and limits.rate_per_s is not None:
+    if limits is not None and limits.rate_per_s is not None and limits.limit_by is None:
+        # With limit_by the bucket is per partition: only the claim (pick_partitions) knows.
         tokens = min(float(limits.burst), state.tokens + state.since_s * limits.rate_per_s)
         whole = max(0, math.floor(tokens + 1e-9))
         allowed = min(allowed, whole)
@@ -160,9 +216,11 @@ def decide(limits: Limits | None, want: int, state: FlowState) -> Room:
 class Flow:
     """One pool's view of its type's flow control.
 
-    Owns the cached pause state of an unlimited type (`_paused`, `_checked_at`), read and
-    written by the fetcher thread alone, so no lock. The cache only spares a query per pop:
-    the claim itself checks the pause, so a stale cache costs a bounce, never a start.
+    Owns the cached pause state of an unlimited type (`_paused`, `_checked_at`) and a
+    limit_by type's wait after an empty claim (`_empty_wait_s`, set in the claim, read in
+    put_back), read and written by the fetcher thread alone, so no lock. The cache only
+    spares a query per pop: the claim itself checks the pause, so a stale cache costs a
+    bounce, never a start.
     """
 
     def __init__(self, store: Store, broker: Broker, name: str, limits: Limits | None) -> None:
@@ -175,6 +233,7 @@ class Flow:
         self._checked_at = -math.inf
         self._ensured = False  # a limited type's flow row exists (made at the first look)
         self.concurrency: int | None = None  # `hivejobs scale` (None: the type's own)
+        self._empty_wait_s = SLOT_POLL_S  # limit_by: the last claim's partition_wait_s
 
     def room(self, want: int) -> Room:
         """Before a pop: how many ids to pop, or how long to wait first."""
@@ -202,12 +261,30 @@ class Flow:
             return self.store.claim_queued(ids, worker_id, conn, name=self.name)
         limits = self.limits
         by = None
-        if limits.limit_by is not None and limits.global_concurrency is not None:
-            per = limits.global_concurrency
-            by = LimitBy(field=limits.limit_by, pick=lambda c, r, n: choose(c, r, per, n))
+        self._empty_wait_s = SLOT_POLL_S  # unless the pick (if any) finds a token sooner
+        if limits.limit_by is not None:
+            by = LimitBy(
+                field=limits.limit_by,
+                counts_running=limits.global_concurrency is not None,
+                rate_per_s=limits.rate_per_s,
+                burst=limits.burst,
+                pick=lambda c, r, b, n: self._pick(limits, c, r, b, n),
+            )
         return self.flows.claim_limited(
             conn, ids, worker_id, self.name, lambda s: decide(limits, len(ids), s), by
         )
+
+    def _pick(
+        self,
+        limits: Limits,
+        candidates: list[tuple[str, str]],
+        running: dict[str, int],
+        buckets: dict[str, Bucket],
+        want: int,
+    ) -> Picked:
+        picked = pick_partitions(limits, candidates, running, buckets, want)
+        self._empty_wait_s = partition_wait_s(limits, picked)
+        return picked
 
     def put_back(self, popped: Popped, claimed: list[ClaimedJob]) -> float:
         """Ids popped but refused (a pause or a limit reached meanwhile) go back to the head
@@ -228,7 +305,7 @@ class Flow:
             self.broker.redis.lpush(popped.key, *reversed(back))
             return 0.0
         self.broker.redis.rpush(popped.key, *back)
-        return SLOT_POLL_S if not claimed else 0.0
+        return self._empty_wait_s if not claimed else 0.0
 
 
 def pause_type(store: Store, name: str) -> bool:

@@ -190,6 +190,7 @@ class TypeCounts(msgspec.Struct, frozen=True, kw_only=True):
     running: int
     failed_last_hour: int
     succeeded_last_hour: int
+    paused_at: datetime | None = None  # paused fleet-wide since (issue 12); None: not paused
 
 
 class WorkerInfo(msgspec.Struct, frozen=True, kw_only=True):

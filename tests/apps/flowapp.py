@@ -5,7 +5,8 @@ the ledger (tests/apps/ledger.py: O_APPEND lines that survive kill -9): the inde
 record of when handlers ran, from which the tests count how many ran at once. The clock is
 CLOCK_MONOTONIC, one clock for every process on the machine.
 HJ_GLOBAL sets `limited`'s global_concurrency, HJ_RATE and HJ_BURST `rated`'s rate;
-HJ_LIMIT_BY=1 registers `per_customer` (2 running per payload "customer").
+HJ_LIMIT_BY=1 registers `per_customer` (2 running per payload "customer"); HJ_RATE_BY (a
+rate, "5/s") registers `rated_customer`: 2 running and that rate per customer, burst 2.
 """
 
 from __future__ import annotations
@@ -41,6 +42,15 @@ app.job(
 app.job("plain", concurrency=4)(_timed)
 if os.environ.get("HJ_LIMIT_BY"):  # only where a test runs it: one pool process fewer elsewhere
     app.job("per_customer", concurrency=8, global_concurrency=2, limit_by="customer")(_timed)
+if rate_by := os.environ.get("HJ_RATE_BY"):
+    app.job(
+        "rated_customer",
+        concurrency=8,
+        global_concurrency=2,
+        rate=rate_by,
+        burst=2,
+        limit_by="customer",
+    )(_timed)
 
 
 async def _awaits(ctx: JobContext, payload: dict[str, float]) -> str:

@@ -1,10 +1,11 @@
 """The CLI a person reads: bare `hivejobs`, --version, `status` as text (the traceback as
-lines) and --json, `jobs` marking types without a live pool, `workers --json`."""
+lines) and --json, `jobs` marking types without a live pool or paused, `workers --json`."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 from collections.abc import Callable
 
@@ -94,7 +95,8 @@ def test_jobs_marks_types_without_a_live_pool_and_lists_json(
     cli_env.enqueue("orphan", {})
     assert main(["jobs"]) == 0
     rows = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()[1:]}
-    assert rows["orphan"].endswith("none: not processed") and rows["served"].endswith(" 1")
+    assert rows["orphan"].endswith("none: not processed  -")
+    assert rows["served"].split()[-2:] == ["1", "-"]  # one live pool, not paused
     assert main(["jobs", "--json"]) == 0
     counts = {r["name"]: r for r in json.loads(capsys.readouterr().out)}
     assert (counts["orphan"]["live_pools"], counts["orphan"]["queued"]) == (0, 1)
@@ -102,3 +104,26 @@ def test_jobs_marks_types_without_a_live_pool_and_lists_json(
     assert main(["workers", "--json"]) == 0
     workers = json.loads(capsys.readouterr().out)
     assert [(w["id"], w["pool"]) for w in workers] == [(worker, "served")]
+
+
+def test_jobs_shows_which_types_are_paused(
+    cli_env: App, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for name in ("held", "going"):
+        cli_env.job(name)(lambda ctx, payload: None)
+    cli_env.store.upsert_job_types([jt.info() for jt in cli_env.types.values()])
+    assert main(["pause", "held"]) == 0
+    capsys.readouterr()
+    assert main(["jobs"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split()[-1] == "paused"
+    rows = {line.split()[0]: line for line in lines[1:]}
+    assert re.search(r"since \d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC$", rows["held"])
+    assert rows["going"].endswith(" -")
+    assert main(["jobs", "--json"]) == 0
+    counts = {r["name"]: r for r in json.loads(capsys.readouterr().out)}
+    assert counts["held"]["paused_at"] is not None and counts["going"]["paused_at"] is None
+    assert main(["resume", "held"]) == 0
+    capsys.readouterr()
+    assert main(["jobs", "--json"]) == 0
+    assert all(r["paused_at"] is None for r in json.loads(capsys.readouterr().out))

@@ -45,6 +45,10 @@ SCAN_NODES = {
     "Sample Scan",
 }
 STATS = ("absent", "empty_table", "full_queue")
+# hivejobs_flow_bucket: limit_by's token buckets, one row per busy partition (PARTITIONS of
+# them, far more than a claim touches).
+HOT_TABLES = {"hivejobs_job", "hivejobs_flow_bucket"}
+PARTITIONS = 20_000
 
 
 @dataclass(frozen=True)
@@ -77,6 +81,7 @@ def load(conn: psycopg.Connection[Any], stats: str) -> Loaded:
     conn.execute("ALTER TABLE hivejobs_job SET (autovacuum_enabled = false)")
     if stats == "empty_table":
         conn.execute("ANALYZE hivejobs_job")
+        conn.execute("ANALYZE hivejobs_flow_bucket")
     conn.execute(
         """INSERT INTO hivejobs_job (id, name, state, attempts, delivery, payload, run_at,
                                      queued_at)
@@ -113,8 +118,17 @@ def load(conn: psycopg.Connection[Any], stats: str) -> Loaded:
              FROM generate_series(1, %s)""",
         (BATCH,),
     )
+    # Buckets of many partitions, all still refilling but BATCH that are full again.
+    conn.execute(
+        """INSERT INTO hivejobs_flow_bucket (name, part, tokens, refilled_at, full_at)
+           SELECT 'noop', i::text, 0.5, now(),
+                  now() + CASE WHEN i <= %(b)s THEN -1 ELSE 60 END * interval '1 second'
+             FROM generate_series(1, %(n)s) i""",
+        {"n": PARTITIONS, "b": BATCH},
+    )
     if stats == "full_queue":
         conn.execute("ANALYZE hivejobs_job")
+        conn.execute("ANALYZE hivejobs_flow_bucket")
     busy, small, dead = (str(uuid.uuid4()) for _ in range(3))
     conn.execute(
         """INSERT INTO hivejobs_worker (id, host, pid, role, pool, heartbeat_at)
@@ -160,6 +174,7 @@ def hot_statements(ld: Loaded) -> list[tuple[str, str, dict[str, Any], int]]:
     ids = [i for i, _ in ld.running]
     tokens = [t for _, t in ld.running]
     n = len(ids)
+    parts = [str(PARTITIONS - i) for i in range(n)]  # busy partitions, far from the first
     return [
         (
             "claim_queued",
@@ -261,6 +276,28 @@ def hot_statements(ld: Loaded) -> list[tuple[str, str, dict[str, Any], int]]:
             {"name": "noop", "field": "customer", "parts": [""]},
             CLAIMED,
         ),
+        # limit_by with a rate: the popped partitions' buckets read by key, written by an
+        # upsert (its conflict check probes the primary key, no scan node: 0 buffers here),
+        # and the coordinator's prune of the full ones (through the full_at index).
+        (
+            "flow_buckets",
+            FLOW_QUERIES["flow_buckets"],
+            {"name": "noop", "parts": parts, "now": datetime.now(UTC)},
+            n,
+        ),
+        (
+            "flow_take_partition_tokens",
+            FLOW_QUERIES["flow_take_partition_tokens"],
+            {
+                "name": "noop",
+                "parts": parts,
+                "tokens": [0.0] * n,
+                "refill_s": [1.0] * n,
+                "now": datetime.now(UTC),
+            },
+            n,
+        ),
+        ("prune_full_buckets", FLOW_QUERIES["prune_full_buckets"], {}, BATCH),
     ]
 
 
@@ -301,8 +338,8 @@ def explain(conn: psycopg.Connection[Any], query: str, params: dict[str, Any], k
 
 
 def scans_of_hot_table(node: dict[str, Any]) -> Iterator[dict[str, Any]]:
-    """The top-most scan nodes of hivejobs_job: their buffers include their index scans."""
-    if node["Node Type"] in SCAN_NODES and node.get("Relation Name") == "hivejobs_job":
+    """The top-most scan nodes of the hot tables: their buffers include their index scans."""
+    if node["Node Type"] in SCAN_NODES and node.get("Relation Name") in HOT_TABLES:
         yield node
         return
     for child in node.get("Plans", []):

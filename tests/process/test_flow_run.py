@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 import redis
 
 from hivejobs import App
@@ -194,6 +195,48 @@ def test_rate_limit_spaces_the_starts(
     # (less a little for the lag between a claim and its handler's first line).
     assert span_s >= 2.3 - 0.3, span_s
     assert span_s < 10.0, span_s  # and it does not stall (the precise rate: hivejobs bench)
+
+
+@pytest.mark.faults  # judged on start times: kept off a core shared with another test
+def test_a_rate_per_customer_holds_across_two_instances(
+    start_instance: Callable[..., Instance],
+    make_app: Callable[..., App],
+    database_url: str,
+    ledger_dir: Path,
+) -> None:
+    """limit_by with rate and global_concurrency, 2 instances x 8 threads: each customer has
+    its own bucket (2, refilled at 5/s) and its own 2 slots, and the customers run beside
+    each other. The rate is judged from the rows' started_at (the claim transaction's start,
+    at most its wait for the type's lock before the bucket is read), the slots from the
+    handlers' ledger."""
+    for _ in range(2):
+        start_instance({"HJ_RATE_BY": "5/s"}, app_spec=APP)
+    wait_until(lambda: len(pool_pids(database_url, "rated_customer")) == 2, what="both pools")
+    app = fleet_app(make_app, database_url, ["rated_customer"])
+    n, burst, rate = 15, 2, 5.0
+    ids = {c: app.enqueue_many("rated_customer", [{"ms": 300, "customer": c}] * n) for c in "abc"}
+    wait_until(
+        lambda: sql(database_url, DONE, ("rated_customer",))[0][0] == 3 * n,
+        timeout=90,
+        what="done",
+    )
+    for c, mine in ids.items():
+        starts = sorted(
+            float(r[0])
+            for r in sql(
+                database_url,
+                "SELECT extract(epoch FROM started_at) FROM hivejobs_archive WHERE id = ANY(%s)",
+                (mine,),
+            )
+        )
+        # Any k consecutive starts took at least (k - burst) / rate seconds: one token of
+        # slack for the lock wait between a claim's start and its read of the bucket.
+        for i in range(n):
+            for j in range(i + burst + 1, n):
+                assert j - i + 1 <= burst + 1 + rate * (starts[j] - starts[i]), (c, i, j, starts)
+        assert starts[-1] - starts[0] >= (n - burst - 1) / rate, (c, starts)
+        assert most_at_once(intervals(ledger_dir, ids=mine)) <= 2, c
+    assert most_at_once(intervals(ledger_dir)) > 2  # customers ran beside each other
 
 
 def test_pause_holds_through_a_restart_and_a_redis_flush(

@@ -100,6 +100,18 @@ def test_drain_runs_queued_jobs_and_promotes_only_what_it_is_told(
     assert sql(app.settings.database_url, "SELECT count(*) FROM hivejobs_worker") == [(0,)]
 
 
+def test_drain_leaves_a_paused_types_jobs_queued(make_app: Callable[..., App]) -> None:
+    app = flaky_app(make_app())
+    app.store.upsert_job_types([jt.info() for jt in app.types.values()])
+    assert app.pause("double") is True
+    held = app.enqueue("double", 4)
+    ran = drain(app, types=["double", "fan_out"])  # returns: no hot loop on a paused type
+    assert (ran.succeeded, app.get_job(held).state) == (0, "queued")
+    assert app.resume("double") is True
+    assert drain(app).succeeded == 1
+    assert app.get_job(held).result == 8
+
+
 def test_the_plugin_runs_the_example_tests(admin_url: str) -> None:
     env = {
         **os.environ,

@@ -13,8 +13,10 @@ from hivejobs.flow import (
     choose,
     decide,
     parse_rate,
+    partition_wait_s,
+    pick_partitions,
 )
-from hivejobs.store.flow import FlowState
+from hivejobs.store.flow import Bucket, FlowState
 
 GC3 = Limits(global_concurrency=3)
 R10 = Limits(rate_per_s=10.0, burst=5)
@@ -98,10 +100,9 @@ def test_default_burst_is_one_second_of_starts() -> None:
         ({"burst": 3}, "burst needs a rate"),
         ({"rate": "5/s", "burst": 0}, "burst must be a whole number of jobs, at least 1"),
         ({"rate": 5}, "rate must look like"),
-        ({"limit_by": "customer_id"}, "limit_by needs global_concurrency"),
+        ({"limit_by": "customer_id"}, "limit_by needs global_concurrency or rate"),
         ({"global_concurrency": 2, "limit_by": ""}, "limit_by must be the name of a payload"),
         ({"global_concurrency": 2, "limit_by": 3}, "limit_by must be the name of a payload"),
-        ({"global_concurrency": 2, "rate": "5/s", "limit_by": "c"}, "does not partition rate"),
         ({"max_rss_mb": 0}, "max_rss_mb must be a positive number of MiB"),
         ({"max_rss_mb": "1G"}, "max_rss_mb must be a positive number of MiB"),
     ],
@@ -169,3 +170,81 @@ def test_limit_by_payload_without_the_field_is_refused(payload: object, message:
     with pytest.raises(PayloadInvalid, match=message):
         app.types["t"].new_job(payload, None, None, None, None, None)
     app.types["t"].new_job({"customer_id": None}, None, None, None, None, None)  # null: a value
+
+
+BY_RATE = Limits(global_concurrency=2, rate_per_s=10.0, burst=3, limit_by="customer_id")
+
+
+@pytest.mark.parametrize(
+    ("candidates", "running", "buckets", "want", "chosen", "tokens"),
+    [
+        # No row: a full bucket (3), and at most 2 running per customer.
+        ([("1", "a"), ("2", "a"), ("3", "a")], {}, {}, 8, ["1", "2"], {"a": 3.0}),
+        # a has half a token left: none of a; b's bucket is full and runs on.
+        (
+            [("1", "a"), ("2", "b"), ("3", "b")],
+            {},
+            {"a": Bucket(0.5, 0.0)},
+            8,
+            ["2", "3"],
+            {"a": 0.5, "b": 3.0},
+        ),
+        # a refilled 0.1 s at 10/s since it held 0.2: one token (1.2), so one job.
+        (
+            [("1", "a"), ("2", "a")],
+            {},
+            {"a": Bucket(0.2, 0.1)},
+            8,
+            ["1"],
+            {"a": 1.2},
+        ),
+        # Refill stops at the burst, however long the bucket waited.
+        ([("1", "a")], {}, {"a": Bucket(0.0, 60.0)}, 8, ["1"], {"a": 3.0}),
+        # Tokens but no slot: a's two slots are taken.
+        ([("1", "a"), ("2", "b")], {"a": 2}, {}, 8, ["2"], {"a": 3.0, "b": 3.0}),
+        # At most `want`, tokens or not.
+        ([("1", "a"), ("2", "b")], {}, {}, 1, ["1"], {"a": 3.0, "b": 3.0}),
+    ],
+)
+def test_pick_partitions(
+    candidates: list[tuple[str, str]],
+    running: dict[str, int],
+    buckets: dict[str, Bucket],
+    want: int,
+    chosen: list[str],
+    tokens: dict[str, float],
+) -> None:
+    picked = pick_partitions(BY_RATE, candidates, running, buckets, want)
+    assert picked.ids == chosen
+    assert picked.parts == {i: p for i, p in candidates if i in chosen}
+    assert picked.tokens == pytest.approx(tokens)
+
+
+def test_a_partitioned_rate_alone_caps_starts_not_running_jobs() -> None:
+    rate_only = Limits(rate_per_s=10.0, burst=2, limit_by="customer_id")
+    picked = pick_partitions(rate_only, [("1", "a"), ("2", "a"), ("3", "a")], {}, {}, 8)
+    assert picked.ids == ["1", "2"]  # the burst, whatever runs
+
+
+def test_a_pool_out_of_tokens_waits_for_the_soonest_token_never_zero() -> None:
+    fast = Limits(rate_per_s=100.0, burst=1, limit_by="c")
+    empty = pick_partitions(fast, [("1", "a"), ("2", "b")], {}, {"a": Bucket(0.5, 0.0)}, 8)
+    # b was full and took its token; a needs 0.5 token at 100/s: 5 ms.
+    assert partition_wait_s(fast, empty) == pytest.approx(0.005)
+    none_left = pick_partitions(fast, [("1", "a")], {}, {"a": Bucket(0.0, 0.0)}, 8)
+    assert none_left.ids == []
+    assert 0 < partition_wait_s(fast, none_left) <= SLOT_POLL_S
+    slow = Limits(rate_per_s=0.5, burst=1, limit_by="c")
+    assert partition_wait_s(slow, pick_partitions(slow, [("1", "a")], {}, {}, 8)) == SLOT_POLL_S
+
+
+def test_a_partitioned_rate_leaves_the_type_wide_bucket_alone() -> None:
+    # The type-wide bucket is empty, yet the pool pops: the partitions' buckets decide.
+    room = decide(BY_RATE, 4, st(tokens=0.0))
+    assert (room.allowed, room.tokens) == (4, None)
+
+
+def test_limit_by_with_a_rate_reaches_the_job_type() -> None:
+    app = App()
+    app.job("t", rate="20/s", limit_by="customer_id")(lambda ctx, payload: None)
+    assert app.types["t"].limits == Limits(None, 20.0, 20, "customer_id")

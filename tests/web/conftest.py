@@ -12,6 +12,7 @@ import httpx
 import pytest
 
 from tests.harness import ROOT, Instance, free_port, wait_until
+from tests.process.cli import cli_env, hivejobs
 
 ADMIN = "admin-token-for-tests"
 READER = "read-token-for-tests"
@@ -101,3 +102,12 @@ def fleet(
         return start_instance(extra_env={**env, **(extra_env or {})}, args=args, app_spec=WEBAPP)
 
     return start
+
+
+def flow_cli(web_env: dict[str, str], *args: str) -> str:
+    """`hivejobs pause|resume NAME` on the web tests' database, with the web app's types;
+    its one line of output."""
+    hj = {k: v for k, v in web_env.items() if k.startswith("HIVEJOBS_")}
+    done = hivejobs(list(args), cli_env(**hj, HIVEJOBS_APP=WEBAPP))
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()

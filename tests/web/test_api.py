@@ -11,7 +11,7 @@ from datetime import UTC, datetime, timedelta
 import httpx
 
 from tests.harness import ROOT, Instance, RedisServer, free_port, sql, wait_until
-from tests.web.conftest import ADMIN, READER, WEBAPP, Server
+from tests.web.conftest import ADMIN, READER, WEBAPP, Server, flow_cli
 
 
 def live_count(url: str) -> int:
@@ -205,6 +205,21 @@ def test_chains_jobtypes_workers_metrics_schema(server: Server) -> None:
     spec = c.get("/schema/openapi.json").json()
     assert {"/v1/jobs/{name}/{job_id}", "/v1/chains", "/metrics"} <= set(spec["paths"])
     assert c.get("/v1/nothing-here").status_code == 404
+
+
+def test_jobtypes_show_which_types_are_paused(server: Server, web_env: dict[str, str]) -> None:
+    c = server.client
+    assert flow_cli(web_env, "pause", "echo") == "paused"
+    types = {t["name"]: t for t in c.get("/v1/jobtypes").json()}
+    assert types["echo"]["paused"] is True
+    paused_at = datetime.fromisoformat(types["echo"]["paused_at"])
+    assert abs(datetime.now(UTC) - paused_at) < timedelta(minutes=5)
+    assert (types["boom"]["paused"], types["boom"]["paused_at"]) == (False, None)
+    assert flow_cli(web_env, "resume", "echo") == "resumed"
+    echo = {t["name"]: t for t in c.get("/v1/jobtypes").json()}["echo"]
+    assert (echo["paused"], echo["paused_at"]) == (False, None)
+    schema = c.get("/schema/openapi.json").json()["components"]["schemas"]
+    assert {"paused", "paused_at"} <= set(schema["JobTypeOut"]["properties"])
 
 
 def test_stop_of_a_finished_chain_is_409(

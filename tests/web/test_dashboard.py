@@ -1,5 +1,6 @@
 """The dashboard in a real headless Chromium (Debian's, driven by Playwright): every page opens,
-updates itself without a reload, and its cancel/replay buttons change the jobs' state.
+updates itself without a reload, its cancel/replay buttons change the jobs' state, and a paused
+type is marked.
 
 Screenshots go to the test's tmp dir (and to $HJ_SCREENSHOTS when set, e.g. docs/screenshots).
 """
@@ -14,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.harness import Instance, sql, wait_until
-from tests.web.conftest import ADMIN, Server
+from tests.web.conftest import ADMIN, Server, flow_cli
 
 pw = pytest.importorskip("playwright.sync_api")
 CHROMIUM = "/usr/bin/chromium"
@@ -162,3 +163,32 @@ def test_dashboard_pages_live_updates_and_buttons(
     assert page.locator("span.hb").count() == 5  # four pools and the coordinator
     shot(page, "workers")
     assert len(list(shots.glob("*.png"))) == 6
+
+
+def test_dashboard_shows_a_paused_type_and_its_resume_live(
+    server: Server, web_env: dict[str, str], browser: object
+) -> None:
+    """Paused from the CLI: the job types page marks it and the type's page says what to do;
+    resumed, the open page drops the mark without a reload (its live fragment)."""
+    assert flow_cli(web_env, "pause", "echo") == "paused"
+    page = browser.new_page(viewport={"width": 1200, "height": 800})  # type: ignore[attr-defined]
+    base = server.url
+    page.goto(base + "/dashboard/login")
+    page.fill("input[name=token]", ADMIN)
+    page.click("#signin")
+    page.wait_for_url(base + "/dashboard")
+    header = page.locator("th").all_inner_texts()
+    column = header.index("paused")
+    cell = "name => [...document.querySelectorAll('tr')].find(r => r.cells[0] && r.cells[0]"
+    cell += f".innerText === name).cells[{column}]"
+    echo = page.evaluate(f"({cell})('echo').innerText")
+    assert echo.startswith("paused since ")
+    assert page.evaluate(f"({cell})('echo').querySelector('.state').innerText") == "paused"
+    assert page.evaluate(f"({cell})('boom').innerText") == "-"
+    page.goto(base + "/dashboard/types/echo")
+    assert "hivejobs resume echo" in page.inner_text("p.paused-notice")
+    page.goto(base + "/dashboard")
+    assert flow_cli(web_env, "resume", "echo") == "resumed"
+    page.wait_for_function(f"({cell})('echo').innerText === '-'", timeout=20_000)
+    page.goto(base + "/dashboard/types/echo")
+    assert page.locator("p.paused-notice").count() == 0

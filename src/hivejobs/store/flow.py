@@ -50,15 +50,41 @@ class Room(msgspec.Struct, frozen=True, kw_only=True):
 
 
 Decide = Callable[[FlowState], Room]
+
+
+class Bucket(msgspec.Struct, frozen=True):
+    """A partition's token bucket as stored: tokens left at its last refill, and the seconds
+    since (on flow_lock's clock)."""
+
+    tokens: float
+    since_s: float
+
+
+class Picked(msgspec.Struct, frozen=True, kw_only=True):
+    """limit_by's choice: the ids to claim and their partitions, and each candidate
+    partition's bucket refilled up to now, before this claim takes from it (empty without
+    a rate)."""
+
+    ids: list[str]
+    parts: dict[str, str]  # chosen id -> its partition
+    tokens: dict[str, float]
+
+
 # limit_by (flow.choose): (candidates as (id, partition) in pop order, running jobs per
-# partition, how many the type-wide decision allows) -> the ids to claim.
-Pick = Callable[[list[tuple[str, str]], dict[str, int], int], list[str]]
+# partition (empty without global_concurrency), the candidate partitions' stored buckets
+# (empty without a rate; a missing one is full), how many the type-wide decision allows)
+# -> the choice.
+Pick = Callable[[list[tuple[str, str]], dict[str, int], dict[str, Bucket], int], Picked]
 
 
 class LimitBy(msgspec.Struct, frozen=True, kw_only=True):
-    """A partitioned limit for claim_limited: the payload field, and the choice."""
+    """A partitioned limit for claim_limited: the payload field, which counts it needs
+    (running rows per partition, buckets per partition), and the choice."""
 
     field: str
+    counts_running: bool
+    rate_per_s: float | None
+    burst: int
     pick: Pick
 
 
@@ -88,9 +114,10 @@ class FlowStore:
         limit_by: LimitBy | None = None,
     ) -> list[ClaimedJob]:
         """Claim at most what `decide` allows, in order, under the type's row lock. The
-        lock is held to the commit: the next claimer counts our claims as running. With
-        `limit_by`, the running rows are counted per partition, in the same snapshot, and
-        `limit_by.pick` chooses the ids whose partition has room."""
+        lock is held to the commit: the next claimer counts our claims as running and sees
+        our tokens taken. With `limit_by`, the running rows are counted per partition, in
+        the same snapshot, the partitions' buckets are read, and `limit_by.pick` chooses
+        the ids whose partition has room and tokens."""
         with conn.transaction():
             row = conn.execute(QUERIES["flow_lock"], {"name": name}).fetchone()
             if row is None:  # the row is made at pool start; a deleted row limits nothing
@@ -101,10 +128,12 @@ class FlowStore:
                 paused=paused, tokens=tokens, since_s=since_s, running=running[0] if running else 0
             )
             room = decide(state)
+            picked = None
             if limit_by is None:
                 chosen = ids[: room.allowed]
             else:
-                chosen = self._pick(conn, ids, name, limit_by, room.allowed)
+                picked = self._pick(conn, ids, name, limit_by, room.allowed, now)
+                chosen = picked.ids
             jobs = self.store.claim_queued(chosen, worker_id, conn, name=name) if chosen else []
             if room.tokens is not None:
                 # The bucket loses what was claimed, not what was allowed: a duplicate id
@@ -113,21 +142,64 @@ class FlowStore:
                 conn.execute(
                     QUERIES["flow_take_tokens"], {"name": name, "tokens": level, "now": now}
                 )
+            if picked is not None and limit_by is not None and limit_by.rate_per_s is not None:
+                self._take_partition_tokens(conn, name, limit_by, picked, jobs, now)
             return jobs
 
     def _pick(
-        self, conn: Conn, ids: list[str], name: str, limit_by: LimitBy, allowed: int
-    ) -> list[str]:
+        self, conn: Conn, ids: list[str], name: str, limit_by: LimitBy, allowed: int, now: datetime
+    ) -> Picked:
+        """The ids limit_by allows; with a rate, the buckets they take from as well."""
         if allowed <= 0:
-            return []
-        params = {"ids": ids, "name": name, "field": limit_by.field}
-        parts = dict(conn.execute(QUERIES["flow_partitions"], params).fetchall())
+            return Picked(ids=[], parts={}, tokens={})
+        params: dict[str, object] = {"ids": ids, "name": name, "field": limit_by.field}
+        parts: dict[str, str] = dict(conn.execute(QUERIES["flow_partitions"], params).fetchall())
         candidates = [(i, parts[i]) for i in ids if i in parts]
         if not candidates:
-            return []
+            return Picked(ids=[], parts={}, tokens={})
         params["parts"] = sorted({p for _, p in candidates})
-        rows = conn.execute(QUERIES["flow_running_by_partition"], params).fetchall()
-        return limit_by.pick(candidates, dict(rows), allowed)
+        running: dict[str, int] = {}
+        if limit_by.counts_running:
+            rows = conn.execute(QUERIES["flow_running_by_partition"], params).fetchall()
+            running = dict(rows)
+        buckets: dict[str, Bucket] = {}
+        if limit_by.rate_per_s is not None:
+            params["now"] = now
+            rows = conn.execute(QUERIES["flow_buckets"], params).fetchall()
+            buckets = {part: Bucket(tokens, since_s) for part, tokens, since_s in rows}
+        return limit_by.pick(candidates, running, buckets, allowed)
+
+    def _take_partition_tokens(
+        self,
+        conn: Conn,
+        name: str,
+        limit_by: LimitBy,
+        picked: Picked,
+        jobs: list[ClaimedJob],
+        now: datetime,
+    ) -> None:
+        """Each partition's bucket loses what was claimed in it (not what was chosen: a
+        duplicate id claims nothing and costs no token); a partition that claimed nothing
+        keeps its row as it is, which still refills right from its own refilled_at."""
+        rate = limit_by.rate_per_s
+        if rate is None or not jobs:
+            return
+        claimed: dict[str, int] = {}
+        for job in jobs:
+            part = picked.parts[job.id]
+            claimed[part] = claimed.get(part, 0) + 1
+        parts = sorted(claimed)
+        levels = [picked.tokens[p] - claimed[p] for p in parts]
+        conn.execute(
+            QUERIES["flow_take_partition_tokens"],
+            {
+                "name": name,
+                "now": now,
+                "parts": parts,
+                "tokens": levels,
+                "refill_s": [max(0.0, (limit_by.burst - level) / rate) for level in levels],
+            },
+        )
 
     def refused(self, ids: list[str], name: str) -> list[str]:
         """Of ids popped but not claimed, those still waiting for a pool of `name`."""

@@ -84,3 +84,32 @@ SELECT paused, concurrency FROM hivejobs_flow WHERE name = %(name)s;
 -- NULL: back to the job type's own concurrency.
 INSERT INTO hivejobs_flow (name, concurrency) VALUES (%(name)s, %(concurrency)s)
 ON CONFLICT (name) DO UPDATE SET concurrency = EXCLUDED.concurrency;
+
+-- name: flow_buckets
+-- limit_by with a rate, under flow_lock: the partition buckets a claim may take from, as
+-- left by the last claim that took from each (primary-key lookups). A partition without a
+-- row has a full bucket.
+SELECT part, tokens,
+       greatest(extract(epoch FROM %(now)s::timestamptz - refilled_at), 0)::float8 AS since_s
+  FROM hivejobs_flow_bucket
+ WHERE name = %(name)s AND part = ANY(%(parts)s::text[]);
+
+-- name: flow_take_partition_tokens
+-- Under flow_lock: each partition that started jobs keeps its bucket as refilled up to `now`
+-- (flow_lock's clock) less what it started, and when it will be full again. An upsert, not an
+-- UPDATE: the coordinator may have deleted the row meanwhile (it was full), and an UPDATE of
+-- no row would lose the tokens just taken.
+INSERT INTO hivejobs_flow_bucket (name, part, tokens, refilled_at, full_at)
+SELECT %(name)s, u.part, u.tokens, %(now)s::timestamptz,
+       %(now)s::timestamptz + u.refill_s * interval '1 second'
+  FROM unnest(%(parts)s::text[], %(tokens)s::float8[], %(refill_s)s::float8[])
+       AS u(part, tokens, refill_s)
+ON CONFLICT (name, part) DO UPDATE
+   SET tokens = EXCLUDED.tokens, refilled_at = EXCLUDED.refilled_at, full_at = EXCLUDED.full_at;
+
+-- name: prune_full_buckets
+-- The coordinator's prune: a bucket that has refilled to its burst is the same as no row.
+-- No lock needed: a claim that read the row before this delete writes it back whole (its
+-- upsert), and a row a claim rewrote meanwhile has a later full_at, which this delete
+-- re-checks once the claim commits.
+DELETE FROM hivejobs_flow_bucket WHERE full_at <= now();

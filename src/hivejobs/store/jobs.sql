@@ -224,11 +224,13 @@ WITH live AS (
 SELECT n.name, coalesce(t.concurrency, 0) AS concurrency, coalesce(t.processes, 0) AS processes,
        coalesce(l.queued, 0) AS queued, coalesce(l.scheduled, 0) AS scheduled,
        coalesce(l.running, 0) AS running, coalesce(r.failed, 0) AS failed_last_hour,
-       coalesce(r.succeeded, 0) AS succeeded_last_hour
+       coalesce(r.succeeded, 0) AS succeeded_last_hour,
+       CASE WHEN f.paused THEN f.paused_at END AS paused_at
   FROM names n
   LEFT JOIN hivejobs_job_type t USING (name)
   LEFT JOIN live l USING (name)
   LEFT JOIN recent r USING (name)
+  LEFT JOIN hivejobs_flow f USING (name)
  ORDER BY n.name;
 
 -- name: copy_jobs

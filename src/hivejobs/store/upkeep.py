@@ -21,6 +21,7 @@ if TYPE_CHECKING:
 
 UPKEEP = load_queries("upkeep.sql")
 MAINTENANCE = load_queries("maintenance.sql")
+FLOW = load_queries("flow.sql")
 PRUNE_BATCH = 10_000
 
 
@@ -68,11 +69,13 @@ def set_type_retentions(store: Store, retentions: Mapping[str, float | None]) ->
 
 def prune_archive(store: Store, retention_s: float) -> int:
     """One batch of archived jobs past their type's retention (or `retention_s`), then the
-    unique windows that have passed: the coordinator's prune, in place of Store.prune_archive
-    (whose single retention would delete a longer-lived type's jobs)."""
+    unique windows that have passed and the limit_by token buckets that have refilled to full
+    (no row means a full bucket; flow.py): the coordinator's prune, in place of
+    Store.prune_archive (whose single retention would delete a longer-lived type's jobs)."""
     with store.connection() as conn:
         cur = conn.execute(
             UPKEEP["prune_archive_by_type"], {"retention_s": retention_s, "limit": PRUNE_BATCH}
         )
         conn.execute(MAINTENANCE["prune_unique"])
+        conn.execute(FLOW["prune_full_buckets"])
         return cur.rowcount

@@ -171,7 +171,8 @@ def drain(
     so a failing job runs all its attempts), "all" (also jobs enqueued with a delay). Only
     `types` (default: every type with a handler here). Raises DrainIncomplete after
     `max_jobs` attempts with work left (a job that enqueues itself forever). Chains are not
-    traversed: that is the coordinator's work."""
+    traversed: that is the coordinator's work. A paused type's jobs are left queued; fleet-wide
+    limits (global_concurrency, rate, limit_by) do not apply: jobs run one at a time, here."""
     app.flush()
     names = set(types) if types is not None else {n for n, t in app.types.items() if t.handler}
     for name in names:
@@ -184,7 +185,10 @@ def drain(
                 drainer.store.advance_scheduled_if_testing(every=promote == "all")
             while len(drainer.store.promote_due_unleased(BATCH)) == BATCH:
                 pass
-            batches = drainer.queued(names)
+            # A paused type's jobs stay queued, as under a worker (and a paused type whose
+            # ids claim nothing would otherwise be drained for ever). Looked at every round:
+            # a job may pause a type. No limit (global_concurrency, rate) applies here.
+            batches = drainer.queued(names - set(app.paused()))
             if not batches:
                 return result
             for name, ids in batches:

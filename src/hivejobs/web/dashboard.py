@@ -1,11 +1,13 @@
 """The dashboard: server-rendered pages (render.py), live by re-fetching their own fragment.
 
-Pages: job types with throughput charts, a type's jobs by state, one job, failed jobs with bulk
-replay/cancel, chains and one chain's DAG, workers and the coordinator. Lists are keyset pages
+Pages: job types with throughput charts (and which are paused), a type's jobs by state, one
+job, failed jobs with bulk replay/cancel, chains and one chain's DAG, workers and the
+coordinator. Lists are keyset pages
 (store/dashboard.py): no OFFSET, no count over the archive. Nothing here writes: the buttons
 call the JSON API, whose admin guard applies.
 """
 
+from datetime import datetime
 from typing import Annotated, Any
 
 from litestar import MediaType, Request, Response, get, post
@@ -17,6 +19,7 @@ from litestar.response import Redirect
 from hivejobs.app import App
 from hivejobs.errors import JobNotFound
 from hivejobs.store.dashboard import DashboardStore, JobRow, ListName
+from hivejobs.store.flow import FlowStore
 from hivejobs.web.auth import COOKIE
 from hivejobs.web.fleet import job_type_rows, read_throughput
 from hivejobs.web.render import (
@@ -110,10 +113,19 @@ def overview(request: Request[Any, Any, Any], state: State, fragment: Fragment =
                 str(sum(series["succeeded"])),
                 link(base, "/dashboard/failed", sum(series["failed"]), type=t.name),
                 sparkline(series["succeeded"], series["failed"]),
+                _paused(t.paused_at),
             ]
         )
     headers = ["type", "queued", "scheduled", "running", "succeeded 30m", "failed 30m", "per min"]
+    headers.append("paused")
     return _html(request, "Job types", table(headers, rows, "no job types yet"), fragment)
+
+
+def _paused(paused_at: datetime | None) -> str:
+    """A paused type's badge (issue 12), with the time it was paused; '-' when it runs."""
+    if paused_at is None:
+        return "-"
+    return f"{badge('paused')} since {esc(when(paused_at))}"
 
 
 @get("/dashboard/types/{name:str}", include_in_schema=False)
@@ -127,13 +139,21 @@ def type_jobs(
     fragment: Fragment = False,
 ) -> Any:
     base = _base(request)
-    rows, nxt = DashboardStore(_app(state).store).jobs(list_state, name, after, PAGE)
+    app = _app(state)
+    rows, nxt = DashboardStore(app.store).jobs(list_state, name, after, PAGE)
+    paused_at = {p.name: p.paused_at for p in FlowStore(app.store).paused()}.get(name)
     path = f"/dashboard/types/{seg(name)}"
     tabs = " | ".join(
         link(base, path, s, state=s)
         for s in ("queued", "scheduled", "running", "failed", "finished")
     )
-    body = f"<p>{tabs}</p>" + _job_list(base, path, rows, nxt, state=list_state)
+    notice = ""
+    if paused_at is not None:
+        notice = (
+            f'<p class="paused-notice">{_paused(paused_at)} nothing new starts until '
+            f"<code>hivejobs resume {esc(name)}</code>; running jobs finish.</p>"
+        )
+    body = notice + f"<p>{tabs}</p>" + _job_list(base, path, rows, nxt, state=list_state)
     return _html(request, f"{name}: {list_state}", body, fragment)
 
 

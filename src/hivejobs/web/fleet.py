@@ -17,6 +17,7 @@ from litestar.response import Response as LitestarResponse
 from hivejobs.app import App
 from hivejobs.exposition import CONTENT_TYPE, render
 from hivejobs.store.dashboard import DashboardStore
+from hivejobs.store.flow import FlowStore
 from hivejobs.web.api import PUBLIC, hj
 from hivejobs.web.errors import ERROR_RESPONSES
 from hivejobs.web.schemas import Health, JobTypeOut, LeaderOut, ThroughputOut, WorkerOut, WorkersOut
@@ -37,6 +38,7 @@ def job_types(state: State) -> list[JobTypeOut]:
 def job_type_rows(app: App) -> list[JobTypeOut]:
     """Declared types (the fleet's and this process's own) with their live counts."""
     counts = DashboardStore(app.store).live_counts()
+    paused = {p.name: p.paused_at for p in FlowStore(app.store).paused()}
     declared = {t.name: t for t in app.store.job_types()}
     for jt in app.types.values():  # this process's own types, even before a worker ran
         declared.setdefault(jt.name, jt.info())
@@ -57,6 +59,8 @@ def job_type_rows(app: App) -> list[JobTypeOut]:
                 queued=c.get("queued", 0),
                 scheduled=c.get("scheduled", 0),
                 running=c.get("running", 0),
+                paused=name in paused,
+                paused_at=paused.get(name),
             )
         )
     return out

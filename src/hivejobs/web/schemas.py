@@ -125,6 +125,9 @@ class JobTypeOut(msgspec.Struct, kw_only=True):
     queued: int
     scheduled: int
     running: int
+    # Paused fleet-wide (`hivejobs pause`, issue 12): running jobs finish, nothing starts.
+    paused: bool = False
+    paused_at: datetime | None = None
 
 
 class WorkerOut(WorkerInfo, frozen=True, kw_only=True):
