@@ -7,7 +7,8 @@ once with every type on pool "small" and once with a process per type, each agai
 database. Reports the reported bound, the processes, their summed RSS and PSS (forked
 processes share pages: PSS splits them) idle and after a run of `--jobs` jobs per type, and
 the Postgres connections of the instance (pg_stat_activity of its database: peak while the
-jobs ran, and once idle). Not a speed benchmark: it measures what an instance holds.
+jobs ran, and once idle), and how long the jobs took from the first enqueue (`drain_ms`,
+sampled every ~50 ms: a rough figure, not a throughput benchmark). Not a speed benchmark: it measures what an instance holds.
 """
 
 from __future__ import annotations
@@ -123,6 +124,7 @@ def one_run(types: int, jobs: int, pool: str) -> dict[str, object]:
 
         app = App(database_url=url, redis_url=REDIS, prefix=prefix)
         app.types.clear()
+        started = time.monotonic()
         for i in range(types):
             app.enqueue_many(f"m{i}", [{"ms": 5}] * jobs)
         peak = 0
@@ -131,6 +133,7 @@ def one_run(types: int, jobs: int, pool: str) -> dict[str, object]:
                 left = conn.execute("SELECT count(*) FROM hivejobs_job").fetchone()
                 peak = max(peak, connections(url) - 1)  # minus the App's own (1)
                 if left is not None and left[0] == 0:
+                    drain_s = time.monotonic() - started
                     break
                 time.sleep(0.05)
         busy_rss, busy_pss = memory_mb(tree(proc.pid))
@@ -146,6 +149,7 @@ def one_run(types: int, jobs: int, pool: str) -> dict[str, object]:
             "pss_mb_idle": round(idle_pss),
             "rss_mb_after": round(busy_rss),
             "pss_mb_after": round(busy_pss),
+            "drain_ms": round(drain_s * 1000),  # enqueue to the last job's end, sampled
         }
     finally:
         os.killpg(proc.pid, signal.SIGTERM)

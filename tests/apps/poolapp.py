@@ -8,7 +8,9 @@ Three job types share pool "small" with their own concurrency and delivery: `one
 count how many ran at once. A payload {"gate": NAME} holds the handler at the test's gate
 (tests/apps/gate.py) until it opens, or until the attempt is asked to stop: then it ends
 Interrupted (suspended at a shutdown). HJ_MANY=N registers instead N types m0..m(N-1), in
-pool HJ_MANY_POOL (none when empty): the footprint measurement's app.
+pool HJ_MANY_POOL (none when empty): the footprint measurement's app. HJ_MAX_RSS=MB
+registers instead `hog` (leaks payload["mb"] MiB per job) and `one` in pool "capped" with
+that max_rss_mb.
 """
 
 from __future__ import annotations
@@ -56,8 +58,21 @@ def solo(ctx: JobContext, payload: dict[str, Any]) -> None:
     _body("solo", ctx, payload)
 
 
+HOARD: list[bytes] = []  # what `hog` jobs leak, on purpose, until the pool is recycled
+
+
+def hog(ctx: JobContext, payload: dict[str, Any]) -> None:
+    """Leaks `mb` MiB (touched: resident), then works like the others."""
+    HOARD.append(b"\x01" * (int(payload.get("mb", 40)) << 20))
+    _body("hog", ctx, payload)
+
+
 MANY = int(os.environ.get("HJ_MANY", "0"))
-if MANY:
+if os.environ.get("HJ_MAX_RSS"):
+    cap = float(os.environ["HJ_MAX_RSS"])
+    app.job("hog", concurrency=1, pool="capped", max_rss_mb=cap)(hog)
+    app.job("one", concurrency=1, pool="capped", max_rss_mb=cap)(one)
+elif MANY:
     pool = os.environ.get("HJ_MANY_POOL") or None
     for i in range(MANY):
         name = f"m{i}"

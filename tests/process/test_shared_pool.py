@@ -188,6 +188,7 @@ def test_thirty_types_in_one_process_stay_under_the_reported_connection_bound(
     start_instance: Callable[..., Instance],
     make_app: Callable[..., App],
     database_url: str,
+    ledger_dir: Path,
 ) -> None:
     types = [f"m{i}" for i in range(30)]
     inst = start_instance({"HJ_MANY": "30", "HJ_MANY_POOL": "small"}, app_spec=APP)
@@ -196,16 +197,47 @@ def test_thirty_types_in_one_process_stay_under_the_reported_connection_bound(
     app = fleet_app(make_app, database_url, types)
     assert len(set(pool_pids(database_url, "m0") + pool_pids(database_url, "m29"))) == 1
     wait_until(lambda: len(children(inst.pid)) == 2, what="2 children: a pool, the coordinator")
-    for name in types:
-        app.enqueue_many(name, [{"ms": 5}] * 10)
-    peak = 0
-    while live_jobs(database_url):
+
+    def connections() -> int:
         rows = sql(
             database_url,
             "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
             "AND pid <> pg_backend_pid()",
         )
-        peak = max(peak, int(rows[0][0]) - 1)  # minus the test's own App (its store: 1)
+        return int(rows[0][0]) - 1  # minus the test's own App (its store: 1)
+
+    for name in types:
+        app.enqueue_many(name, [{"gate": "g", "ms": 20}] * 6)
+    # Every lane busy at once: 2 runners of each of the 30 types held at the gate.
+    wait_until(lambda: sum(begun(ledger_dir).values()) == 60, what="60 attempts begun")
+    peak = connections()
+    open_gate(app.broker, "g")
+    while live_jobs(database_url):
+        peak = max(peak, connections())
         time.sleep(0.05)  # the sampling interval, not a synchronisation
     assert 0 < peak <= 15, peak
-    assert Counter(r[1] for r in archived(database_url)) == {"succeeded": 300}
+    assert Counter(r[1] for r in archived(database_url)) == {"succeeded": 180}
+
+
+def test_a_shared_pool_over_its_memory_cap_is_recycled_with_every_type(
+    start_instance: Callable[..., Instance],
+    make_app: Callable[..., App],
+    database_url: str,
+    ledger_dir: Path,
+) -> None:
+    inst = start_instance({"HJ_MAX_RSS": "250"}, app_spec=APP)
+    app = fleet_app(make_app, database_url, ["hog", "one"])
+    app.enqueue_many("hog", [{"mb": 40, "ms": 300}] * 12)  # 480 MiB leaked in all
+    app.enqueue_many("one", [{"ms": 300}] * 12)
+    wait_until(lambda: live_jobs(database_url) == 0, timeout=90, what="24 jobs done")
+    assert "memory cap passed: recycling the pool" in inst.log_text()
+    pids = {
+        name: {p[3] for p in read_ledger(ledger_dir) if p[1] == name} for name in ("hog", "one")
+    }
+    assert len(pids["hog"]) >= 2  # recycled at least once (12 x 40 MiB cannot fit under 250)
+    assert pids["hog"] & pids["one"]  # the types ran in the same processes
+    # Nothing failed, nothing was charged a second attempt: recycling suspends.
+    assert Counter((r[0], r[1], r[2]) for r in archived(database_url)) == {
+        ("hog", "succeeded", 1): 12,
+        ("one", "succeeded", 1): 12,
+    }
