@@ -8,7 +8,8 @@ database. Reports the reported bound, the processes, their summed RSS and PSS (f
 processes share pages: PSS splits them) idle and after a run of `--jobs` jobs per type, and
 the Postgres connections of the instance (pg_stat_activity of its database: peak while the
 jobs ran, and once idle), and how long the jobs took from the first enqueue (`drain_ms`,
-sampled every ~50 ms: a rough figure, not a throughput benchmark). Not a speed benchmark: it measures what an instance holds.
+sampled every ~50 ms: a rough figure). Not a speed benchmark: it measures what an instance
+holds.
 """
 
 from __future__ import annotations
