@@ -55,6 +55,7 @@ from hivejobs.logs import error_fields
 from hivejobs.memory import checked_max_rss
 from hivejobs.metrics import record_callback
 from hivejobs.payload_schema import RemoteSchemas
+from hivejobs.pools import check_pool
 from hivejobs.records import (
     Delivery,
     JobInfo,
@@ -133,6 +134,7 @@ class App:
         burst: int | None = None,
         limit_by: str | None = None,
         max_rss_mb: float | None = None,
+        pool: str | None = None,
     ) -> Callable[[F], F]:
         """Register a handler `fn(ctx, payload)` as job type `name`.
 
@@ -160,7 +162,12 @@ class App:
         otherwise).
 
         `max_rss_mb`: a pool process whose resident memory passes it finishes its running
-        jobs and is forked again (a suspension of what still runs, not a failure)."""
+        jobs and is forked again (a suspension of what still runs, not a failure).
+
+        `pool="small"`: run in one process with the other types of that pool (pools.py), each
+        keeping its own concurrency, delivery, timeout, limits and retries; they share the
+        process's connections, memory cap and restarts, so `processes` and `max_rss_mb`
+        must be the same for every type of a pool. None: a process of its own."""
         jt = declare_type(
             self.types,
             name,
@@ -174,6 +181,8 @@ class App:
         )
         jt.limits = checked_limits(global_concurrency, rate, burst, limit_by)  # issue 12 hook
         jt.max_rss_mb = checked_max_rss(max_rss_mb)  # issue 12 hook
+        check_pool(self.types, name, pool, processes, jt.max_rss_mb)
+        jt.pool = pool
         if cron is not None:
             check_cron(cron, tz)
         if unique_for is not None:

@@ -9,6 +9,7 @@ from importlib.metadata import PackageNotFoundError, version
 
 from hivejobs.app import App
 from hivejobs.config import Settings, redact_url
+from hivejobs.pools import footprint, pool_groups
 
 
 def hivejobs_version() -> str:
@@ -33,14 +34,22 @@ def banner(
     ]
     if watching:
         lines.append(f"  reload       on code change in {', '.join(watching)}")
-    lines.append(f"  job types    {len(types)}, pools {sum(jt.processes for jt in types)}")
+    groups = pool_groups(app.types.values())
+    size = footprint(groups, coordinator)
+    pools = sum(g.processes for g in groups)
+    lines.append(f"  job types    {len(types)}, pool processes {pools}")
     for jt in types:
         timeout = f", timeout {jt.timeout_s:g} s" if jt.timeout_s is not None else ""
         procs = f" x {jt.processes} processes" if jt.processes > 1 else ""
+        pool = f", pool {jt.pool}" if jt.pool is not None else ""
         lines.append(
             f"    {jt.name:<{width}}  concurrency {jt.concurrency}{procs}, {jt.delivery},"
-            f" attempts {jt.attempts}{timeout}"
+            f" attempts {jt.attempts}{timeout}{pool}"
         )
+    lines.append(
+        f"  footprint    {size.processes} processes, at most {size.postgres_connections_max}"
+        f" Postgres connections = {size.formula}"
+    )
     fields: dict[str, object] = {
         "version": hivejobs_version(),
         "app": app_spec,
@@ -49,6 +58,8 @@ def banner(
         "prefix": settings.prefix,
         "coordinator": coordinator,
         "reload": watching,
+        "processes": size.processes,
+        "postgres_connections_max": size.postgres_connections_max,
         "job_types": {
             jt.name: {
                 "concurrency": jt.concurrency,
@@ -56,6 +67,7 @@ def banner(
                 "delivery": jt.delivery,
                 "attempts": jt.attempts,
                 "timeout_s": jt.timeout_s,
+                "pool": jt.pool,
             }
             for jt in types
         },

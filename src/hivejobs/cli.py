@@ -598,7 +598,9 @@ def build_parser() -> Parser:
     p.add_argument("job_id")
     p = add("restart", cmd_restart, "reload every worker instance gracefully (new code)")
     p.add_argument(
-        "--pool", help="only this job type's pool processes, restarted by their supervisor"
+        "--pool",
+        help="only the pool processes of this job type or pool= name (a shared pool's as a"
+        " whole), restarted by their supervisor",
     )
     p.add_argument(
         "--instance",

@@ -100,11 +100,12 @@ def render_gauges(store: Store, out: list[str]) -> None:
         "# HELP hivejobs_worker_processes live worker processes by role",
         "# TYPE hivejobs_worker_processes gauge",
     ]
-    roles: dict[str, int] = defaultdict(int)
+    # A shared pool's process has a worker row per job type (pools.py): count processes.
+    roles: dict[str, set[tuple[str, int]]] = defaultdict(set)
     for w in workers:
-        roles[w.role] += 1
+        roles[w.role].add((w.host, w.pid))
     for role in ("pool", "coordinator"):
-        out.append(f'hivejobs_worker_processes{{role="{role}"}} {roles[role]}')
+        out.append(f'hivejobs_worker_processes{{role="{role}"}} {len(roles[role])}')
 
 
 def render(store: Store, broker: Broker) -> str:

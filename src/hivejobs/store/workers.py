@@ -42,6 +42,13 @@ class Workers(Database):
         with self.connection() as conn:
             return conn.execute(WORKERS["heartbeat"], {"id": worker_id}).fetchone() is not None
 
+    def heartbeat_all(self, worker_ids: list[str]) -> bool:
+        """One heartbeat for the worker rows of a process (one per job type it runs); False
+        when any is gone: the coordinator declared the process dead."""
+        with self.connection() as conn:
+            rows = conn.execute(WORKERS["heartbeat_all"], {"ids": worker_ids}).fetchall()
+        return len(rows) == len(set(worker_ids))
+
     def deregister_worker(self, worker_id: str) -> None:
         with self.connection() as conn:
             conn.execute(WORKERS["deregister_worker"], {"id": worker_id})

@@ -9,6 +9,11 @@ INSERT INTO hivejobs_worker (id, host, pid, role, pool) VALUES (%(id)s, %(host)s
 -- No row back means the coordinator declared this process dead: it must stop.
 UPDATE hivejobs_worker SET heartbeat_at = now() WHERE id = %(id)s RETURNING id;
 
+-- name: heartbeat_all
+-- The worker rows of one process (a shared pool runs one per job type), on one clock read.
+-- Fewer rows back than ids means the coordinator declared the process dead: it must stop.
+UPDATE hivejobs_worker SET heartbeat_at = now() WHERE id = ANY(%(ids)s::uuid[]) RETURNING id;
+
 -- name: deregister_worker
 DELETE FROM hivejobs_worker WHERE id = %(id)s;
 

@@ -1,8 +1,10 @@
 """Liveness of a pool process: the heartbeat that proves it alive, the release of claims
 Postgres says it holds but it no longer tracks, and the control messages of the fleet.
 
-One heartbeat per process (not per job) on the database clock (R5). A process whose worker
-row is gone was declared dead and its claims rescued: it exits rather than run on fenced.
+One heartbeat per process (not per job) on the database clock (R5): one statement for the
+worker rows of all its lanes (one row per job type it runs, see pools.py). A process one of
+whose worker rows is gone was declared dead and its claims rescued: it exits rather than run
+on fenced.
 """
 
 from __future__ import annotations
@@ -11,7 +13,8 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass
 
 import psycopg
 import redis
@@ -33,43 +36,51 @@ def _exit_declared_dead() -> None:
     os._exit(ChildExit.DECLARED_DEAD)
 
 
+@dataclass(frozen=True)
+class Tracked:
+    """What liveness watches of one lane (one job type) of the process: its worker row, its
+    claims and slots, and whether its claims commit asynchronously (only those can be lost
+    in a Postgres crash: see Pool)."""
+
+    worker_id: str
+    claims: Claims
+    slots: Slots
+    check_untracked: bool
+
+
 class Liveness:
     """Owns the heartbeat thread and the control thread, `last_ok` (the monotonic time of
     the last heartbeat Postgres accepted; written by the heartbeat thread only, read by the
-    fetcher without a lock: a float) and the control subscription. `subscribed` is set once
+    fetchers without a lock: a float) and the control subscription. `subscribed` is set once
     the first subscription stands (a message published before it is not seen). Both loops
     end after stop(): the pool calls it once its shutdown has written its completions, just
-    before it removes its worker row, so no heartbeat can find the row gone meanwhile."""
+    before it removes its worker rows, so no heartbeat can find a row gone meanwhile.
+    `names`: the pool's name and its types', any of which `hivejobs restart --pool` may
+    give."""
 
     def __init__(
         self,
-        pool: str,
-        worker_id: str,
+        names: Collection[str],
+        lanes: Sequence[Tracked],
         settings: Settings,
         store: Store,
         broker: Broker,
-        claims: Claims,
-        slots: Slots,
         stop: Stop,
         *,
-        check_untracked: bool,
         declared_dead: Callable[[], None] = _exit_declared_dead,
     ) -> None:
-        self.pool = pool
-        self.worker_id = worker_id
+        self.names = frozenset(names)
+        self.lanes = list(lanes)
+        self.worker_ids = [lane.worker_id for lane in self.lanes]
         self.settings = settings
         self.store = store
         self.broker = broker
-        self.claims = claims
-        self.slots = slots
         self.stop_state = stop
-        # Only at-least-once claims commit asynchronously (see Pool): only they can be lost.
-        self.check_untracked = check_untracked
         self.declared_dead = declared_dead
         self.last_ok = time.monotonic()
         self.subscribed = threading.Event()
         self._stopped = threading.Event()
-        self.log = logger.bind(pool=pool, worker_id=worker_id)
+        self.log = logger.bind(pool=",".join(sorted(self.names)), worker_id=self.worker_ids[0])
         self._heartbeat_thread = threading.Thread(
             target=fatal_on_error(self._heartbeat), name="heartbeat", daemon=True
         )
@@ -100,22 +111,23 @@ class Liveness:
     def _heartbeat(self) -> None:
         while not self._stopped.is_set():
             try:
-                if not self.store.heartbeat(self.worker_id):
+                if not self.store.heartbeat_all(self.worker_ids):
                     # The coordinator rescued our claims: anything we finish now is fenced.
                     self.log.error("worker row gone (declared dead): exiting")
                     self.declared_dead()
                     return
                 self.last_ok = time.monotonic()
-                if self.check_untracked:
-                    self._release_untracked_claims()
+                for lane in self.lanes:
+                    if lane.check_untracked:
+                        self._release_untracked_claims(lane)
             except (psycopg.Error, redis.RedisError) as exc:
                 self.log.warning("heartbeat failed", **error_fields(exc))
             self._stopped.wait(self.settings.heartbeat_s)
 
-    def _release_untracked_claims(self) -> None:
+    def _release_untracked_claims(self, lane: Tracked) -> None:
         """After a Postgres crash an asynchronously committed completion may be gone, leaving
         a `running` row that this live process no longer tracks: put it back in the queue."""
-        lost = self.claims.untracked(lambda: self.store.running_claims(self.worker_id))
+        lost = lane.claims.untracked(lambda: self.store.running_claims(lane.worker_id))
         if lost:
             # Most are completions that committed between the read and the check above
             # (already archived, so nothing to release): only real releases are news.
@@ -151,16 +163,18 @@ class Liveness:
     def on_control(self, msg: ControlMessage) -> None:
         """Act on one control message: a cancel of a job running here, or a restart."""
         if msg.action == "cancel" and msg.job_id:
-            self.slots.cancel(msg.job_id)
-        elif msg.action == "restart" and restart_applies(msg, self.pool):
+            for lane in self.lanes:  # a no-op in the lanes that do not run it
+                lane.slots.cancel(msg.job_id)
+        elif msg.action == "restart" and restart_applies(msg, self.names):
             # A restart of one pool recycles just this process (forked again by the same
             # supervisor); a restart of everything or of this instance reloads the instance.
             self.stop_state.request(StopReason.POOL_RESTART if msg.pool else StopReason.RELOAD)
 
 
-def restart_applies(msg: ControlMessage, pool: str) -> bool:
-    """Whether a restart message names this pool (or every pool) on this instance (or all)."""
-    if msg.pool is not None and msg.pool != pool:
+def restart_applies(msg: ControlMessage, names: Collection[str]) -> bool:
+    """Whether a restart message names this pool or one of its types (or every pool) on this
+    instance (or all)."""
+    if msg.pool is not None and msg.pool not in names:
         return False
     return msg.instance is None or msg.instance in instance_names()
 

@@ -1,10 +1,15 @@
-"""Pool process: one job type, `concurrency` runner threads fed by one fetcher.
+"""Pool process: one or more job types (lanes), each with its own runner threads and fetcher.
 
-The composition root of a pool process: it builds the roles (fetcher, slots, runners,
-completer, watchdog, liveness, shutdown), starts their threads, watches timeouts until a
-stop is asked for, then drains and says how it ended (a ChildExit). The roles keep every
-rule; this file only wires them. Never runs a job it has not claimed in Postgres or a job of
-another type, and never writes the end of a claim without its claim token.
+The composition root of a pool process. A lane is one job type (`Lane`: slots, fetcher,
+runners, completer, watchdog, shutdown): its concurrency, delivery, timeout, limits,
+retries, claims and worker row are its own. The process (`Pool`) owns what its lanes share:
+the Store and Broker, the metrics recorder, the stop state, the heartbeat and control
+channel (Liveness), the memory cap. A type without `pool=` is a Pool of one lane, as before;
+types of one `pool=` are one Pool of several (pools.py). It starts the threads, watches
+timeouts until a stop is asked for, then drains every lane at once and says how it ended (a
+ChildExit). The roles keep every rule; this file only wires them. Never runs a job it has
+not claimed in Postgres or a job of another type in a lane, and never writes the end of a
+claim without its claim token.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ from __future__ import annotations
 import os
 import socket
 import threading
+from collections.abc import Callable, Sequence
 
 import psycopg
 import redis
@@ -25,55 +31,52 @@ from hivejobs.jobtypes import JobType
 from hivejobs.logs import error_fields
 from hivejobs.memory import MemoryCap
 from hivejobs.metrics import Recorder
+from hivejobs.pools import store_size
 from hivejobs.records import Completion
 from hivejobs.store import Store
 from hivejobs.worker.completer import Completer
 from hivejobs.worker.exits import ChildExit
 from hivejobs.worker.fetcher import Fetcher
-from hivejobs.worker.liveness import Liveness
+from hivejobs.worker.liveness import Liveness, Tracked
 from hivejobs.worker.runner import Runners
-from hivejobs.worker.shutdown import Shutdown, Stop, StopReason
+from hivejobs.worker.shutdown import Shutdown, ShutdownReport, Stop, StopReason
 from hivejobs.worker.slots import Slots
 from hivejobs.worker.watchdog import Watchdog
 
 WATCH_EVERY_S = 0.1  # how often the main thread checks timeouts
 
 
-class Pool:
-    """Owns the pool process's connections (its Store and Broker) and its roles; keeps no
-    state of its own but the count of suspensions it submitted (`_suspended`, guarded by
-    `_count_lock`), which its last log line reports. Tests run a real Pool in a thread and
-    reach it through its roles: `stop.signal()`, `liveness.subscribed`, `fetcher.join()`,
-    `slots`, `fetcher.claims`, `completer`."""
+class Lane:
+    """One job type of a pool process: owns its roles (slots, fetcher, runners, completer,
+    watchdog, shutdown) and the count of suspensions it submitted (`suspended`, guarded by
+    `_count_lock`). Shares the process's store, broker, metrics and stop state; asks the
+    process's liveness for the heartbeat's age (`heartbeat_age_s`)."""
 
-    def __init__(self, app: App, jt: JobType, worker_id: str, settings: Settings) -> None:
-        self.app = app
+    def __init__(
+        self,
+        app: App,
+        jt: JobType,
+        worker_id: str,
+        settings: Settings,
+        store: Store,
+        broker: Broker,
+        metrics: Recorder,
+        stop: Stop,
+        heartbeat_age_s: Callable[[], float],
+        wake_over_redis: bool,
+    ) -> None:
         self.jt = jt
         self.worker_id = worker_id
-        self.settings = settings
-        # At-least-once claims and completions may commit asynchronously: one lost in a
-        # Postgres crash means a re-run, never a loss (Liveness finds and releases it).
-        async_commit = jt.delivery == "at_least_once"
-        self.store = Store(
-            settings.database_url,
-            max_size=3,
-            session={"synchronous_commit": "off"} if async_commit else None,
-            pooled=settings.pgbouncer,
-        )
-        self.broker = Broker(settings)
-        # No LISTEN session behind a pooler without a listen URL: chain hops are announced
-        # over Redis instead (coordinator.listen_url).
-        self.wake_over_redis = settings.pgbouncer and not settings.listen_database_url
-        self.metrics = Recorder(self.broker)
+        self.broker = broker
+        self.metrics = metrics
+        self.wake_over_redis = wake_over_redis
         self.log = logger.bind(pool=jt.name, worker_id=worker_id)
-        self._suspended = 0
+        self.suspended = 0
         self._count_lock = threading.Lock()
-        self.stop = Stop()
-        self.slots = Slots(self.stop.draining, jt.concurrency)
-        self.memory_cap = MemoryCap(jt.max_rss_mb)  # issue 12: checked in run()'s loop
+        self.slots = Slots(stop.draining, jt.concurrency)
         self.completer = Completer(
-            self.store,
-            self.broker,
+            store,
+            broker,
             self._written,
             max_error_bytes=settings.max_result_bytes,
             on_submit=self._submitted,
@@ -82,99 +85,61 @@ class Pool:
             jt,
             worker_id,
             settings,
-            self.store,
-            self.broker,
-            self.metrics,
+            store,
+            broker,
+            metrics,
             self.slots,
-            self.stop.acquiring_stopped,
-            heartbeat_age_s=lambda: self.liveness.heartbeat_age_s(),
-            flow=Flow(self.store, self.broker, jt.name, jt.limits),
+            stop.acquiring_stopped,
+            heartbeat_age_s=heartbeat_age_s,
+            flow=Flow(store, broker, jt.name, jt.limits),
             scale=lambda concurrency: self.runners.scale(concurrency),
-        )
-        self.liveness = Liveness(
-            jt.name,
-            worker_id,
-            settings,
-            self.store,
-            self.broker,
-            self.fetcher.claims,
-            self.slots,
-            self.stop,
-            check_untracked=async_commit,
         )
         self.runners = Runners(
             app,
             jt,
             settings,
-            self.store,
-            self.broker,
-            self.metrics,
+            store,
+            broker,
+            metrics,
             self.slots,
             self.fetcher,
             self.completer,
-            self.stop.draining,
+            stop.draining,
         )
-        self.watchdog = Watchdog(jt, settings, self.slots, self.completer, self.stop)
+        self.watchdog = Watchdog(jt, settings, self.slots, self.completer, stop)
         self.shutdown = Shutdown(
-            settings, self.stop, self.slots, self.fetcher, self.completer, self.watchdog, self.log
+            settings, stop, self.slots, self.fetcher, self.completer, self.watchdog, self.log
         )
 
-    def run(self) -> int:
-        self.store.register_worker(
-            self.worker_id, socket.gethostname(), os.getpid(), "pool", self.jt.name
-        )
-        if threading.current_thread() is threading.main_thread():
-            self.stop.install_signal_handlers()
+    def tracked(self, async_commit: bool) -> Tracked:
+        return Tracked(self.worker_id, self.fetcher.claims, self.slots, async_commit)
+
+    def start(self) -> None:
         self.completer.start()
-        self.metrics.start()
         self.runners.start()
         self.fetcher.start()
-        self.liveness.start()
-        self.log.info("pool started", concurrency=self.jt.concurrency)
-        while not self.stop.acquiring_stopped.wait(WATCH_EVERY_S):
-            self.watchdog.check()
-            if self.memory_cap.exceeded():  # issue 12: drain, exit, be forked again
-                self.log.warning(
-                    "memory cap passed: recycling the pool",
-                    rss_mb=round(self.memory_cap.seen_mb),
-                    max_rss_mb=self.jt.max_rss_mb,
-                )
-                self.stop.request(StopReason.MEMORY_CAP)
-        report = self.shutdown.run()
-        self.metrics.stop()
-        self.liveness.stop()
-        try:
-            self.store.deregister_worker(self.worker_id)
-        except psycopg.Error as exc:
-            self.log.warning("could not remove worker row", **error_fields(exc))
-        self.slots.close(self.runners.count)  # idle runners end
+
+    def stopped(self, report: ShutdownReport, reason: StopReason) -> None:
+        """After the drain: idle runners end; the lane's last log lines."""
+        self.slots.close(self.runners.count)
         with self._count_lock:
-            suspended = self._suspended
+            suspended = self.suspended
         self.log.info(
             "pool stopped",
             suspended=suspended,
-            reason=self.stop.reason.value,
+            reason=reason.value,
             taken_over=report.taken_over,
             handed_back=report.handed_back,
         )
         self.log.debug(
             "pool counters", completion_batches=self.completer.batches, **self.fetcher.counts
         )
-        if not report.written:
-            self.log.error("stopped with completions unwritten: the supervisor releases them")
-            return ChildExit.UNWRITTEN
-        return self.stop.exit_code
-
-    def close(self) -> None:
-        """Close the connections (a test's pool thread; a pool process just exits)."""
-        self.store.close()
-        self.broker.close()
 
     def _submitted(self, completion: Completion) -> None:
         self.metrics.completion(self.jt.name, completion)
         if completion.outcome == "suspend":
             with self._count_lock:
-                self._suspended += 1
+                self.suspended += 1
 
     def _written(self, written: list[Completion]) -> None:
         self.fetcher.claims.forget(written)
@@ -189,5 +154,176 @@ class Pool:
                     self.log.debug("chain wake-up not published", error=repr(exc))
 
 
-def run_pool(app: App, name: str, worker_id: str, settings: Settings) -> int:
-    return Pool(app, app.types[name], worker_id, settings).run()
+class Pool:
+    """Owns the pool process's connections (its Store and Broker, shared by its lanes), its
+    metrics recorder, stop state, liveness and memory cap, and its lanes (`lanes`, one per
+    job type, fixed at construction). Keeps no state of its own. Tests run a real Pool in a
+    thread and reach it through its roles: `stop.signal()`, `liveness.subscribed`, and for a
+    pool of one type `fetcher`, `slots`, `completer` (its lane's)."""
+
+    def __init__(
+        self,
+        app: App,
+        jt: JobType | Sequence[JobType],
+        worker_id: str | Sequence[str],
+        settings: Settings,
+        name: str | None = None,
+    ) -> None:
+        """One type and its worker id, or the types of a shared pool `name` and one worker
+        id each (a worker row per type: rescue, `hivejobs workers` and the claims stay per
+        type)."""
+        types = [jt] if isinstance(jt, JobType) else list(jt)
+        worker_ids = [worker_id] if isinstance(worker_id, str) else list(worker_id)
+        if not types or len(types) != len(worker_ids):
+            raise ValueError("a pool needs one worker id per job type")
+        self.app = app
+        self.name = name or types[0].name
+        self.settings = settings
+        # At-least-once claims and completions may commit asynchronously: one lost in a
+        # Postgres crash means a re-run, never a loss (Liveness finds and releases it). The
+        # lanes share one store: with any at-most-once type in the pool, all commit at once.
+        async_commit = all(t.delivery == "at_least_once" for t in types)
+        self.store = Store(
+            settings.database_url,
+            max_size=store_size(len(types)),
+            session={"synchronous_commit": "off"} if async_commit else None,
+            pooled=settings.pgbouncer,
+        )
+        self.broker = Broker(settings)
+        # No LISTEN session behind a pooler without a listen URL: chain hops are announced
+        # over Redis instead (coordinator.listen_url).
+        wake_over_redis = settings.pgbouncer and not settings.listen_database_url
+        self.metrics = Recorder(self.broker)
+        self.log = logger.bind(pool=self.name, worker_id=worker_ids[0])
+        self.stop = Stop()
+        self.memory_cap = MemoryCap(types[0].max_rss_mb)  # the same for every type (pools.py)
+        self.lanes = [
+            Lane(
+                app,
+                t,
+                w,
+                settings,
+                self.store,
+                self.broker,
+                self.metrics,
+                self.stop,
+                lambda: self.liveness.heartbeat_age_s(),
+                wake_over_redis,
+            )
+            for t, w in zip(types, worker_ids, strict=True)
+        ]
+        self.liveness = Liveness(
+            {self.name, *(t.name for t in types)},
+            [lane.tracked(async_commit) for lane in self.lanes],
+            settings,
+            self.store,
+            self.broker,
+            self.stop,
+        )
+
+    # A pool of one type: its lane's roles, as tests and tools reach them.
+    @property
+    def jt(self) -> JobType:
+        return self.lanes[0].jt
+
+    @property
+    def worker_id(self) -> str:
+        return self.lanes[0].worker_id
+
+    @property
+    def slots(self) -> Slots:
+        return self.lanes[0].slots
+
+    @property
+    def fetcher(self) -> Fetcher:
+        return self.lanes[0].fetcher
+
+    @property
+    def completer(self) -> Completer:
+        return self.lanes[0].completer
+
+    @property
+    def runners(self) -> Runners:
+        return self.lanes[0].runners
+
+    def run(self) -> int:
+        for lane in self.lanes:
+            self.store.register_worker(
+                lane.worker_id, socket.gethostname(), os.getpid(), "pool", lane.jt.name
+            )
+        if threading.current_thread() is threading.main_thread():
+            self.stop.install_signal_handlers()
+        self.metrics.start()
+        for lane in self.lanes:
+            lane.start()
+        self.liveness.start()
+        self.log.info(
+            "pool started",
+            concurrency=self.jt.concurrency
+            if len(self.lanes) == 1
+            else {lane.jt.name: lane.jt.concurrency for lane in self.lanes},
+            postgres_connections=store_size(len(self.lanes)),
+        )
+        while not self.stop.acquiring_stopped.wait(WATCH_EVERY_S):
+            for lane in self.lanes:
+                lane.watchdog.check()
+            if self.memory_cap.exceeded():  # issue 12: drain, exit, be forked again
+                self.log.warning(
+                    "memory cap passed: recycling the pool",
+                    rss_mb=round(self.memory_cap.seen_mb),
+                    max_rss_mb=self.memory_cap.max_rss_mb,
+                )
+                self.stop.request(StopReason.MEMORY_CAP)
+        reports = self._drain()
+        self.metrics.stop()
+        self.liveness.stop()
+        for lane in self.lanes:
+            try:
+                self.store.deregister_worker(lane.worker_id)
+            except psycopg.Error as exc:
+                self.log.warning("could not remove worker row", **error_fields(exc))
+        for lane, report in zip(self.lanes, reports, strict=True):
+            lane.stopped(report, self.stop.reason)
+        if not all(report.written for report in reports):
+            self.log.error("stopped with completions unwritten: the supervisor releases them")
+            return ChildExit.UNWRITTEN
+        return self.stop.exit_code
+
+    def _drain(self) -> list[ShutdownReport]:
+        """Every lane's shutdown at once, each by the same deadline (shutdown_timeout_s from
+        now): one after the other, the last would start past it. An error in one is raised
+        once all have ended (a crash: the supervisor releases what is left)."""
+        if len(self.lanes) == 1:
+            return [self.lanes[0].shutdown.run()]
+        reports: dict[int, ShutdownReport] = {}
+        errors: list[BaseException] = []
+
+        def drain(i: int, lane: Lane) -> None:
+            try:
+                reports[i] = lane.shutdown.run()
+            except BaseException as exc:  # re-raised below, in the main thread
+                errors.append(exc)
+
+        threads = [
+            threading.Thread(target=drain, args=(i, lane), name=f"drain-{lane.jt.name}")
+            for i, lane in enumerate(self.lanes)
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if errors:
+            raise errors[0]
+        return [reports[i] for i in range(len(self.lanes))]
+
+    def close(self) -> None:
+        """Close the connections (a test's pool thread; a pool process just exits)."""
+        self.store.close()
+        self.broker.close()
+
+
+def run_pool(
+    app: App, name: str, types: Sequence[str], worker_ids: Sequence[str], settings: Settings
+) -> int:
+    """The main function of a pool process: pool `name` running `types`."""
+    return Pool(app, [app.types[t] for t in types], worker_ids, settings, name).run()

@@ -1,6 +1,9 @@
 """`hivejobs run MODULE:APP`: fork one process per pool (and one coordinator), restart crashed
 children with backoff, and shut down on SIGTERM without losing work.
 
+A pool is one job type, or the types sharing a `pool=` name (pools.py), each of which has a
+worker row of its own in the pool's process.
+
 Holds no Postgres or Redis connection while it forks (children open their own). When a child
 dies abnormally its claims are released at once (R8): at-least-once jobs requeued with the
 attempt counted, at-most-once jobs failed "worker lost". Each pool leads its own process
@@ -32,6 +35,7 @@ from hivejobs.dev.embedded.process import parent_death_preexec
 from hivejobs.logs import emit_banner, error_fields, setup_logging
 from hivejobs.metrics import bump
 from hivejobs.payload_schema import declare_schemas
+from hivejobs.pools import footprint, pool_groups
 from hivejobs.store import Store, new_worker_id
 from hivejobs.store.schedules import ScheduleStore
 from hivejobs.store.upkeep import set_type_retentions
@@ -51,30 +55,20 @@ class Child:
     role: str  # "pool", "coordinator", "metrics" (`--metrics-port`) or "watcher" (--reload)
     pool: str | None
     slot: int
+    types: tuple[str, ...] = ()  # a pool's job types (one lane and one worker row each)
     pid: int = 0
-    worker_id: str = ""
+    worker_ids: tuple[str, ...] = ()  # one per type; one for a child that runs no type
     started: float = 0.0
     crashes: int = 0
     restart_at: float | None = None
 
     @property
+    def worker_id(self) -> str:
+        return self.worker_ids[0] if self.worker_ids else ""
+
+    @property
     def title(self) -> str:
         return f"pool {self.pool}#{self.slot}" if self.role == "pool" else self.role
-
-
-# Postgres connections each process may hold at most (the pools are bounded): a pool process
-# its Store (3) and its App's (4: handlers' enqueues, chain context); the coordinator its
-# Store (2), its LISTEN (1) and a compaction's (1); the supervisor 1, while it starts or
-# releases a dead child's claims.
-POOL_PROCESS_CONNECTIONS = 3 + 4
-COORDINATOR_CONNECTIONS = 2 + 1 + 1
-SUPERVISOR_CONNECTIONS = 1
-
-
-def postgres_connections_max(children: list[Child]) -> int:
-    """The most Postgres connections this instance can open, reported at start."""
-    per_role = {"pool": POOL_PROCESS_CONNECTIONS, "coordinator": COORDINATOR_CONNECTIONS}
-    return SUPERVISOR_CONNECTIONS + sum(per_role.get(c.role, 0) for c in children)
 
 
 class Supervisor:
@@ -98,8 +92,9 @@ class Supervisor:
         self.app_spec = app_spec
         self.settings = settings
         self.children: list[Child] = []
-        for jt in app.types.values():
-            self.children += [Child("pool", jt.name, i) for i in range(jt.processes)]
+        self.groups = pool_groups(app.types.values())
+        for g in self.groups:
+            self.children += [Child("pool", g.name, i, g.types) for i in range(g.processes)]
         if coordinator:
             self.children.append(Child("coordinator", None, 0))
         self.metrics = metrics  # (host, port) of the /metrics child, if asked for
@@ -135,6 +130,7 @@ class Supervisor:
         finally:
             broker.close()
         emit_banner(*banner(self.app, self.app_spec, self.settings, self.coordinator, self.watch))
+        size = footprint(self.groups, self.coordinator)
         if not self.app.types:
             logger.warning("no job types registered in the app: only the coordinator runs")
         os.set_blocking(self._wake_w, False)
@@ -145,8 +141,10 @@ class Supervisor:
             "supervisor started",
             app=self.app_spec,
             instance=f"{socket.gethostname()}:{os.getpid()}",
-            pools={jt.name: jt.processes for jt in self.app.types.values()},
-            postgres_connections_max=postgres_connections_max(self.children),
+            pools={g.name: g.processes for g in self.groups},
+            processes=size.processes,
+            postgres_connections_max=size.postgres_connections_max,
+            postgres_connections=size.formula,
         )
         for child in self.children:
             self._spawn(child)
@@ -191,7 +189,7 @@ class Supervisor:
     # -- children ----------------------------------------------------------------------
 
     def _spawn(self, child: Child) -> None:
-        child.worker_id = new_worker_id()
+        child.worker_ids = tuple(new_worker_id() for _ in child.types or ("",))
         child.started = time.monotonic()
         child.restart_at = None
         # A killed supervisor must not leave pools heartbeating with nobody to restart them.
@@ -238,7 +236,7 @@ class Supervisor:
         from hivejobs.worker.pool import run_pool
 
         assert child.pool is not None
-        return run_pool(self.app, child.pool, child.worker_id, self.settings)
+        return run_pool(self.app, child.pool, child.types, child.worker_ids, self.settings)
 
     def _reap(self) -> None:
         while True:
@@ -268,7 +266,7 @@ class Supervisor:
         )
         reload = os.WIFEXITED(status) and os.WEXITSTATUS(status) == ChildExit.RELOAD
         if not clean and not reload and child.role != "watcher":  # a watcher claims nothing
-            self._release_claims([child.worker_id])
+            self._release_claims(list(child.worker_ids))
         if self.stopping:
             return
         if reload:
@@ -357,13 +355,13 @@ class Supervisor:
             except ChildProcessError:
                 pass
         if stragglers:
-            self._release_claims([c.worker_id for c in stragglers])
+            self._release_claims([w for c in stragglers for w in c.worker_ids])
         logger.info("supervisor stopped")
         return 0
 
     def _report_waiting(self, deadline: float) -> None:
         """Say what the shutdown waits for: the running jobs of our pools, and how long."""
-        pools = [c.worker_id for c in self.children if c.pid and c.role == "pool"]
+        pools = [w for c in self.children if c.pid and c.role == "pool" for w in c.worker_ids]
         if not pools:
             return
         try:
