@@ -73,8 +73,11 @@ class PgBouncer:
             f"ignore_startup_parameters = {'options' if ignore_options else ''}\n"
             f"pidfile = {self.folder / 'pgbouncer.pid'}\n"
         )
+        binary = shutil.which("pgbouncer", path=f"{os.environ.get('PATH', '')}:/usr/sbin")
+        if binary is None:  # else runuser fails silently and the wait below times out
+            raise RuntimeError("pgbouncer is not installed (scripts/test installs Debian's)")
         self.proc = subprocess.Popen(
-            _as_postgres(["pgbouncer", str(ini)]),
+            _as_postgres([binary, str(ini)]),
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
