@@ -59,10 +59,13 @@ class Claims:
     `lock`, then `cond`; never the other way.
     """
 
-    def __init__(self, cond: threading.Condition) -> None:
+    def __init__(
+        self, cond: threading.Condition, wanted: Callable[[], bool] = lambda: True
+    ) -> None:
         self.held: dict[str, int] = {}
         self.lock = threading.Lock()
         self._cond = cond
+        self._wanted = wanted  # Slots.wanted: whether forget() wakes the waiters on `cond`
 
     def forget(self, written: list[Completion]) -> None:
         """The completer wrote these (or let them go): they no longer count, room frees."""
@@ -70,7 +73,8 @@ class Claims:
             for c in written:
                 if self.held.get(c.id) == c.claim_token:
                     del self.held[c.id]
-            self._cond.notify_all()
+            if self._wanted():
+                self._cond.notify_all()
 
     def untracked(self, read: Callable[[], list[HeldClaim]]) -> list[HeldClaim]:
         """Claims that Postgres says we hold (`read`) and we do not."""
@@ -107,7 +111,7 @@ class Fetcher:
         self.broker = broker
         self.metrics = metrics
         self.slots = slots
-        self.claims = Claims(slots.cond)
+        self.claims = Claims(slots.cond, slots.wanted)
         slots.room_open = self.room_open  # a finished job wakes us only when we may claim
         self._stopped = acquiring_stopped
         self._heartbeat_age_s = heartbeat_age_s

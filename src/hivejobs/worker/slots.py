@@ -112,8 +112,13 @@ class Slots:
         neighbours to end, or the shutdown waiting for the running ones."""
         with self.cond:
             self.reserved -= 1
-            if self.isolating or self._draining.is_set() or self.room_open():
+            if self.wanted():
                 self.cond.notify_all()
+
+    def wanted(self) -> bool:
+        """Whether freed room (a slot, or a claim written: Claims.forget) is worth waking the
+        waiters on `cond` for; called with `cond` held."""
+        return self.isolating or self._draining.is_set() or self.room_open()
 
     # -- running -------------------------------------------------------------------------
 
