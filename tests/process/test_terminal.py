@@ -60,8 +60,7 @@ def test_banner_and_a_line_per_job(
     lines = log.splitlines()
     # One line per job at INFO, its outcome's (the "started" line is DEBUG: issue 13).
     assert any(
-        f"alo[{ok}] succeeded in 0.0" in line and line.endswith("{'attempt': 1}")
-        for line in lines
+        f"alo[{ok}] succeeded in 0.0" in line and line.endswith("{'attempt': 1}") for line in lines
     )
     assert f"alo[{ok}] started" not in log
     assert log.count(f"raises[{bad}] failed, retry in") == 2

@@ -233,9 +233,7 @@ _ROWS_ENCODER = msgspec.json.Encoder()
 
 def archive_rows(archive: Sequence[Completion]) -> str:
     """archive_finished_if_running's `rows`: the batch's per-row values as one JSON text."""
-    rows = [
-        _Finished(c.id, c.claim_token, c.outcome, _pg_text(c.error), c.result) for c in archive
-    ]
+    rows = [_Finished(c.id, c.claim_token, c.outcome, _pg_text(c.error), c.result) for c in archive]
     return _ROWS_ENCODER.encode(rows).decode()
 
 
