@@ -372,8 +372,8 @@ def add_systems(names: list[str], sources: list[str], free_db: int = 10) -> None
         raise ValueError("--hivejobs-src takes NAME=SRC")
     for name in names:
         base, _, port = name.partition("@")
-        if name in SYSTEMS:
-            continue
+        if name in SYSTEMS and name not in trees:
+            continue  # `hivejobs=SRC` is honoured: it used to run the installed copy silently
         if base in trees:
             proto = replace(SYSTEMS["hivejobs"], pythonpath=trees[base])
         elif base in SYSTEMS and port:

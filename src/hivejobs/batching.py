@@ -8,7 +8,6 @@ ours: broker.py may only import records, errors and config besides it.
 
 from __future__ import annotations
 
-import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -23,9 +22,12 @@ def _unguarded(target: Callable[[], None]) -> Callable[[], None]:
 
 
 class Batcher(Generic[T]):
-    """Owns a queue of submitted items, the one writer thread that empties it, and the count
-    of items submitted and not yet written (`_pending`, guarded by `_cond`, which is notified
-    after every batch). By default a batch is never held back to grow: the writer takes what
+    """Owns the submitted items (`_items`), the one writer thread that empties it, and the
+    count of items submitted and not yet written (`_pending`); all three guarded by `_cond`,
+    which is notified after every batch. Submitters wake the writer only when it sleeps for
+    want of items (`_writer_waits`): with many threads submitting, the writer wakes once per
+    batch instead of once per item (issue 13: a thread wake-up per job cost more CPU than the
+    batch's statement per job). By default a batch is never held back to grow: the writer takes what
     is there when it is free, so a batch is as large as what arrived while the previous one
     was being written. With `coalesce_from`, once a batch had at least that many items (items
     arrive faster than one per write), the next one waits for more for as long as the last
@@ -48,8 +50,9 @@ class Batcher(Generic[T]):
         self._max_batch = max_batch
         self._coalesce_from = coalesce_from
         self._coalesce_max_s = coalesce_max_s
-        self._queue: queue.SimpleQueue[T] = queue.SimpleQueue()
+        self._items: list[T] = []  # submitted, not yet taken by the writer (under _cond)
         self._pending = 0
+        self._writer_waits = False  # the writer sleeps until an item arrives (under _cond)
         self._cond = threading.Condition()
         self._thread = threading.Thread(target=guard(self._run), name=name, daemon=True)
 
@@ -60,13 +63,21 @@ class Batcher(Generic[T]):
         """Queue one item for the writer; it counts as pending before the call returns."""
         with self._cond:
             self._pending += 1
-        self._queue.put(item)
+            self._items.append(item)
+            self._ring()
 
     def submit_many(self, items: Sequence[T]) -> None:
         with self._cond:
             self._pending += len(items)
-        for item in items:
-            self._queue.put(item)
+            self._items.extend(items)
+            self._ring()
+
+    def _ring(self) -> None:
+        """Wake the writer only when it sleeps for want of items (issue 13): one wake-up per
+        batch, not one per item. Called with `_cond` held."""
+        if self._writer_waits:
+            self._writer_waits = False
+            self._cond.notify_all()
 
     def idle(self) -> bool:
         with self._cond:
@@ -85,23 +96,24 @@ class Batcher(Generic[T]):
 
     def _run(self) -> None:
         window = 0.0  # how long the next batch may wait for more (see coalesce_from)
+        cond = self._cond
         while True:
-            batch = [self._queue.get()]
-            deadline = time.monotonic() + window
-            while len(batch) < self._max_batch:
-                left = deadline - time.monotonic()
-                try:
-                    batch.append(
-                        self._queue.get(timeout=left) if left > 0 else self._queue.get_nowait()
-                    )
-                except queue.Empty:
-                    break
+            with cond:
+                while not self._items:
+                    self._writer_waits = True
+                    cond.wait()
+                if window > 0 and len(self._items) < self._max_batch:
+                    # Coalesce: submitters do not ring meanwhile (_writer_waits is False);
+                    # flush() and idle() only read _pending, which this wait does not hold.
+                    cond.wait(window)
+                batch = self._items[: self._max_batch]
+                del self._items[: self._max_batch]
             began = time.monotonic()
             self._write(batch)
             window = self._next_window(len(batch), time.monotonic() - began)
-            with self._cond:
+            with cond:
                 self._pending -= len(batch)
-                self._cond.notify_all()
+                cond.notify_all()
 
     def _next_window(self, size: int, took_s: float) -> float:
         if self._coalesce_from is None or size < self._coalesce_from:

@@ -25,7 +25,9 @@ from typing import Any
 import psycopg
 import pytest
 
+from hivejobs.records import Completion
 from hivejobs.store import QUERIES
+from hivejobs.store.jobs import archive_rows
 from hivejobs.store.sql import load_queries
 
 CHAIN_QUERIES = load_queries("chain_queries.sql")
@@ -187,10 +189,9 @@ def hot_statements(ld: Loaded) -> list[tuple[str, str, dict[str, Any], int]]:
             QUERIES["archive_finished_if_running"],
             {
                 "ids": ids,
-                "tokens": tokens,
-                "states": ["succeeded"] * n,
-                "errors": [None] * n,
-                "results": [None] * n,
+                "rows": archive_rows(
+                    [Completion(id=i, claim_token=t, outcome="succeeded") for i, t in ld.running]
+                ),
             },
             n,
         ),

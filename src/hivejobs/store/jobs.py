@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from contextlib import nullcontext
 from typing import Any
 
+import msgspec
 from psycopg.rows import class_row
 
 from hivejobs.records import (
@@ -128,13 +129,7 @@ class Jobs(Database):
             if archive:
                 rows = conn.execute(
                     JOBS["archive_finished_if_running"],
-                    {
-                        "ids": [c.id for c in archive],
-                        "tokens": [c.claim_token for c in archive],
-                        "states": [c.outcome for c in archive],
-                        "errors": [_pg_text(c.error) for c in archive],
-                        "results": [c.result for c in archive],
-                    },
+                    {"ids": [c.id for c in archive], "rows": archive_rows(archive)},
                 ).fetchall()
                 written += len(rows)
             if requeue:
@@ -221,6 +216,25 @@ class Jobs(Database):
         with self.connection() as conn:
             cur = conn.cursor(row_factory=class_row(TypeCounts))
             return cur.execute(JOBS["type_counts"]).fetchall()
+
+
+class _Finished(msgspec.Struct, omit_defaults=True):
+    """One row of archive_finished_if_running's JSON parameter (bytes encode as base64)."""
+
+    id: str
+    token: int
+    final_state: str
+    final_error: str | None = None
+    final_result: bytes | None = None
+
+
+_ROWS_ENCODER = msgspec.json.Encoder()
+
+
+def archive_rows(archive: Sequence[Completion]) -> str:
+    """archive_finished_if_running's `rows`: the batch's per-row values as one JSON text."""
+    rows = [_Finished(c.id, c.claim_token, c.outcome, _pg_text(c.error), c.result) for c in archive]
+    return _ROWS_ENCODER.encode(rows).decode()
 
 
 def _pg_text(value: str | None) -> str | None:

@@ -103,15 +103,17 @@ RETURNING j.id;
 -- primary-key lookup, estimated at one row per id whatever the statistics say, and the join
 -- with the per-row values is between two sets of batch size: no plan reads the running set
 -- or the table (a hash join over a scan would, for a batch that looks big enough).
+-- The per-row values come as one JSON array of objects (`rows`, absent keys are NULL,
+-- results base64): one parameter for the client to build instead of five arrays, whose
+-- element-by-element dumping was the pool's largest cost per completion batch (issue 13).
 WITH c AS (
-    SELECT * FROM unnest(%(ids)s::text[], %(tokens)s::bigint[], %(states)s::text[],
-                         %(errors)s::text[], %(results)s::bytea[])
-           AS c(id, token, final_state, final_error, final_result)
+    SELECT * FROM json_to_recordset(%(rows)s::json)
+           AS c(id text, token bigint, final_state text, final_error text, final_result text)
 ), done AS (
     DELETE FROM hivejobs_job j USING c
      WHERE j.id = ANY(%(ids)s::text[])
        AND j.id = c.id AND j.state = 'running' AND j.claim_token = c.token
-    RETURNING j.*, c.final_state, c.final_error, c.final_result
+    RETURNING j.*, c.final_state, c.final_error, decode(c.final_result, 'base64') AS final_result
 )
 INSERT INTO hivejobs_archive (id, name, state, priority, attempt, attempts, delivery, payload,
                               created_at, run_at, started_at, finished_at, expires_at, error,

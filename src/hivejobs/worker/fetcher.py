@@ -59,10 +59,13 @@ class Claims:
     `lock`, then `cond`; never the other way.
     """
 
-    def __init__(self, cond: threading.Condition) -> None:
+    def __init__(
+        self, cond: threading.Condition, wanted: Callable[[], bool] = lambda: True
+    ) -> None:
         self.held: dict[str, int] = {}
         self.lock = threading.Lock()
         self._cond = cond
+        self._wanted = wanted  # Slots.wanted: whether forget() wakes the waiters on `cond`
 
     def forget(self, written: list[Completion]) -> None:
         """The completer wrote these (or let them go): they no longer count, room frees."""
@@ -70,7 +73,8 @@ class Claims:
             for c in written:
                 if self.held.get(c.id) == c.claim_token:
                     del self.held[c.id]
-            self._cond.notify_all()
+            if self._wanted():
+                self._cond.notify_all()
 
     def untracked(self, read: Callable[[], list[HeldClaim]]) -> list[HeldClaim]:
         """Claims that Postgres says we hold (`read`) and we do not."""
@@ -107,7 +111,8 @@ class Fetcher:
         self.broker = broker
         self.metrics = metrics
         self.slots = slots
-        self.claims = Claims(slots.cond)
+        self.claims = Claims(slots.cond, slots.wanted)
+        slots.room_open = self.room_open  # a finished job wakes us only when we may claim
         self._stopped = acquiring_stopped
         self._heartbeat_age_s = heartbeat_age_s
         self.flow = flow  # issue 12: pause, fleet-wide limits, `hivejobs scale`
@@ -160,14 +165,27 @@ class Fetcher:
         claim while more than `concurrency` completions wait to be written: a healthy
         completer writes a few at a time.
         """
-        extra = self.prefetch if self.avg_run_s < PREFETCH_BELOW_S else 0
-        slots = self.slots.concurrency + extra - self.slots.reserved
-        if extra and self.slots.reserved - len(self.slots.running) > REFILL_BELOW:
-            return 0  # enough claimed jobs wait for a runner: refill in one larger claim
-        unwritten = UNWRITTEN_PER_RUNNER * self.slots.concurrency + extra - len(self.claims.held)
+        slots, unwritten = self._bounds()
         if unwritten < slots and slots > 0:
             self.counts["paused_for_completions"] += int(unwritten <= 0)
         return min(slots, unwritten)
+
+    def room_open(self) -> bool:
+        """Slots.room_open: whether claim_room() would be positive; called with `slots.cond`
+        held, by a runner freeing its slot (it wakes the fetcher only then)."""
+        slots, unwritten = self._bounds()
+        return slots > 0 and unwritten > 0
+
+    def _bounds(self) -> tuple[int, int]:
+        """claim_room's two bounds (slots, unwritten); called with `slots.cond` held."""
+        extra = self.prefetch if self.avg_run_s < PREFETCH_BELOW_S else 0
+        reserved = self.slots.reserved
+        if extra and reserved - len(self.slots.running) > REFILL_BELOW:
+            slots = 0  # enough claimed jobs wait for a runner: refill in one larger claim
+        else:
+            slots = self.slots.concurrency + extra - reserved
+        unwritten = UNWRITTEN_PER_RUNNER * self.slots.concurrency + extra - len(self.claims.held)
+        return slots, unwritten
 
     def _run(self) -> None:
         backoff = 0.05

@@ -63,6 +63,7 @@ class Runners:
         self.completer = completer
         self._draining = draining  # Stop.draining
         self.log = logger.bind(pool=jt.name)
+        self.chains = ChainStore(store)  # stateless: one for every attempt's JobContext
         self._threads: list[threading.Thread] = []
 
     @property
@@ -116,7 +117,7 @@ class Runners:
         self.completer.submit(interrupted(job, started=False, max_result_bytes=max_bytes))
 
     def _run_started(self, job: ClaimedJob) -> None:
-        ctx = JobContext(job, self.app, ChainStore(self.store))
+        ctx = JobContext(job, self.app, self.chains)
         entry = self.slots.started(job, ctx)
         began = time.monotonic()
         if looks_like_try_id(job.id):  # a chain try: its output goes to the job log
@@ -148,7 +149,7 @@ class Runners:
         if output.empty:
             return
         try:
-            ChainStore(self.store).save_output(
+            self.chains.save_output(
                 job.id, output.stdout.text(), output.stderr.text(), output.truncated
             )
         except psycopg.Error as exc:

@@ -10,12 +10,16 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from collections.abc import Collection, Iterator
+from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from hivejobs.context import JobContext
 from hivejobs.records import ClaimedJob
+
+
+def _always() -> bool:
+    return True
 
 
 @dataclass
@@ -55,6 +59,9 @@ class Slots:
         self._isolation = threading.Lock()
         self._draining = draining  # Stop.draining: start nothing new
         self._work: queue.SimpleQueue[ClaimedJob | None] = queue.SimpleQueue()
+        # Whether claim room is open now (called with `cond` held); the fetcher sets its own
+        # (Fetcher.room_open) when it is made. See _release.
+        self.room_open: Callable[[], bool] = _always
 
     # -- reservation ---------------------------------------------------------------------
 
@@ -99,9 +106,19 @@ class Slots:
             self._work.put(None)
 
     def _release(self) -> None:
+        """Free a slot; wake the waiters on `cond` only when one of them can act on it: the
+        fetcher once it may claim (not for every finished job while the jobs claimed ahead
+        still wait: issue 13, one wasted thread wake-up per job), a suspect waiting for its
+        neighbours to end, or the shutdown waiting for the running ones."""
         with self.cond:
             self.reserved -= 1
-            self.cond.notify_all()
+            if self.wanted():
+                self.cond.notify_all()
+
+    def wanted(self) -> bool:
+        """Whether freed room (a slot, or a claim written: Claims.forget) is worth waking the
+        waiters on `cond` for; called with `cond` held."""
+        return self.isolating or self._draining.is_set() or self.room_open()
 
     # -- running -------------------------------------------------------------------------
 
