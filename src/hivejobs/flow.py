@@ -255,6 +255,16 @@ class Flow:
         self.concurrency = state.concurrency
         return decide(self.limits, want, state)
 
+    def scaled_concurrency(self) -> int | None:
+        """`hivejobs scale`'s concurrency (None: the type's own), read at most once per
+        PAUSE_POLL_S. For a pool whose runners are all busy: it never asks room(), and a
+        scale-up is wanted most exactly then."""
+        now = time.monotonic()
+        if now - self._checked_at >= PAUSE_POLL_S:
+            self._paused, self.concurrency = self.flows.pool_settings(self.name)
+            self._checked_at = now
+        return self.concurrency
+
     def claim(self, conn: Conn, ids: list[str], worker_id: str) -> list[ClaimedJob]:
         """The claim, atomic with the limits: under the type's lock when it has any."""
         if self.limits is None:

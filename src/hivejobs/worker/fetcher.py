@@ -193,9 +193,12 @@ class Fetcher:
         while not self._stopped.is_set():
             with cond:
                 free = self.claim_room()
-                if free <= 0 or self.slots.isolating:
+                full = free <= 0 or self.slots.isolating
+                if full:
                     cond.wait(0.5)
-                    continue
+            if full:
+                self._follow_scale()
+                continue
             if self._heartbeat_age_s() > self.settings.stuck_after_s / 2:
                 # We cannot prove we are alive: claims made now could be rescued under us.
                 self._stopped.wait(0.2)
@@ -225,6 +228,14 @@ class Fetcher:
                 )
                 self._stopped.wait(backoff)
                 backoff = min(backoff * 2, 2.0)
+
+    def _follow_scale(self) -> None:
+        """With no room the loop never reaches flow.room(): a scale-up must still start
+        runners at once (one primary-key read a second)."""
+        try:
+            self._scale(self.flow.scaled_concurrency() or self.jt.concurrency)
+        except psycopg.Error as exc:  # the next pop's flow check says it at WARNING
+            self.log.debug("scale not read", **error_fields(exc))
 
     def _claim(self, popped: Popped) -> float:
         """Claim what was popped; returns how long to wait before the next pop (flow.put_back)."""
