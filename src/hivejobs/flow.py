@@ -238,10 +238,7 @@ class Flow:
     def room(self, want: int) -> Room:
         """Before a pop: how many ids to pop, or how long to wait first."""
         if self.limits is None:
-            now = time.monotonic()
-            if now - self._checked_at >= PAUSE_POLL_S:
-                self._paused, self.concurrency = self.flows.pool_settings(self.name)
-                self._checked_at = now
+            self._read_settings()
             if self._paused:
                 return Room(allowed=0, wait_s=PAUSE_POLL_S, tokens=None)
             return Room(allowed=want, wait_s=0.0, tokens=None)
@@ -259,11 +256,15 @@ class Flow:
         """`hivejobs scale`'s concurrency (None: the type's own), read at most once per
         PAUSE_POLL_S. For a pool whose runners are all busy: it never asks room(), and a
         scale-up is wanted most exactly then."""
+        self._read_settings()
+        return self.concurrency
+
+    def _read_settings(self) -> None:
+        """Pause and scale from Postgres, at most once per PAUSE_POLL_S (the cache)."""
         now = time.monotonic()
         if now - self._checked_at >= PAUSE_POLL_S:
             self._paused, self.concurrency = self.flows.pool_settings(self.name)
             self._checked_at = now
-        return self.concurrency
 
     def claim(self, conn: Conn, ids: list[str], worker_id: str) -> list[ClaimedJob]:
         """The claim, atomic with the limits: under the type's lock when it has any."""
