@@ -19,6 +19,9 @@ from pathlib import Path
 import _common
 
 APP_MODULE = "peers_hivejobs_app"
+# WARNING, as the pgqueuer, rq and huey drivers run theirs: no line per job. Our default
+# INFO (one line per job, ~25-30 us of a pool's CPU) with HIVEJOBS_LOG_LEVEL=INFO.
+LOG_LEVEL = os.environ.get("HIVEJOBS_LOG_LEVEL", "WARNING")
 APP_SOURCE = '''\
 """Benchmark app written by bench/peers/drivers/hivejobs_driver.py (temporary)."""
 import os
@@ -70,7 +73,14 @@ def main() -> None:
         app.migrate()
 
         def start_workers(w: _common.Workers) -> None:
-            cmd = cli_command() + ["run", f"{APP_MODULE}:app", "--shutdown-timeout", "5"]
+            cmd = cli_command() + [
+                "run",
+                f"{APP_MODULE}:app",
+                "--shutdown-timeout",
+                "5",
+                "--log-level",
+                LOG_LEVEL,
+            ]
             # The caller's PYTHONPATH stays (a worktree's src/ must win over an installed copy).
             path = os.pathsep.join(p for p in (tmp, os.environ.get("PYTHONPATH", "")) if p)
             w.start(cmd, env={"PYTHONPATH": path})
@@ -83,7 +93,7 @@ def main() -> None:
             enqueue_one=lambda t: app.enqueue("noop", {"t": t}),
             enqueue_bulk=lambda ts: app.enqueue_many("noop", [{"t": t} for t in ts]),
             start_workers=start_workers,
-            settings="`hivejobs run` supervisor, processes=2 x concurrency=8",
+            settings=f"`hivejobs run --log-level {LOG_LEVEL}`, processes=2 x concurrency=8",
         )
         close = getattr(app, "close", None)
         if callable(close):
