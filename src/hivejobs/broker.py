@@ -244,7 +244,7 @@ class ControlSubscription:
 
     def __init__(self, broker: Broker) -> None:
         self._broker = broker
-        self._pubsub = broker.redis.pubsub(  # type: ignore[no-untyped-call]
+        self._pubsub = broker.redis.pubsub(  # type: ignore[no-untyped-call,unused-ignore]  # typed from redis 8.2
             ignore_subscribe_messages=True
         )
         self._pubsub.subscribe(broker.control_channel)

@@ -96,7 +96,7 @@ class Dispatcher:
         # LISTEN through a transaction-mode pooler hears nothing: pools announce finished
         # chain tries over Redis instead.
         if self._wake is None:
-            wake = self.broker.redis.pubsub(  # type: ignore[no-untyped-call]
+            wake = self.broker.redis.pubsub(  # type: ignore[no-untyped-call,unused-ignore]  # typed from redis 8.2
                 ignore_subscribe_messages=True
             )
             wake.subscribe(self.broker.wake_channel)
