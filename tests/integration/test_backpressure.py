@@ -15,7 +15,12 @@ import pytest
 
 from hivejobs import App, JobContext
 from hivejobs.store import new_worker_id
-from hivejobs.worker.fetcher import PREFETCH, REFILL_BELOW, UNWRITTEN_PER_RUNNER
+from hivejobs.worker.fetcher import (
+    CLAIM_AHEAD_BELOW_S,
+    PREFETCH,
+    REFILL_BELOW,
+    UNWRITTEN_PER_RUNNER,
+)
 from hivejobs.worker.pool import Pool
 from hivejobs.worker.slots import Running
 from tests.harness import wait_until
@@ -97,8 +102,9 @@ def test_prefetch_refills_in_one_large_claim_not_one_per_finished_job(
 ) -> None:
     """Issue 13: a fetcher that claimed again as soon as one slot freed made claims of one or
     two ids with short jobs. While enough claimed jobs wait for a runner it claims nothing;
-    below REFILL_BELOW it claims the whole prefetch room at once. Without prefetch (at-most-
-    once, or slow jobs) every idle runner is still claimed for at once."""
+    below REFILL_BELOW it claims the whole prefetch room at once; 5-50 ms jobs claim one round
+    ahead. Without claims ahead (at-most-once, or slow jobs) every idle runner is still
+    claimed for at once."""
     app = make_app(**FAST)
 
     @app.job("short", concurrency=8)
@@ -123,6 +129,19 @@ def test_prefetch_refills_in_one_large_claim_not_one_per_finished_job(
         with not_prefetching.slots.cond:
             not_prefetching.slots.reserved = 7  # one runner idle
             assert not_prefetching.fetcher.claim_room() == 1
+        # 10 ms jobs: one round (8) ahead, refilled when no more than 2 wait: claims of 6,
+        # not one per finished job (1.5 ids per claim at 10 ms before).
+        prefetching.fetcher.avg_run_s = 0.010
+        with prefetching.slots.cond:
+            prefetching.slots.reserved = 8 + 3
+            assert prefetching.fetcher.claim_room() == 0
+            prefetching.slots.reserved = 8 + 2
+            assert prefetching.fetcher.claim_room() == 6
+        # Slow jobs (>= CLAIM_AHEAD_BELOW_S): a claim per idle runner, none ahead.
+        prefetching.fetcher.avg_run_s = CLAIM_AHEAD_BELOW_S
+        with prefetching.slots.cond:
+            prefetching.slots.reserved = 7
+            assert prefetching.fetcher.claim_room() == 1
     finally:
         for pool in (prefetching, not_prefetching):
             pool.close()

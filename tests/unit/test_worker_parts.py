@@ -3,11 +3,12 @@ the quarantine's turn, what a stop hands back, and the stop state's exit code.""
 
 from __future__ import annotations
 
+import functools
 import threading
 
 import pytest
 
-from hivejobs.batching import Batcher
+from hivejobs.batching import Batcher, coalesce_window
 from hivejobs.records import ClaimedJob, Delivery
 from hivejobs.worker.executor import interrupted
 from hivejobs.worker.exits import ChildExit
@@ -51,6 +52,40 @@ def test_batcher_writes_what_accumulated_while_the_previous_batch_was_written() 
     assert batcher.flush(5)
     assert batcher.idle()
     assert batches == [[0], [1, 2, 3], [4]]  # never more than max_batch at once
+
+
+def test_a_small_batch_waits_for_more_only_while_items_come_often() -> None:
+    """Issue 13: with 10 ms jobs completions came 1.4 at a time, one commit each; a batch now
+    waits for the completions due soon, but a lone one at a low rate is written at once."""
+    often = functools.partial(coalesce_window, to=32, gap_s=0.0015, max_s=0.008)
+    assert often(1, float("inf")) == 0.0  # nothing measured yet
+    assert often(1, 0.002) == 0.0  # 500/s: at once
+    assert often(1, 0.00125) == 0.008  # 800/s: capped
+    assert often(30, 0.0001) == pytest.approx(0.0002)  # two more due
+    assert often(32, 0.0001) == 0.0  # full enough
+    assert coalesce_window(1, 0.0001, to=0, gap_s=1.0, max_s=1.0) == 0.0  # coalescing off
+
+
+def test_the_batcher_follows_the_gap_between_items(monkeypatch: pytest.MonkeyPatch) -> None:
+    now = [100.0]
+    monkeypatch.setattr("hivejobs.batching.time.monotonic", lambda: now[0])
+    batcher: Batcher[int] = Batcher(
+        lambda batch: None,
+        max_batch=100,
+        name="t",
+        coalesce_to=8,
+        coalesce_gap_s=0.01,
+        coalesce_max_s=0.05,
+    )  # never started: only the arrival bookkeeping runs
+    batcher.submit(0)
+    assert batcher._window(1) == 0.0  # one item says nothing about the rate
+    for i in range(50):
+        now[0] += 0.001
+        batcher.submit(i)
+    assert batcher._window(1) == pytest.approx(0.007)  # 7 more at 1 ms each
+    now[0] += 60.0  # an idle minute: the next item is written at once
+    batcher.submit_many([1, 2])
+    assert batcher._window(1) == 0.0
 
 
 def test_a_slot_is_released_once_whichever_way_its_job_leaves() -> None:

@@ -2,12 +2,11 @@
 
 Runner threads hand Completions over; one writer thread (hivejobs.batching, shared with
 the broker's Pusher) writes whatever has accumulated while the previous batch was
-committing, and while completions arrive faster than it writes, what arrives within one
-more write's time (COALESCE_FROM); at low rates it never waits. The writes are fenced by
-claim token, so retrying a batch after an ambiguous commit (connection lost during COMMIT) is
-safe. A completion that cannot be written (its
-data, not the connection) is isolated by splitting the batch: it never holds up the others,
-and never kills the process.
+committing, and while completions arrive often (COALESCE_GAP_S), what arrives within a
+few more milliseconds (COALESCE_MAX_S); at low rates it never waits. The writes are fenced
+by claim token, so retrying a batch after an ambiguous commit (connection lost during
+COMMIT) is safe. A completion that cannot be written (its data, not the connection) is
+isolated by splitting the batch: it never holds up the others, and never kills the process.
 """
 
 from __future__ import annotations
@@ -30,10 +29,13 @@ from hivejobs.store import Store, is_data_error
 from hivejobs.worker.exits import fatal_on_error
 
 MAX_BATCH = 500
-# Coalescing (issue 13; see hivejobs.batching): batches of COALESCE_FROM or more make the
-# next one wait up to the last write's time, at most COALESCE_MAX_S.
-COALESCE_FROM = 4
-COALESCE_MAX_S = 0.002
+# Coalescing (issue 13; see hivejobs.batching): while completions arrive at least every
+# COALESCE_GAP_S (~670/s in this process), a batch of fewer than COALESCE_TO waits for more,
+# at most COALESCE_MAX_S: with 10 ms jobs on 8 runners (one completion per 1.25 ms) a batch
+# holds ~6 instead of 1.4, a lone completion at lower rates is written at once.
+COALESCE_TO = 32
+COALESCE_GAP_S = 0.0015
+COALESCE_MAX_S = 0.008
 T = TypeVar("T")
 
 MSG_BATCH_RETRY = "completion batch failed, retrying"
@@ -67,7 +69,8 @@ class Completer:
             max_batch=MAX_BATCH,
             name="completer",
             guard=fatal_on_error,
-            coalesce_from=COALESCE_FROM,
+            coalesce_to=COALESCE_TO,
+            coalesce_gap_s=COALESCE_GAP_S,
             coalesce_max_s=COALESCE_MAX_S,
         )
         self.max_error_bytes = max_error_bytes

@@ -36,6 +36,12 @@ PREFETCH_BELOW_S = 0.005
 # from here it claims ~PREFETCH at a time, while the jobs still waiting keep the runners
 # busy during the pop and claim (32 jobs of 0.1-1 ms across 8 runners: 0.4-4 ms).
 REFILL_BELOW = PREFETCH // 2
+# Jobs of 5-50 ms (issue 13): runners free one at a time, so a fetcher that claims for each
+# idle runner made claims of 1.5 ids at 10 ms, and the claim's commit cost Postgres more than
+# the job's row work. Such a pool claims one round ahead (one job per runner) and refills when
+# no more than a quarter of a round waits: ~3/4 of a round per claim, and a claimed job waits
+# at most about one job's time for its runner.
+CLAIM_AHEAD_BELOW_S = 0.05
 MSG_FOREIGN_ID = (
     "foreign job id dropped: a job of another type was in this pool's list (logged once per"
     " list; counted in foreign_ids)"
@@ -117,11 +123,12 @@ class Fetcher:
         self._heartbeat_age_s = heartbeat_age_s
         self.flow = flow  # issue 12: pause, fleet-wide limits, `hivejobs scale`
         self._scale = scale  # Runners.scale
-        # Claims beyond `concurrency` cut statements per job for short jobs; never for
-        # at-most-once (a claim dying with us fails it) and not for slow jobs, whose
-        # prefetched claims would wait long and be charged a worker loss if we die.
-        # Nor for a type with fleet-wide limits: a claim waiting here holds a slot (issue 12).
-        self.prefetch = PREFETCH if jt.delivery == "at_least_once" and jt.limits is None else 0
+        # Claims beyond `concurrency` (_ahead) cut statements per job for short and medium
+        # jobs; never for at-most-once (a claim dying with us fails it) and not for slow
+        # jobs (CLAIM_AHEAD_BELOW_S), whose claims would wait long and be charged a worker
+        # loss if we die. Nor for a type with fleet-wide limits: a claim waiting here holds a
+        # slot (issue 12).
+        self.prefetch = jt.delivery == "at_least_once" and jt.limits is None
         self.avg_run_s = 1.0  # pessimistic until measured
         # Logged at exit. foreign_ids: ids of other types found in our lists (dropped);
         # paused_for_completions: fetcher passes held back by backpressure.
@@ -155,14 +162,14 @@ class Fetcher:
         """How many ids the fetcher may claim now; called with `slots.cond` held.
 
         Two bounds. Slots: claims in hand (waiting or running) stay within concurrency, plus
-        the prefetch for short at-least-once jobs, refilled once fewer than REFILL_BELOW
-        claimed jobs wait for a runner. Backpressure: every claim not yet written
-        in Postgres (`held`: in hand or finished and unwritten) stays within
-        (UNWRITTEN_PER_RUNNER x concurrency) + prefetch. Every claim in hand may end up
-        unwritten, so finished-but-unwritten completions never exceed that number, nor do
-        this pool's `running` rows; when the completer lags, claiming stops until it writes
-        (Claims.forget wakes the fetcher). With the slots full, the second bound only cuts a
-        claim while more than `concurrency` completions wait to be written: a healthy
+        the claims ahead for short and medium at-least-once jobs (_ahead), refilled once no
+        more than its refill mark of claimed jobs wait for a runner. Backpressure: every
+        claim not yet written in Postgres (`held`: in hand or finished and unwritten) stays
+        within (UNWRITTEN_PER_RUNNER x concurrency) + the claims ahead. Every claim in hand
+        may end up unwritten, so finished-but-unwritten completions never exceed that number,
+        nor do this pool's `running` rows; when the completer lags, claiming stops until it
+        writes (Claims.forget wakes the fetcher). With the slots full, the second bound only
+        cuts a claim while more than `concurrency` completions wait to be written: a healthy
         completer writes a few at a time.
         """
         slots, unwritten = self._bounds()
@@ -176,11 +183,20 @@ class Fetcher:
         slots, unwritten = self._bounds()
         return slots > 0 and unwritten > 0
 
+    def _ahead(self) -> tuple[int, int]:
+        """(claims beyond concurrency, refill mark) for the run time measured so far."""
+        if not self.prefetch or self.avg_run_s >= CLAIM_AHEAD_BELOW_S:
+            return 0, 0
+        if self.avg_run_s < PREFETCH_BELOW_S:
+            return PREFETCH, REFILL_BELOW
+        concurrency = self.slots.concurrency
+        return concurrency, concurrency // 4
+
     def _bounds(self) -> tuple[int, int]:
         """claim_room's two bounds (slots, unwritten); called with `slots.cond` held."""
-        extra = self.prefetch if self.avg_run_s < PREFETCH_BELOW_S else 0
+        extra, refill_below = self._ahead()
         reserved = self.slots.reserved
-        if extra and reserved - len(self.slots.running) > REFILL_BELOW:
+        if extra and reserved - len(self.slots.running) > refill_below:
             slots = 0  # enough claimed jobs wait for a runner: refill in one larger claim
         else:
             slots = self.slots.concurrency + extra - reserved
