@@ -15,12 +15,7 @@ import pytest
 
 from hivejobs import App, JobContext
 from hivejobs.store import new_worker_id
-from hivejobs.worker.fetcher import (
-    CLAIM_AHEAD_BELOW_S,
-    PREFETCH,
-    REFILL_BELOW,
-    UNWRITTEN_PER_RUNNER,
-)
+from hivejobs.worker.fetcher import CLAIM_AHEAD_S, PREFETCH, UNWRITTEN_PER_RUNNER
 from hivejobs.worker.pool import Pool
 from hivejobs.worker.slots import Running
 from tests.harness import wait_until
@@ -101,10 +96,10 @@ def test_prefetch_refills_in_one_large_claim_not_one_per_finished_job(
     make_app: Callable[..., App],
 ) -> None:
     """Issue 13: a fetcher that claimed again as soon as one slot freed made claims of one or
-    two ids with short jobs. While enough claimed jobs wait for a runner it claims nothing;
-    below REFILL_BELOW it claims the whole prefetch room at once; 5-50 ms jobs claim one round
-    ahead. Without claims ahead (at-most-once, or slow jobs) every idle runner is still
-    claimed for at once."""
+    two ids. While half its claims ahead (PREFETCH for short jobs, CLAIM_AHEAD_S of work for
+    longer ones) still wait for a runner it claims nothing; then it claims the whole room at
+    once. Without claims ahead (at-most-once, or jobs too slow for any) every idle runner is
+    still claimed for at once."""
     app = make_app(**FAST)
 
     @app.job("short", concurrency=8)
@@ -121,24 +116,26 @@ def test_prefetch_refills_in_one_large_claim_not_one_per_finished_job(
             pool.fetcher.avg_run_s = 0.0001  # measured short
             busy = {str(i): Running.__new__(Running) for i in range(8)}
             pool.slots.running = busy  # every runner busy
+        half = PREFETCH // 2
         with prefetching.slots.cond:
-            prefetching.slots.reserved = 8 + REFILL_BELOW + 1  # one more waiting than the mark
+            prefetching.slots.reserved = 8 + half + 1  # one more waiting than the mark
             assert prefetching.fetcher.claim_room() == 0
-            prefetching.slots.reserved = 8 + REFILL_BELOW
-            assert prefetching.fetcher.claim_room() == PREFETCH - REFILL_BELOW
+            prefetching.slots.reserved = 8 + half
+            assert prefetching.fetcher.claim_room() == PREFETCH - half
         with not_prefetching.slots.cond:
             not_prefetching.slots.reserved = 7  # one runner idle
             assert not_prefetching.fetcher.claim_room() == 1
-        # 10 ms jobs: one round (8) ahead, refilled when no more than 2 wait: claims of 6,
+        # 10 ms jobs: 8 runners x 20 ms / 10 ms = 16 ahead, refilled when 8 wait: claims of 8,
         # not one per finished job (1.5 ids per claim at 10 ms before).
+        assert CLAIM_AHEAD_S == 0.02
         prefetching.fetcher.avg_run_s = 0.010
         with prefetching.slots.cond:
-            prefetching.slots.reserved = 8 + 3
+            prefetching.slots.reserved = 8 + 9
             assert prefetching.fetcher.claim_room() == 0
-            prefetching.slots.reserved = 8 + 2
-            assert prefetching.fetcher.claim_room() == 6
-        # Slow jobs (>= CLAIM_AHEAD_BELOW_S): a claim per idle runner, none ahead.
-        prefetching.fetcher.avg_run_s = CLAIM_AHEAD_BELOW_S
+            prefetching.slots.reserved = 8 + 8
+            assert prefetching.fetcher.claim_room() == 8
+        # Slow jobs (8 runners x 20 ms < one job's time): a claim per idle runner, none ahead.
+        prefetching.fetcher.avg_run_s = 0.2
         with prefetching.slots.cond:
             prefetching.slots.reserved = 7
             assert prefetching.fetcher.claim_room() == 1

@@ -32,10 +32,11 @@ MAX_BATCH = 500
 # Coalescing (issue 13; see hivejobs.batching): while completions arrive at least every
 # COALESCE_GAP_S (~670/s in this process), a batch of fewer than COALESCE_TO waits for more,
 # at most COALESCE_MAX_S: with 10 ms jobs on 8 runners (one completion per 1.25 ms) a batch
-# holds ~6 instead of 1.4, a lone completion at lower rates is written at once.
+# holds ~10 instead of 1.4. A completion is written at most that much later; at lower rates a
+# lone completion is written at once.
 COALESCE_TO = 32
 COALESCE_GAP_S = 0.0015
-COALESCE_MAX_S = 0.008
+COALESCE_MAX_S = 0.012
 T = TypeVar("T")
 
 MSG_BATCH_RETRY = "completion batch failed, retrying"

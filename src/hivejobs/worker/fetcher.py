@@ -29,19 +29,18 @@ from hivejobs.worker.exits import fatal_on_error
 from hivejobs.worker.slots import Slots
 
 PREFETCH = 64
-PREFETCH_BELOW_S = 0.005
-# While prefetching, refill once the claimed jobs no runner has started fall to this many,
-# not as soon as one slot frees (issue 13): with a 0.1 ms body a fetcher woken by every
-# finished job claimed 17-21 ids per pop and claim (one statement per ~20 jobs); refilled
-# from here it claims ~PREFETCH at a time, while the jobs still waiting keep the runners
-# busy during the pop and claim (32 jobs of 0.1-1 ms across 8 runners: 0.4-4 ms).
-REFILL_BELOW = PREFETCH // 2
-# Jobs of 5-50 ms (issue 13): runners free one at a time, so a fetcher that claims for each
-# idle runner made claims of 1.5 ids at 10 ms, and the claim's commit cost Postgres more than
-# the job's row work. Such a pool claims one round ahead (one job per runner) and refills when
-# no more than a quarter of a round waits: ~3/4 of a round per claim, and a claimed job waits
-# at most about one job's time for its runner.
-CLAIM_AHEAD_BELOW_S = 0.05
+# Claims ahead (beyond `concurrency`) cover about this much of the pool's work, at most
+# PREFETCH (issue 13): every claim is a statement and a commit, so a fetcher that claims for
+# each idle runner pays one per job once runners free one at a time (10 ms jobs: 1.5 ids per
+# claim, the commits cost Postgres more than the jobs' rows). A claimed job then waits about
+# this long for its runner at most, so a pool that dies leaves only that much work behind to
+# be charged a worker loss; jobs slower than concurrency x CLAIM_AHEAD_S get no claims ahead.
+CLAIM_AHEAD_S = 0.02
+# Refill once the claimed jobs no runner has started fall to half the claims ahead, not as
+# soon as one slot frees: with a 0.1 ms body a fetcher woken by every finished job claimed
+# 17-21 ids per pop and claim; refilled from here it claims about half the claims ahead at
+# a time, while the jobs still waiting keep the runners busy during the pop and claim (32
+# jobs of 0.1-1 ms across 8 runners: 0.4-4 ms).
 MSG_FOREIGN_ID = (
     "foreign job id dropped: a job of another type was in this pool's list (logged once per"
     " list; counted in foreign_ids)"
@@ -123,11 +122,9 @@ class Fetcher:
         self._heartbeat_age_s = heartbeat_age_s
         self.flow = flow  # issue 12: pause, fleet-wide limits, `hivejobs scale`
         self._scale = scale  # Runners.scale
-        # Claims beyond `concurrency` (_ahead) cut statements per job for short and medium
-        # jobs; never for at-most-once (a claim dying with us fails it) and not for slow
-        # jobs (CLAIM_AHEAD_BELOW_S), whose claims would wait long and be charged a worker
-        # loss if we die. Nor for a type with fleet-wide limits: a claim waiting here holds a
-        # slot (issue 12).
+        # Claims beyond `concurrency` (_ahead) cut statements per job; never for at-most-once
+        # (a claim dying with us fails it), nor for a type with fleet-wide limits: a claim
+        # waiting here holds a slot (issue 12).
         self.prefetch = jt.delivery == "at_least_once" and jt.limits is None
         self.avg_run_s = 1.0  # pessimistic until measured
         # Logged at exit. foreign_ids: ids of other types found in our lists (dropped);
@@ -162,8 +159,8 @@ class Fetcher:
         """How many ids the fetcher may claim now; called with `slots.cond` held.
 
         Two bounds. Slots: claims in hand (waiting or running) stay within concurrency, plus
-        the claims ahead for short and medium at-least-once jobs (_ahead), refilled once no
-        more than its refill mark of claimed jobs wait for a runner. Backpressure: every
+        the claims ahead of at-least-once jobs (_ahead), refilled once no more than half of
+        them wait for a runner. Backpressure: every
         claim not yet written in Postgres (`held`: in hand or finished and unwritten) stays
         within (UNWRITTEN_PER_RUNNER x concurrency) + the claims ahead. Every claim in hand
         may end up unwritten, so finished-but-unwritten completions never exceed that number,
@@ -183,20 +180,18 @@ class Fetcher:
         slots, unwritten = self._bounds()
         return slots > 0 and unwritten > 0
 
-    def _ahead(self) -> tuple[int, int]:
-        """(claims beyond concurrency, refill mark) for the run time measured so far."""
-        if not self.prefetch or self.avg_run_s >= CLAIM_AHEAD_BELOW_S:
-            return 0, 0
-        if self.avg_run_s < PREFETCH_BELOW_S:
-            return PREFETCH, REFILL_BELOW
-        concurrency = self.slots.concurrency
-        return concurrency, concurrency // 4
+    def _ahead(self) -> int:
+        """Claims beyond concurrency for the run time measured so far (CLAIM_AHEAD_S)."""
+        if not self.prefetch:
+            return 0
+        covered = self.slots.concurrency * CLAIM_AHEAD_S / max(self.avg_run_s, 1e-6)
+        return min(PREFETCH, int(covered))
 
     def _bounds(self) -> tuple[int, int]:
         """claim_room's two bounds (slots, unwritten); called with `slots.cond` held."""
-        extra, refill_below = self._ahead()
+        extra = self._ahead()
         reserved = self.slots.reserved
-        if extra and reserved - len(self.slots.running) > refill_below:
+        if extra and reserved - len(self.slots.running) > extra // 2:
             slots = 0  # enough claimed jobs wait for a runner: refill in one larger claim
         else:
             slots = self.slots.concurrency + extra - reserved
