@@ -73,7 +73,6 @@ class Lane:
         self.log = logger.bind(pool=jt.name, worker_id=worker_id)
         self.suspended = 0
         self._count_lock = threading.Lock()
-        self.slots = Slots(stop.draining, jt.concurrency)
         self.completer = Completer(
             store,
             broker,
@@ -88,12 +87,13 @@ class Lane:
             store,
             broker,
             metrics,
-            self.slots,
+            stop.draining,
             stop.acquiring_stopped,
             heartbeat_age_s=heartbeat_age_s,
             flow=Flow(store, broker, jt.name, jt.limits),
             scale=lambda concurrency: self.runners.scale(concurrency),
         )
+        self.slots = self.fetcher.slots  # made by the fetcher: it wakes on its claim room
         self.runners = Runners(
             app,
             jt,
