@@ -11,7 +11,8 @@ Everything is enforced where a job starts, at claim time, in Postgres:
   holder's slots come back when the coordinator rescues its claims (the rows stop running):
   no separate lease can leak. A handler runs only between its claim's commit and its
   completion's, so the handlers running at once never outnumber the running rows;
-- rate: a token bucket in the same row, refilled on the database clock under the same lock;
+- rate: a token bucket in the same row, refilled on the database clock under the same lock
+  (a rate alone counts no running rows: Limits.type_cap);
 - limit_by: `global_concurrency` and/or `rate` per distinct value of one payload field (at
   most N running, or R starts a second, per customer, say). The partition is read from the
   payload in the claim, under the same lock: the running rows are counted per partition and
@@ -65,6 +66,13 @@ class Limits:
     rate_per_s: float | None = None
     burst: int = 1
     limit_by: str | None = None  # global_concurrency counts per value of this payload field
+
+    @property
+    def type_cap(self) -> int | None:
+        """The cap on the type's running jobs as a whole, the one limit for which decide()
+        needs their count (None: a rate alone needs none, and limit_by's cap is per
+        partition, counted in the claim: pick_partitions)."""
+        return self.global_concurrency if self.limit_by is None else None
 
 
 def parse_rate(rate: str) -> float:
@@ -197,9 +205,10 @@ def decide(limits: Limits | None, want: int, state: FlowState) -> Room:
     if state.paused:
         return Room(allowed=0, wait_s=PAUSE_POLL_S, tokens=None)
     allowed, wait_s, tokens = want, 0.0, None
-    if limits is not None and limits.global_concurrency is not None and limits.limit_by is None:
+    cap = limits.type_cap if limits is not None else None
+    if cap is not None:
         # With limit_by the bound is per partition: only the claim (choose) knows which.
-        free = max(0, limits.global_concurrency - state.running)
+        free = max(0, cap - state.running)
         allowed = min(allowed, free)
         if free == 0:
             wait_s = SLOT_POLL_S
@@ -245,7 +254,7 @@ class Flow:
         if not self._ensured:
             self.flows.ensure(self.name)
             self._ensured = True
-        state = self.flows.state(self.name)
+        state = self.flows.state(self.name, counts_running=self.limits.type_cap is not None)
         if state is None:  # row deleted by hand: made again, limits hold from the next claim
             self._ensured = False
             return Room(allowed=0, wait_s=SLOT_POLL_S, tokens=None)
@@ -282,7 +291,13 @@ class Flow:
                 pick=lambda c, r, b, n: self._pick(limits, c, r, b, n),
             )
         return self.flows.claim_limited(
-            conn, ids, worker_id, self.name, lambda s: decide(limits, len(ids), s), by
+            conn,
+            ids,
+            worker_id,
+            self.name,
+            lambda s: decide(limits, len(ids), s),
+            counts_running=limits.type_cap is not None,
+            limit_by=by,
         )
 
     def _pick(

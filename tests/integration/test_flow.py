@@ -12,6 +12,7 @@ from hivejobs import App, Chain, ChainInvalid, PayloadInvalid, UnknownJobType
 from hivejobs.flow import SLOT_POLL_S, Flow, Limits
 from hivejobs.records import ClaimedJob, Completion
 from hivejobs.store import new_worker_id
+from hivejobs.store.flow import FlowState, FlowStore, Room
 from tests.harness import sql
 
 
@@ -54,6 +55,31 @@ def test_pause_of_an_unknown_type_stores_nothing(
     with pytest.raises(UnknownJobType, match="thin"):
         app.pause("thin")
     assert sql(database_url, "SELECT count(*) FROM hivejobs_flow")[0][0] == 0
+
+
+def test_the_running_rows_are_counted_only_when_asked(make_app: Callable[..., App]) -> None:
+    """A rate alone needs no count of the running rows (Limits.type_cap): neither the look
+    before a pop nor the claim under the lock makes it then; with a cap both see it."""
+    app = make(make_app())
+    flows = FlowStore(app.store)
+    flows.ensure("capped")
+    ids = app.enqueue_many("capped", [{}] * 3)
+    assert len(claim(app, Flow(app.store, app.broker, "capped", None), ids[:2])) == 2
+    seen: list[FlowState] = []
+
+    def note(state: FlowState) -> Room:
+        seen.append(state)
+        return Room(allowed=0, wait_s=0.0, tokens=None)
+
+    for counts, running in ((False, 0), (True, 2)):
+        looked = flows.state("capped", counts_running=counts)
+        assert looked is not None and looked.running == running
+        seen.clear()
+        with app.store.connection() as conn:
+            claimed = flows.claim_limited(
+                conn, ids[2:], new_worker_id(), "capped", note, counts_running=counts
+            )
+        assert claimed == [] and [s.running for s in seen] == [running]
 
 
 def test_racing_limited_claims_never_exceed_the_limit(make_app: Callable[..., App]) -> None:

@@ -131,6 +131,8 @@ def load(conn: psycopg.Connection[Any], stats: str) -> Loaded:
     if stats == "full_queue":
         conn.execute("ANALYZE hivejobs_job")
         conn.execute("ANALYZE hivejobs_flow_bucket")
+    # The type's flow row (a limited type's pools read it before each pop: flow_room).
+    conn.execute("INSERT INTO hivejobs_flow (name) VALUES ('noop')")
     busy, small, dead = (str(uuid.uuid4()) for _ in range(3))
     conn.execute(
         """INSERT INTO hivejobs_worker (id, host, pid, role, pool, heartbeat_at)
@@ -263,6 +265,20 @@ def hot_statements(ld: Loaded) -> list[tuple[str, str, dict[str, Any], int]]:
         # Gauges count rows: what they are about is every row they count.
         ("queued_counts", QUERIES["queued_counts"], {}, QUEUED - CLAIMED + 2 * BATCH),
         ("running_counts", QUERIES["running_counts"], {}, CLAIMED),
+        # A limited type's look before a pop: its flow row by primary key, and its running
+        # rows counted only for a cap on them (a rate alone, or limit_by, reads none).
+        (
+            "flow_room, capped",
+            FLOW_QUERIES["flow_room"],
+            {"name": "noop", "counts_running": True},
+            CLAIMED,
+        ),
+        (
+            "flow_room, rate alone",
+            FLOW_QUERIES["flow_room"],
+            {"name": "noop", "counts_running": False},
+            0,
+        ),
         # limit_by (flow.py): the popped ids' partitions by primary key, and the type's
         # running rows counted per partition (every running row of the type is read).
         (

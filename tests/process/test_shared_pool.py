@@ -117,6 +117,50 @@ def test_three_types_share_one_process_each_with_its_own_concurrency(
     assert {int(p[3]) for p in read_ledger(ledger_dir)} == set(shared)
 
 
+# Each claim (queued -> running) and each end (a row archived) notes the commit mode its
+# transaction is in: the synchronous_commit in force for that statement, and so at COMMIT.
+COMMIT_MODE_NOTES = [
+    "CREATE TABLE commit_mode (name text, event text, mode text)",
+    """CREATE FUNCTION note_commit_mode() RETURNS trigger LANGUAGE plpgsql AS $$
+       BEGIN
+         INSERT INTO commit_mode VALUES (NEW.name, TG_ARGV[0],
+                                         current_setting('synchronous_commit'));
+         RETURN NULL;
+       END $$""",
+    """CREATE TRIGGER claim_mode AFTER UPDATE ON hivejobs_job FOR EACH ROW
+       WHEN (OLD.state = 'queued' AND NEW.state = 'running')
+       EXECUTE FUNCTION note_commit_mode('claim')""",
+    """CREATE TRIGGER end_mode AFTER INSERT ON hivejobs_archive FOR EACH ROW
+       EXECUTE FUNCTION note_commit_mode('end')""",
+]
+
+
+def test_only_the_at_most_once_type_of_the_shared_process_commits_synchronously(
+    start_instance: Callable[..., Instance],
+    make_app: Callable[..., App],
+    database_url: str,
+    ledger_dir: Path,
+) -> None:
+    """An at-most-once claim or completion lost in a Postgres crash would let its job run
+    again (or end it "worker lost"): `three` commits synchronously. `one` and `two`, in the
+    same process and on the same connections, commit asynchronously, as they would alone."""
+    for statement in COMMIT_MODE_NOTES:
+        sql(database_url, statement)
+    start_instance(app_spec=APP)
+    app = fleet_app(make_app, database_url, SMALL)
+    for name in SMALL:
+        app.enqueue_many(name, [{}] * 5)
+    wait_until(lambda: live_jobs(database_url) == 0, timeout=60, what="15 jobs done")
+    modes = Counter(
+        (r[0], r[1], r[2]) for r in sql(database_url, "SELECT name, event, mode FROM commit_mode")
+    )
+    assert modes == {
+        (name, event, "on" if name == "three" else "off"): 5
+        for name in SMALL
+        for event in ("claim", "end")
+    }
+
+
 def test_sigterm_drains_every_type_of_the_shared_process_and_loses_none(
     start_instance: Callable[..., Instance],
     make_app: Callable[..., App],

@@ -62,6 +62,20 @@ def test_decide(
     assert room.tokens == (None if tokens is None else pytest.approx(tokens))
 
 
+@pytest.mark.parametrize(
+    ("limits", "cap"),
+    [
+        (GC3, 3),
+        (R10, None),  # a rate alone: the claim counts no running rows
+        (BOTH, 3),
+        (Limits(global_concurrency=2, limit_by="customer"), None),  # counted per partition
+        (Limits(rate_per_s=10.0, burst=5, limit_by="customer"), None),
+    ],
+)
+def test_only_a_type_wide_cap_needs_the_running_count(limits: Limits, cap: int | None) -> None:
+    assert limits.type_cap == cap
+
+
 def test_rate_wait_is_capped_for_slow_rates() -> None:
     room = decide(Limits(rate_per_s=1 / 3600, burst=1), 1, st(tokens=0.0))
     assert room.allowed == 0 and room.wait_s == 1.0  # re-reads the bucket every second

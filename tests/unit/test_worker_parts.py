@@ -90,7 +90,7 @@ def test_the_batcher_follows_the_gap_between_items(monkeypatch: pytest.MonkeyPat
 
 def test_a_slot_is_released_once_whichever_way_its_job_leaves() -> None:
     draining = threading.Event()
-    slots = Slots(draining, 2)
+    slots = Slots(draining, 2, room_open=lambda: True)
     slots.hand_over([job("a"), job("b"), job("c")])
     assert slots.reserved == 3
     with slots.take() as taken:
@@ -109,9 +109,25 @@ def test_a_slot_is_released_once_whichever_way_its_job_leaves() -> None:
     assert slots.reserved == 0
 
 
+def test_a_freed_slot_wakes_the_waiters_only_when_one_of_them_can_act() -> None:
+    draining = threading.Event()
+    room = [False]
+    slots = Slots(draining, 2, room_open=lambda: room[0])
+    with slots.cond:
+        assert not slots.wanted()  # claim room closed: the fetcher would only wait again
+        room[0] = True
+        assert slots.wanted()
+        room[0] = False
+        slots.isolating = True
+        assert slots.wanted()  # a suspect waits for its neighbours to end
+        slots.isolating = False
+        draining.set()
+        assert slots.wanted()  # the shutdown waits for the running ones
+
+
 def test_a_suspect_runs_alone_and_others_wait_meanwhile() -> None:
     draining = threading.Event()
-    slots = Slots(draining, 2)
+    slots = Slots(draining, 2, room_open=lambda: True)
     with slots.turn(job("s", lost=1), held={"s"}) as suspect_may:
         assert suspect_may  # it holds no other claim
         with slots.turn(job("n"), held={"s", "n"}) as neighbour_may:

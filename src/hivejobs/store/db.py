@@ -7,11 +7,12 @@ Statements are in schema.sql. Never decides policy.
 
 from __future__ import annotations
 
+import copy
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime
-from typing import Any
+from typing import Any, Self
 
 import psycopg
 import psycopg.sql
@@ -23,8 +24,10 @@ from hivejobs.store.migrate import apply_migrations, check_schema
 from hivejobs.store.pooling import (
     configure_for,
     connect_kwargs,
+    local_settings_sql,
     pooler_refused,
     settings_not_in_force,
+    with_local_settings,
 )
 from hivejobs.store.sql import load_queries
 
@@ -98,7 +101,8 @@ class Database:
     """Owns one psycopg connection pool and the session settings its connections carry.
 
     Every aggregate of the store runs its statements on connections from here, so a process
-    holds one pool, sized by its role, whatever it reads or writes."""
+    holds one pool, sized by its role, whatever it reads or writes. A synchronous() view
+    shares the pool and differs only in `_commit_settings` (None here: the session's)."""
 
     def __init__(
         self,
@@ -107,16 +111,20 @@ class Database:
         min_size: int = 1,
         session: dict[str, str] | None = None,
         pooled: bool = False,
+        synchronous_view: bool = False,
     ) -> None:
         """`session`: Postgres settings for every connection: sent at connect (no round trip)
         or, `pooled` (a transaction-mode pooler), set for each transaction the store opens and
-        sent along with each statement outside one (store/pooling.py)."""
+        sent along with each statement outside one (store/pooling.py). `synchronous_view`:
+        synchronous() may be asked for (the connections can take local settings)."""
         self.url = url
         self.pooled = pooled
         self.session = dict(session or {})
+        self.synchronous_view = synchronous_view
+        self._commit_settings: bytes | None = None
         kwargs = connect_kwargs(pooled, session)
         connect(url, **kwargs).close()  # fail fast with a clear message
-        connection_class, configure = configure_for(pooled, session)
+        connection_class, configure = configure_for(pooled, session, settable=synchronous_view)
         self._pool: ConnectionPool[Conn] = ConnectionPool(
             url,
             connection_class=connection_class,
@@ -136,7 +144,24 @@ class Database:
     @contextmanager
     def connection(self) -> Iterator[Conn]:
         with self._pool.connection() as conn:
-            yield conn
+            if self._commit_settings is None:
+                yield conn
+                return
+            with with_local_settings(conn, self._commit_settings):
+                yield conn
+
+    def synchronous(self) -> Self:
+        """This store on the same pool, every transaction it runs committing synchronously
+        whatever the session says: `synchronous_commit=on` set locally, in the same round
+        trip (store/pooling.py). For the at-most-once lanes of a pool process whose other
+        lanes commit asynchronously (worker/pool.py). Closing either closes the pool."""
+        if not self.synchronous_view:
+            raise ValueError("synchronous() needs a store made with synchronous_view=True")
+        settings = {**self.session} if self.pooled else {}
+        settings["synchronous_commit"] = "on"
+        view = copy.copy(self)
+        view._commit_settings = local_settings_sql(settings)
+        return view
 
     def migrate(self) -> list[str]:
         with self.connection() as conn:

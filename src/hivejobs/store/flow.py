@@ -32,7 +32,7 @@ class FlowState(msgspec.Struct, frozen=True, kw_only=True):
     concurrency: int | None = None  # `hivejobs scale`: threads per pool process, fleet-wide
     tokens: float
     since_s: float  # since the bucket was last refilled, on the database clock
-    running: int
+    running: int  # the type's running jobs; 0 when not counted (counts_running=False)
 
 
 class PausedType(msgspec.Struct, frozen=True, kw_only=True):
@@ -98,11 +98,13 @@ class FlowStore:
         with self.store.connection() as conn:
             conn.execute(QUERIES["ensure_flow"], {"name": name})
 
-    def state(self, name: str) -> FlowState | None:
-        """The type's state, unlocked (None: never paused nor limited)."""
+    def state(self, name: str, counts_running: bool) -> FlowState | None:
+        """The type's state, unlocked (None: never paused nor limited); its running jobs are
+        counted only if `counts_running` (a cap on them)."""
+        params = {"name": name, "counts_running": counts_running}
         with self.store.connection() as conn:
             cur = conn.cursor(row_factory=class_row(FlowState))
-            return cur.execute(QUERIES["flow_room"], {"name": name}).fetchone()
+            return cur.execute(QUERIES["flow_room"], params).fetchone()
 
     def claim_limited(
         self,
@@ -111,22 +113,26 @@ class FlowStore:
         worker_id: str,
         name: str,
         decide: Decide,
+        *,
+        counts_running: bool,
         limit_by: LimitBy | None = None,
     ) -> list[ClaimedJob]:
         """Claim at most what `decide` allows, in order, under the type's row lock. The
         lock is held to the commit: the next claimer counts our claims as running and sees
-        our tokens taken. With `limit_by`, the running rows are counted per partition, in
-        the same snapshot, the partitions' buckets are read, and `limit_by.pick` chooses
-        the ids whose partition has room and tokens."""
+        our tokens taken. The type's running rows are counted only if `counts_running` (a
+        cap on them: a rate alone needs no count). With `limit_by`, the running rows are
+        counted per partition instead, in the same snapshot, the partitions' buckets are
+        read, and `limit_by.pick` chooses the ids whose partition has room and tokens."""
         with conn.transaction():
             row = conn.execute(QUERIES["flow_lock"], {"name": name}).fetchone()
             if row is None:  # the row is made at pool start; a deleted row limits nothing
                 return self.store.claim_queued(ids, worker_id, conn, name=name)
             paused, tokens, now, since_s = row
-            running = conn.execute(QUERIES["flow_running"], {"name": name}).fetchone()
-            state = FlowState(
-                paused=paused, tokens=tokens, since_s=since_s, running=running[0] if running else 0
-            )
+            running = 0
+            if counts_running:
+                counted = conn.execute(QUERIES["flow_running"], {"name": name}).fetchone()
+                running = counted[0] if counted else 0
+            state = FlowState(paused=paused, tokens=tokens, since_s=since_s, running=running)
             room = decide(state)
             picked = None
             if limit_by is None:

@@ -8,24 +8,30 @@ INSERT INTO hivejobs_flow (name) VALUES (%(name)s) ON CONFLICT (name) DO NOTHING
 -- name: flow_room
 -- What the fetcher may claim, read without a lock before it pops (a hint: flow_lock decides).
 -- `worker_id IS NOT NULL` is the running index's predicate: a job awaiting its status
--- callback holds no worker, runs no handler and takes no slot.
+-- callback holds no worker, runs no handler and takes no slot. The running rows are counted
+-- only for a cap on them (counts_running): the subquery in the CASE branch not taken is
+-- never executed, so a rate alone costs a primary-key lookup.
 SELECT f.paused, f.concurrency, f.tokens,
        greatest(extract(epoch FROM clock_timestamp() - f.refilled_at), 0)::float8 AS since_s,
-       (SELECT count(*) FROM hivejobs_job j
-         WHERE j.name = %(name)s AND j.state = 'running' AND j.worker_id IS NOT NULL)::int
-           AS running
+       CASE WHEN %(counts_running)s::boolean
+            THEN (SELECT count(*) FROM hivejobs_job j
+                   WHERE j.name = %(name)s AND j.state = 'running'
+                     AND j.worker_id IS NOT NULL)::int
+            ELSE 0 END AS running
   FROM hivejobs_flow f WHERE f.name = %(name)s;
 
 -- name: flow_lock
 -- First statement of a limited claim: claims of this type wait here for each other, across
--- the fleet, until the holder commits. Only the next statement counts the running rows: its
--- snapshot is taken after the wait, so it sees every claim committed before ours.
+-- the fleet, until the holder commits. Only the statements after it count the running rows
+-- (if any limit needs them): their snapshots are taken after the wait, so they see every claim
+-- committed before ours.
 SELECT paused, tokens, clock_timestamp() AS now,
        greatest(extract(epoch FROM clock_timestamp() - refilled_at), 0)::float8 AS since_s
   FROM hivejobs_flow WHERE name = %(name)s
    FOR UPDATE;
 
 -- name: flow_running
+-- Under flow_lock, only for a cap on the type's running jobs (a rate alone needs no count).
 SELECT count(*)::int FROM hivejobs_job
  WHERE name = %(name)s AND state = 'running' AND worker_id IS NOT NULL;
 

@@ -8,6 +8,10 @@ settings a store wants are set with `set_config(..., is_local => true)` right af
 every transaction it opens, and pipelined ahead of each statement run outside one (the two
 share one implicit transaction, one round trip). Direct, they go as startup options.
 
+The same per-transaction mechanism, direct or pooled, lets one lane of a pool process commit
+synchronously on connections whose session commits asynchronously (Database.synchronous,
+worker/pool.py): its settings are `with_local_settings` around its own use of a connection.
+
 Never changes a setting outside a transaction, and never touches a caller's connection.
 """
 
@@ -65,7 +69,8 @@ class LocalSettingsCursor(psycopg.Cursor[Row]):
 class LocalSettingsConnection(psycopg.Connection[Any]):
     """A connection whose outermost transactions start with `local_settings` (a SELECT of
     set_config calls, or empty), and whose statements outside a transaction each run in
-    one (LocalSettingsCursor). Owned by one pool; set once by the pool's configure."""
+    one (LocalSettingsCursor). Owned by one pool: set by the pool's configure, and changed
+    only by the holder of the connection, for as long as it holds it (with_local_settings)."""
 
     local_settings: bytes = b""
 
@@ -82,6 +87,20 @@ class LocalSettingsConnection(psycopg.Connection[Any]):
             if outer and self.local_settings:
                 psycopg.Cursor(self).execute(self.local_settings)
             yield tx
+
+
+@contextmanager
+def with_local_settings(conn: psycopg.Connection[Any], statement: bytes) -> Iterator[None]:
+    """`conn`'s transactions and statements carry `statement` (local_settings_sql) instead of
+    its own for the block; held by the caller, so no one else sees the change."""
+    if not isinstance(conn, LocalSettingsConnection):
+        raise TypeError("local settings need a LocalSettingsConnection (see configure_for)")
+    before = conn.local_settings
+    conn.local_settings = statement
+    try:
+        yield
+    finally:
+        conn.local_settings = before
 
 
 def local_settings_sql(session: Mapping[str, str]) -> bytes:
@@ -107,12 +126,13 @@ def connect_kwargs(pooled: bool, session: Mapping[str, str] | None) -> dict[str,
 
 
 def configure_for(
-    pooled: bool, session: Mapping[str, str] | None
+    pooled: bool, session: Mapping[str, str] | None, settable: bool = False
 ) -> tuple[type[psycopg.Connection[Any]], Any]:
-    """(connection class, configure callback) for a pool with these settings."""
-    if not (pooled and session):
+    """(connection class, configure callback) for a pool with these settings; `settable`:
+    its holders may change the local settings (with_local_settings), even direct."""
+    if not (pooled and session) and not settable:
         return psycopg.Connection, None
-    statement = local_settings_sql(session)
+    statement = local_settings_sql(session) if pooled and session else b""
 
     def configure(conn: psycopg.Connection[Any]) -> None:
         if isinstance(conn, LocalSettingsConnection):

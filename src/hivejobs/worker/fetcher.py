@@ -57,43 +57,47 @@ class Claims:
     """The claims this process holds in Postgres and has not seen written: id -> claim token
     (waiting, running, or finished and not yet written).
 
-    `held` is guarded by the slots' condition (`cond`, passed in): the claim room reads it
-    with the slots' counters. `lock` (the claim lock) is held around each claim statement
-    and its addition to `held`, and around the liveness check that compares `held` with
-    Postgres, so that check never sees a claim committed but not yet added. Lock order:
-    `lock`, then `cond`; never the other way.
+    `held` is guarded by the slots' condition (`slots.cond`): the claim room reads it with
+    the slots' counters. `lock` (the claim lock) is held around each claim statement and its
+    addition to `held`, and around the liveness check that compares `held` with Postgres, so
+    that check never sees a claim committed but not yet added. Lock order: `lock`, then
+    `slots.cond`; never the other way.
     """
 
-    def __init__(
-        self, cond: threading.Condition, wanted: Callable[[], bool] = lambda: True
-    ) -> None:
+    def __init__(self, slots: Slots) -> None:
         self.held: dict[str, int] = {}
         self.lock = threading.Lock()
-        self._cond = cond
-        self._wanted = wanted  # Slots.wanted: whether forget() wakes the waiters on `cond`
+        self._slots = slots
 
     def forget(self, written: list[Completion]) -> None:
-        """The completer wrote these (or let them go): they no longer count, room frees."""
-        with self._cond:
+        """The completer wrote these (or let them go): they no longer count, room frees; the
+        waiters on `slots.cond` are woken when one of them can act on it (Slots.wanted)."""
+        slots = self._slots
+        with slots.cond:
             for c in written:
                 if self.held.get(c.id) == c.claim_token:
                     del self.held[c.id]
-            if self._wanted():
-                self._cond.notify_all()
+            if slots.wanted():
+                slots.cond.notify_all()
 
     def untracked(self, read: Callable[[], list[HeldClaim]]) -> list[HeldClaim]:
         """Claims that Postgres says we hold (`read`) and we do not."""
         with self.lock:
             rows = read()
-            with self._cond:
+            with self._slots.cond:
                 return [row for row in rows if self.held.get(row.id) != row.claim_token]
 
 
 class Fetcher:
-    """Owns the fetcher thread, the claims (`claims`), the prefetch decision and the fetch
-    counters (`counts`, `foreign_keys`: written by the fetcher thread; `paused_for_completions`
-    under `slots.cond`). `avg_run_s` is a hint written by runners (note_run) and read here
-    without a lock: a float, a stale read only shifts the prefetch by one pass."""
+    """Owns the fetcher thread, the runner slots it fills (`slots`) and the claims (`claims`),
+    the prefetch decision and the fetch counters (`counts`, `foreign_keys`: written by the
+    fetcher thread; `paused_for_completions` under `slots.cond`). `avg_run_s` is a hint
+    written by runners (note_run) and read here without a lock: a float, a stale read only
+    shifts the prefetch by one pass.
+
+    It makes its slots and claims itself, because their wake-ups follow its claim room: the
+    slots get room_open at construction, the claims get the slots (one way, nothing set
+    afterwards); the lane hands `slots` to the other roles."""
 
     def __init__(
         self,
@@ -103,7 +107,7 @@ class Fetcher:
         store: Store,
         broker: Broker,
         metrics: Recorder,
-        slots: Slots,
+        draining: threading.Event,
         acquiring_stopped: threading.Event,
         heartbeat_age_s: Callable[[], float],
         flow: Flow,
@@ -115,9 +119,6 @@ class Fetcher:
         self.store = store
         self.broker = broker
         self.metrics = metrics
-        self.slots = slots
-        self.claims = Claims(slots.cond, slots.wanted)
-        slots.room_open = self.room_open  # a finished job wakes us only when we may claim
         self._stopped = acquiring_stopped
         self._heartbeat_age_s = heartbeat_age_s
         self.flow = flow  # issue 12: pause, fleet-wide limits, `hivejobs scale`
@@ -127,6 +128,9 @@ class Fetcher:
         # waiting here holds a slot (issue 12).
         self.prefetch = jt.delivery == "at_least_once" and jt.limits is None
         self.avg_run_s = 1.0  # pessimistic until measured
+        # A finished job wakes us only when we may claim (issue 13); `draining`: Stop.draining.
+        self.slots = Slots(draining, jt.concurrency, room_open=self.room_open)
+        self.claims = Claims(self.slots)
         # Logged at exit. foreign_ids: ids of other types found in our lists (dropped);
         # paused_for_completions: fetcher passes held back by backpressure.
         self.counts = {
@@ -175,8 +179,9 @@ class Fetcher:
         return min(slots, unwritten)
 
     def room_open(self) -> bool:
-        """Slots.room_open: whether claim_room() would be positive; called with `slots.cond`
-        held, by a runner freeing its slot (it wakes the fetcher only then)."""
+        """Whether claim_room() would be positive (our slots' room_open); called with
+        `slots.cond` held, by a runner freeing its slot or the completer's Claims.forget
+        (they wake the fetcher only then)."""
         slots, unwritten = self._bounds()
         return slots > 0 and unwritten > 0
 

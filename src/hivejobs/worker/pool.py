@@ -49,7 +49,8 @@ WATCH_EVERY_S = 0.1  # how often the main thread checks timeouts
 class Lane:
     """One job type of a pool process: owns its roles (slots, fetcher, runners, completer,
     watchdog, shutdown) and the count of suspensions it submitted (`suspended`, guarded by
-    `_count_lock`). Shares the process's store, broker, metrics and stop state; asks the
+    `_count_lock`). Shares the process's store (for an at-most-once lane beside at-least-once
+    ones, its synchronous() view: see Pool), broker, metrics and stop state; asks the
     process's liveness for the heartbeat's age (`heartbeat_age_s`)."""
 
     def __init__(
@@ -73,7 +74,6 @@ class Lane:
         self.log = logger.bind(pool=jt.name, worker_id=worker_id)
         self.suspended = 0
         self._count_lock = threading.Lock()
-        self.slots = Slots(stop.draining, jt.concurrency)
         self.completer = Completer(
             store,
             broker,
@@ -88,12 +88,13 @@ class Lane:
             store,
             broker,
             metrics,
-            self.slots,
+            stop.draining,
             stop.acquiring_stopped,
             heartbeat_age_s=heartbeat_age_s,
             flow=Flow(store, broker, jt.name, jt.limits),
             scale=lambda concurrency: self.runners.scale(concurrency),
         )
+        self.slots = self.fetcher.slots  # made by the fetcher: it wakes on its claim room
         self.runners = Runners(
             app,
             jt,
@@ -111,7 +112,10 @@ class Lane:
             settings, stop, self.slots, self.fetcher, self.completer, self.watchdog, self.log
         )
 
-    def tracked(self, async_commit: bool) -> Tracked:
+    def tracked(self) -> Tracked:
+        """What liveness watches of this lane: an at-least-once lane's claims and completions
+        commit asynchronously (Pool), so only its claims can be lost in a Postgres crash."""
+        async_commit = self.jt.delivery == "at_least_once"
         return Tracked(self.worker_id, self.fetcher.claims, self.slots, async_commit)
 
     def start(self) -> None:
@@ -180,15 +184,22 @@ class Pool:
         self.name = name or types[0].name
         self.settings = settings
         # At-least-once claims and completions may commit asynchronously: one lost in a
-        # Postgres crash means a re-run, never a loss (Liveness finds and releases it). The
-        # lanes share one store: with any at-most-once type in the pool, all commit at once.
-        async_commit = all(t.delivery == "at_least_once" for t in types)
+        # Postgres crash means a re-run, never a loss (Liveness finds and releases it).
+        # At-most-once ones never: a lost claim would let its job start again, and a lost
+        # completion would leave the row running, untracked (released, it would run again).
+        # The lanes share one store; in a pool of both, its session commits asynchronously
+        # and the at-most-once lanes use its synchronous() view: only they pay the WAL flush.
+        # A synchronous commit also flushes every earlier asynchronous one.
+        async_commit = any(t.delivery == "at_least_once" for t in types)
+        mixed = async_commit and any(t.delivery == "at_most_once" for t in types)
         self.store = Store(
             settings.database_url,
             max_size=store_size(len(types)),
             session={"synchronous_commit": "off"} if async_commit else None,
             pooled=settings.pgbouncer,
+            synchronous_view=mixed,
         )
+        synchronous = self.store.synchronous() if mixed else self.store
         self.broker = Broker(settings)
         # No LISTEN session behind a pooler without a listen URL: chain hops are announced
         # over Redis instead (coordinator.listen_url).
@@ -203,7 +214,7 @@ class Pool:
                 t,
                 w,
                 settings,
-                self.store,
+                self.store if t.delivery == "at_least_once" else synchronous,
                 self.broker,
                 self.metrics,
                 self.stop,
@@ -214,7 +225,7 @@ class Pool:
         ]
         self.liveness = Liveness(
             {self.name, *(t.name for t in types)},
-            [lane.tracked(async_commit) for lane in self.lanes],
+            [lane.tracked() for lane in self.lanes],
             settings,
             self.store,
             self.broker,

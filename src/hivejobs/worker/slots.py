@@ -18,10 +18,6 @@ from hivejobs.context import JobContext
 from hivejobs.records import ClaimedJob
 
 
-def _always() -> bool:
-    return True
-
-
 @dataclass
 class Running:
     """One attempt in a runner thread. `abandoned` (guarded by Slots.cond) is set once, by
@@ -50,7 +46,12 @@ class Slots:
     into quarantine. The work queue needs no lock (a SimpleQueue).
     """
 
-    def __init__(self, draining: threading.Event, concurrency: int) -> None:
+    def __init__(
+        self, draining: threading.Event, concurrency: int, room_open: Callable[[], bool]
+    ) -> None:
+        """`room_open`: whether the fetcher's claim room is open now (Fetcher.room_open, the
+        fetcher makes its slots), called with `cond` held: a freed slot wakes the waiters on
+        `cond` only then, or for a suspect or a drain (see _release)."""
         self.cond = threading.Condition()
         self.reserved = 0
         self.concurrency = concurrency
@@ -59,9 +60,7 @@ class Slots:
         self._isolation = threading.Lock()
         self._draining = draining  # Stop.draining: start nothing new
         self._work: queue.SimpleQueue[ClaimedJob | None] = queue.SimpleQueue()
-        # Whether claim room is open now (called with `cond` held); the fetcher sets its own
-        # (Fetcher.room_open) when it is made. See _release.
-        self.room_open: Callable[[], bool] = _always
+        self._room_open = room_open
 
     # -- reservation ---------------------------------------------------------------------
 
@@ -118,7 +117,7 @@ class Slots:
     def wanted(self) -> bool:
         """Whether freed room (a slot, or a claim written: Claims.forget) is worth waking the
         waiters on `cond` for; called with `cond` held."""
-        return self.isolating or self._draining.is_set() or self.room_open()
+        return self.isolating or self._draining.is_set() or self._room_open()
 
     # -- running -------------------------------------------------------------------------
 
