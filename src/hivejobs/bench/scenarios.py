@@ -19,6 +19,7 @@ import psycopg
 import redis
 
 from hivejobs.bench.environment import BenchEnvironment
+from hivejobs.bench.percentiles import percentiles
 from hivejobs.store import connect
 
 Figures = dict[str, float]
@@ -209,11 +210,11 @@ def latency(
     if not values:
         return {}
     env.latencies_ms = [v / 1000 for v in values]
-    q = statistics.quantiles(values, n=100, method="inclusive")
+    p50, p95, p99 = percentiles(values, 50, 95, 99)
     return {
-        "pickup_p50_ms": q[49] / 1000,
-        "pickup_p95_ms": q[94] / 1000,
-        "pickup_p99_ms": q[98] / 1000,
+        "pickup_p50_ms": p50 / 1000,
+        "pickup_p95_ms": p95 / 1000,
+        "pickup_p99_ms": p99 / 1000,
         "pickup_max_ms": values[-1] / 1000,
         "achieved_rate_per_s": achieved,
     }
