@@ -15,6 +15,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+import psutil
 import psycopg
 import redis
 
@@ -292,16 +293,14 @@ def _hot_table_bytes(env: BenchEnvironment) -> float:
 
 
 def _rss_kib(pids: list[int]) -> float:
+    """The pools' resident sets summed (a pool that exited meanwhile counts nothing)."""
     total = 0
     for pid in pids:
         try:
-            with open(f"/proc/{pid}/status") as status:
-                for line in status:
-                    if line.startswith("VmRSS:"):
-                        total += int(line.split()[1])
-        except FileNotFoundError:
+            total += psutil.Process(pid).memory_info().rss
+        except psutil.NoSuchProcess:
             continue
-    return float(total)
+    return total / 1024
 
 
 def stderr_progress(label: str, done: int, total: int, elapsed: float) -> None:
