@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import os
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -35,6 +34,7 @@ from tests.harness import (  # noqa: E402
 )
 
 from hivejobs import App, Chain  # noqa: E402
+from hivejobs.bench.percentiles import percentiles  # noqa: E402
 
 
 def wait_done(app: App, request_id: str, timeout: float = 600.0) -> str:
@@ -98,9 +98,9 @@ def main() -> int:
         hops = sorted(
             (starts[f"h{i + 1:04d}"] - ends[f"h{i:04d}"]) / 1e6 for i in range(args.hops - 1)
         )
-        p99 = hops[min(len(hops) - 1, int(len(hops) * 0.99))]
+        p50, p99 = percentiles(hops, 50, 99)
         print(
-            f"hop latency over {len(hops)} hops: p50 {statistics.median(hops):.1f} ms, "
+            f"hop latency over {len(hops)} hops: p50 {p50:.1f} ms, "
             f"p99 {p99:.1f} ms, max {hops[-1]:.1f} ms"
         )
 

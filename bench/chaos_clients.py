@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import multiprocessing
 import os
-import statistics
 import subprocess
 import sys
 import threading
@@ -34,6 +33,7 @@ from hivejobs import (
     PayloadTooLarge,
     UnknownJobType,
 )
+from hivejobs.bench.percentiles import percentiles
 
 SPAWN = multiprocessing.get_context("spawn")
 
@@ -466,8 +466,7 @@ def burst(scale: float) -> Row:
             "SELECT percentile_cont(ARRAY[0.5, 0.99]) WITHIN GROUP "
             "(ORDER BY extract(epoch FROM started_at - created_at)) FROM hivejobs_archive",
         )[0][0]
-        p50 = statistics.median(latencies) * 1000
-        p99 = latencies[int(len(latencies) * 0.99)] * 1000
+        p50, p99 = (v * 1000 for v in percentiles(latencies, 50, 99))
         notes = (
             f"enqueue p50 {p50:.1f} ms p99 {p99:.1f} ms ({len(alo) / enqueued:.0f}/s); "
             f"enqueue-to-start p50 {waits[0]:.2f} s p99 {waits[1]:.2f} s; "

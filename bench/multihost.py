@@ -49,6 +49,7 @@ from bench.netns import Network, Proxies, reap  # noqa: E402
 from psycopg.conninfo import conninfo_to_dict, make_conninfo  # noqa: E402
 
 from hivejobs.bench.environment import BenchEnvironment  # noqa: E402
+from hivejobs.bench.percentiles import percentiles  # noqa: E402
 
 JOB = "bench_noop"
 LOOPBACK = "loopback"
@@ -195,8 +196,8 @@ def pickup(env: BenchEnvironment, jobs: int, rate: float) -> dict[str, float]:
         os.truncate(path, 0)
     if len(values) != jobs:
         raise RuntimeError(f"pickup: {len(values)} latencies for {jobs} jobs")
-    q = statistics.quantiles(values, n=100, method="inclusive")
-    return {"pickup_p50_ms": q[49] / 1000, "pickup_p99_ms": q[98] / 1000}
+    p50, p99 = percentiles(values, 50, 99)
+    return {"pickup_p50_ms": p50 / 1000, "pickup_p99_ms": p99 / 1000}
 
 
 def drain(env: BenchEnvironment, jobs: int) -> dict[str, float]:

@@ -467,11 +467,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def _print_table(rows: Sequence[Sequence[object]]) -> None:
-    """Every cell escaped: names, hosts and texts come from users and handlers."""
-    cells = [[escape(v) for v in row] for row in rows]
-    widths = [max(len(r[i]) for r in cells) for i in range(len(cells[0]))]
-    for row in cells:
-        print("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip())
+    """Every cell escaped (cli_views.table): names, hosts and texts come from users and
+    handlers."""
+    from hivejobs.cli_views import table
+
+    print("\n".join(table(rows)))
 
 
 ENQUEUE_CHECK = """\

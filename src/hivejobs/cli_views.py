@@ -15,6 +15,7 @@ from hivejobs.records import ChainSummary, JobLogEntry, JobSummary, RunningTry
 
 
 def table(rows: Sequence[Sequence[object]]) -> list[str]:
+    """Aligned columns, every cell through escape(): the one table of every CLI listing."""
     cells = [[escape(v) for v in row] for row in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(cells[0]))]
     return [

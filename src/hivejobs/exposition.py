@@ -17,6 +17,7 @@ from loguru import logger
 
 from hivejobs.broker import Broker
 from hivejobs.config import Settings
+from hivejobs.logs import error_fields
 from hivejobs.metrics import BUCKETS, COUNTERS, HISTOGRAMS
 from hivejobs.store import Store
 from hivejobs.store.dashboard import DashboardStore
@@ -117,12 +118,12 @@ def render(store: Store, broker: Broker) -> str:
         render_counters(read_redis(broker), out)
     except redis.RedisError as exc:
         redis_ok = 0
-        logger.warning("metrics: Redis unreadable", error=repr(exc))
+        logger.warning("metrics: Redis unreadable", **error_fields(exc))
     try:
         render_gauges(store, out)
     except psycopg.Error as exc:
         pg_ok = 0
-        logger.warning("metrics: Postgres unreadable", error=repr(exc))
+        logger.warning("metrics: Postgres unreadable", **error_fields(exc))
     out += [
         "# HELP hivejobs_up 1 when the backend answered this scrape",
         "# TYPE hivejobs_up gauge",

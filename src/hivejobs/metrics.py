@@ -27,6 +27,7 @@ import redis
 from loguru import logger
 
 from hivejobs.broker import Broker
+from hivejobs.logs import error_fields
 from hivejobs.records import ClaimedJob, Completion
 
 if TYPE_CHECKING:
@@ -132,7 +133,7 @@ class Recorder:
                     self._counts[k] += v
                 for k, f in sums.items():
                     self._sums[k] += f
-            logger.debug("metrics flush failed; kept for the next one", error=repr(exc))
+            logger.debug("metrics flush failed; kept for the next one", **error_fields(exc))
             return False
 
 
@@ -164,7 +165,7 @@ def bump(broker: Broker, counter: str, names: Iterable[str], outcome: str | None
     try:
         write(broker, counts, {})
     except redis.RedisError as exc:
-        logger.warning("metrics not recorded", counter=counter, error=repr(exc))
+        logger.warning("metrics not recorded", counter=counter, **error_fields(exc))
 
 
 def record_callback(app: App, name: str, outcome: str) -> None:

@@ -19,6 +19,7 @@ import msgspec
 
 from hivejobs.bench import scenarios
 from hivejobs.bench.environment import BenchEnvironment
+from hivejobs.bench.percentiles import percentiles
 from hivejobs.errors import UsageError
 
 WORK_KINDS = ("sleep", "cpu", "redis")
@@ -378,8 +379,7 @@ def plot(env: BenchEnvironment, path: str) -> None:
     if env.latencies_ms:
         values = sorted(env.latencies_ms)
         right.hist(values, bins=100, range=(0, values[int(len(values) * 0.999) - 1] * 1.1))
-        for pct in (50, 99):
-            v = values[min(len(values) - 1, len(values) * pct // 100)]
+        for pct, v in zip((50, 99), percentiles(values, 50, 99), strict=True):
             right.axvline(v, color="k", linestyle=":", label=f"p{pct} {v:.2f} ms")
         right.legend()
     right.set(title="pickup latency (enqueue call to handler start)", xlabel="ms", ylabel="jobs")

@@ -6,10 +6,10 @@ clock (the coordinator's share of a chain: notice, traverse, enqueue, dispatch, 
 
 from __future__ import annotations
 
-import statistics
 import time
 
 from hivejobs.bench.environment import BenchEnvironment
+from hivejobs.bench.percentiles import percentiles
 from hivejobs.bench.scenarios import Figures, Progress
 from hivejobs.chains.builder import Chain, JobRef
 
@@ -53,7 +53,7 @@ def chain_scenario(
         before, after = jobs[f"h{i:04d}"], jobs[f"h{i + 1:04d}"]
         assert before.finished_at is not None and after.started_at is not None
         gaps.append((after.started_at - before.finished_at).total_seconds() * 1000)
-    gaps.sort()
+    hop_p50, hop_p99 = percentiles(gaps, 50, 99)
 
     mesh = Chain("bench-mesh")
     layer: list[JobRef] = []
@@ -72,7 +72,7 @@ def chain_scenario(
     mesh_s = time.perf_counter() - began
     env.stop_worker()
     return {
-        "chain_hop_p50_ms": statistics.median(gaps),
-        "chain_hop_p99_ms": gaps[min(len(gaps) - 1, int(len(gaps) * 0.99))],
+        "chain_hop_p50_ms": hop_p50,
+        "chain_hop_p99_ms": hop_p99,
         f"chain_{width * layers}_jobs_width_{width}_s": mesh_s,
     }

@@ -7,7 +7,7 @@ Read from the server itself, so the same figures exist for any code under test:
   statement each, counted by BenchEnvironment.sql). Every hot statement of a pool runs in
   autocommit, so transactions per job are its statements per job; a backend reports its
   counts when it goes idle or ends, so they are read once every session has ended;
-- CPU time (user + system, /proc/<pid>/stat) of the database's backends between the start
+- CPU time (user + system, psutil) of the database's backends between the start
   of the worker and the end of the drain: only when Postgres runs on this machine;
 - batch sizes from the archive: a claim stamps `started_at = now()` and a completion
   `finished_at = now()`, the time of its transaction, so the distinct values count the
@@ -16,9 +16,9 @@ Read from the server itself, so the same figures exist for any code under test:
 
 from __future__ import annotations
 
-import os
 import time
-from pathlib import Path
+
+import psutil
 
 from hivejobs.bench.environment import BenchEnvironment
 
@@ -37,14 +37,13 @@ class DrainCost:
         quiesce(env)
         self.sql_calls = env.sql_calls
         self.counters = env.sql(COUNTERS)[0]
-        self.ticks = backend_ticks(env)
+        self.cpu_at_start = backend_cpu_s(env)
         self.cpu_s = 0.0
 
     def drained(self) -> None:
         """Call before stopping the worker: its backends' CPU time ends with them."""
-        now = backend_ticks(self.env)
-        spent = sum(t - self.ticks.get(pid, 0) for pid, t in now.items())
-        self.cpu_s = spent / os.sysconf("SC_CLK_TCK")
+        now = backend_cpu_s(self.env)
+        self.cpu_s = sum(s - self.cpu_at_start.get(pid, 0.0) for pid, s in now.items())
 
     def figures(self, jobs: int, prefix: str = "") -> Figures:
         """Call after the worker stopped. Per-job figures of the whole run."""
@@ -67,20 +66,21 @@ class DrainCost:
         return figures
 
 
-def backend_ticks(env: BenchEnvironment) -> dict[int, int]:
-    """User + system CPU ticks of this database's other backends; empty if /proc lacks them."""
+def backend_cpu_s(env: BenchEnvironment) -> dict[int, float]:
+    """User + system CPU seconds of this database's other backends; empty where this machine
+    does not run them."""
     rows = env.sql(
         "SELECT pid FROM pg_stat_activity "
         "WHERE datname = current_database() AND pid <> pg_backend_pid()"
     )
-    ticks: dict[int, int] = {}
+    cpu_s: dict[int, float] = {}
     for (pid,) in rows:
         try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
+            times = psutil.Process(int(pid)).cpu_times()
+        except psutil.Error:
             continue  # not on this machine, or gone
-        ticks[int(pid)] = int(fields[11]) + int(fields[12])  # utime, stime
-    return ticks
+        cpu_s[int(pid)] = times.user + times.system
+    return cpu_s
 
 
 def quiesce(env: BenchEnvironment) -> None:

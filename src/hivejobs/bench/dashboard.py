@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import os
 import socket
-import statistics
 import subprocess
 import sys
 import time
@@ -22,6 +21,7 @@ import httpx
 import msgspec
 
 from hivejobs.bench.environment import BenchEnvironment
+from hivejobs.bench.percentiles import percentiles
 from hivejobs.config import DEFAULT_REDIS_URL
 
 TOKEN = "bench-dashboard-token"
@@ -86,9 +86,8 @@ def time_page(client: httpx.Client, name: str, url: str, repeats: int) -> PageTi
         times.append((time.perf_counter() - began) * 1000)
         r.raise_for_status()
         size = len(r.content)
-    times.sort()
-    p95 = times[min(len(times) - 1, int(len(times) * 0.95))]
-    return PageTime(name, round(statistics.median(times), 2), round(p95, 2), size)
+    p50, p95 = percentiles(times, 50, 95)
+    return PageTime(name, round(p50, 2), round(p95, 2), size)
 
 
 def measure(env: BenchEnvironment, repeats: int) -> list[PageTime]:

@@ -15,10 +15,12 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+import psutil
 import psycopg
 import redis
 
 from hivejobs.bench.environment import BenchEnvironment
+from hivejobs.bench.percentiles import percentiles
 from hivejobs.store import connect
 
 Figures = dict[str, float]
@@ -209,11 +211,11 @@ def latency(
     if not values:
         return {}
     env.latencies_ms = [v / 1000 for v in values]
-    q = statistics.quantiles(values, n=100, method="inclusive")
+    p50, p95, p99 = percentiles(values, 50, 95, 99)
     return {
-        "pickup_p50_ms": q[49] / 1000,
-        "pickup_p95_ms": q[94] / 1000,
-        "pickup_p99_ms": q[98] / 1000,
+        "pickup_p50_ms": p50 / 1000,
+        "pickup_p95_ms": p95 / 1000,
+        "pickup_p99_ms": p99 / 1000,
         "pickup_max_ms": values[-1] / 1000,
         "achieved_rate_per_s": achieved,
     }
@@ -291,16 +293,14 @@ def _hot_table_bytes(env: BenchEnvironment) -> float:
 
 
 def _rss_kib(pids: list[int]) -> float:
+    """The pools' resident sets summed (a pool that exited meanwhile counts nothing)."""
     total = 0
     for pid in pids:
         try:
-            with open(f"/proc/{pid}/status") as status:
-                for line in status:
-                    if line.startswith("VmRSS:"):
-                        total += int(line.split()[1])
-        except FileNotFoundError:
+            total += psutil.Process(pid).memory_info().rss
+        except psutil.NoSuchProcess:
             continue
-    return float(total)
+    return total / 1024
 
 
 def stderr_progress(label: str, done: int, total: int, elapsed: float) -> None:

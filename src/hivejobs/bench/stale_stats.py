@@ -7,15 +7,14 @@ machines), an empty table (a fresh deploy, or a quiet spell before a burst), or 
 so no drain inherits another's dead rows; the rates should agree within 10 %. Wall-clock
 rates on a shared machine move with its load, so two figures that do not are reported beside
 them: buffers touched per job (this database's, all statements) and the CPU time its
-Postgres backends used per job (read from /proc: only when Postgres runs on this machine).
+Postgres backends used per job (psutil: only when Postgres runs on this machine).
 """
 
 from __future__ import annotations
 
-import os
 import time
 
-from hivejobs.bench.cost import backend_ticks, quiesce
+from hivejobs.bench.cost import backend_cpu_s, quiesce
 from hivejobs.bench.environment import BenchEnvironment
 from hivejobs.bench.scenarios import JOB, Figures, Progress
 from hivejobs.store import connect
@@ -74,7 +73,7 @@ def _drain(
             if time.perf_counter() > deadline or (env.worker and env.worker.poll() is not None):
                 raise RuntimeError(f"stale-stats {name}: {done}/{jobs} done; see {env.workdir}")
     # The worker's backends were all started for this drain: their CPU time is its cost.
-    cpu_s = sum(backend_ticks(env).values()) / os.sysconf("SC_CLK_TCK")
+    cpu_s = sum(backend_cpu_s(env).values())
     env.stop_worker()
     quiesce(env)
     blocks = _blocks(env) - blocks_before - sampler.buffers

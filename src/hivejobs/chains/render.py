@@ -7,7 +7,9 @@ Names, status texts and errors come from users and handlers: shown through displ
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import UTC, datetime
+from graphlib import TopologicalSorter
 
 from hivejobs.display import escape
 from hivejobs.records import ChainJobStatus, ChainStatus
@@ -15,29 +17,22 @@ from hivejobs.records import ChainJobStatus, ChainStatus
 _MARK = {"pending": " ", "running": ">", "succeeded": "+", "failed": "x", "stopped": "-"}
 
 
-def layers(jobs: list[ChainJobStatus]) -> list[list[ChainJobStatus]]:
-    by_key = {j.key: j for j in jobs}
-    depth: dict[str, int] = {}
-
-    def depth_of(key: str) -> int:
-        # Iterative: a 100,000-job line must not hit the recursion limit.
-        stack = [key]
-        while stack:
-            top = stack[-1]
-            missing = [d for d in by_key[top].after if d not in depth]
-            if missing:
-                stack.extend(missing)
-                continue
-            stack.pop()
-            depth[top] = 1 + max((depth[d] for d in by_key[top].after), default=-1)
-        return depth[key]
-
-    out: list[list[ChainJobStatus]] = []
+def layers(jobs: Sequence[ChainJobStatus]) -> list[list[ChainJobStatus]]:
+    """The jobs by layer, each layer in the order of `jobs`. The sorter hands out jobs in
+    rounds: a job is ready in the round after its last predecessor's, so its round is the
+    length of its longest path from a root."""
+    sorter = TopologicalSorter({j.key: j.after for j in jobs})
+    sorter.prepare()
+    layer_of: dict[str, int] = {}
+    rounds = 0
+    while sorter.is_active():
+        ready = sorter.get_ready()
+        layer_of.update(dict.fromkeys(ready, rounds))
+        sorter.done(*ready)
+        rounds += 1
+    out: list[list[ChainJobStatus]] = [[] for _ in range(rounds)]
     for job in jobs:
-        d = depth_of(job.key)
-        while len(out) <= d:
-            out.append([])
-        out[d].append(job)
+        out[layer_of[job.key]].append(job)
     return out
 
 

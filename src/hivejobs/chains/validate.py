@@ -11,6 +11,7 @@ import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from graphlib import CycleError, TopologicalSorter
 
 from hivejobs.errors import ChainInvalid
 
@@ -90,40 +91,22 @@ def validate(
 
 
 def _topological_order(jobs: Mapping[str, JobSpec]) -> list[str]:
-    """Kahn's algorithm; what it cannot order lies on or behind a cycle, which we name."""
-    indegree = {key: len(set(spec.after)) for key, spec in jobs.items()}
-    successors: dict[str, list[str]] = {key: [] for key in jobs}
-    for key, spec in jobs.items():
-        for dep in set(spec.after):
-            successors[dep].append(key)
-    ready = sorted(key for key, n in indegree.items() if n == 0)
+    """The jobs in running order: ready jobs taken largest key first, each one's newly ready
+    successors next (deterministic for a given chain); a cycle is refused by name."""
+    sorter = TopologicalSorter({key: spec.after for key, spec in jobs.items()})
+    try:
+        sorter.prepare()
+    except CycleError as exc:
+        cycle: list[str] = exc.args[1]  # in running order, the first job repeated at the end
+        raise ChainInvalid("chain has a cycle: " + " -> ".join(cycle)) from None
+    ready = sorted(sorter.get_ready())
     order: list[str] = []
     while ready:
         key = ready.pop()
         order.append(key)
-        for nxt in successors[key]:
-            indegree[nxt] -= 1
-            if indegree[nxt] == 0:
-                ready.append(nxt)
-    if len(order) < len(jobs):
-        cycle = _find_cycle(jobs, {k for k, n in indegree.items() if n > 0})
-        raise ChainInvalid("chain has a cycle: " + " -> ".join(cycle))
+        sorter.done(key)
+        ready.extend(sorter.get_ready())
     return order
-
-
-def _find_cycle(jobs: Mapping[str, JobSpec], left: set[str]) -> list[str]:
-    """Walk predecessors inside the unordered rest until a job repeats: that loop is a cycle
-    (every job left has a predecessor left, so the walk never stops early)."""
-    path: list[str] = []
-    seen: dict[str, int] = {}
-    key = min(left)
-    while key not in seen:
-        seen[key] = len(path)
-        path.append(key)
-        key = min(dep for dep in jobs[key].after if dep in left)
-    loop = path[seen[key] :] + [key]
-    loop.reverse()  # predecessors were walked: print in running order
-    return loop
 
 
 def _check_sequences(

@@ -134,7 +134,7 @@ class Coordinator:
             try:
                 missing = self.store.session_not_in_force()
             except psycopg.Error as exc:
-                logger.warning("could not check the stall guard", error=repr(exc))
+                logger.warning("could not check the stall guard", **error_fields(exc))
                 return False
             self._guard_checked_at = now
             if missing and missing != self._guard_missing:

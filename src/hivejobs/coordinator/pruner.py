@@ -16,6 +16,7 @@ import msgspec
 import psycopg
 from loguru import logger
 
+from hivejobs.logs import error_fields
 from hivejobs.records import Lease
 from hivejobs.store import Store
 from hivejobs.store.upkeep import PRUNE_BATCH, prune_archive
@@ -90,7 +91,7 @@ class Pruner:
         try:
             self.last = result = self.prune(still_leader)
         except psycopg.Error as exc:
-            logger.warning("archive prune failed; retried later", error=repr(exc))
+            logger.warning("archive prune failed; retried later", **error_fields(exc))
             return
         if result.deleted:
             logger.info(

@@ -31,6 +31,7 @@ from hivejobs.errors import (
     PayloadTooLarge,
     UnknownJobType,
 )
+from hivejobs.logs import error_fields
 from hivejobs.web.schemas import ErrorOut
 
 STATUS_OF: list[tuple[type[HivejobsError], int]] = [
@@ -122,7 +123,7 @@ def on_backend_down(_: Request[Any, Any, Any], exc: Exception) -> Response[Any]:
     """Postgres or Redis did not answer: the request may be retried; nothing is half-done
     that a retry could not fix (enqueue with your id is idempotent)."""
     service = "Redis" if isinstance(exc, redis.RedisError) else "Postgres"
-    logger.warning("request failed: backend down", service=service, error=repr(exc))
+    logger.warning("request failed: backend down", service=service, **error_fields(exc))
     return _json(503, f"{service} does not answer; retry later")
 
 

@@ -15,6 +15,7 @@ from urllib.parse import quote, urlencode
 
 import msgspec
 
+from hivejobs.chains.render import layers
 from hivejobs.records import ChainJobStatus
 
 STATE_COLOURS = {
@@ -165,20 +166,7 @@ def sparkline(succeeded: Sequence[int], failed: Sequence[int], width: int = 180)
 def dag(base: str, jobs: Sequence[ChainJobStatus]) -> str:
     """The chain as layers (a job's layer is the longest path from a root), each job a box
     coloured by state with its key, type and status text; edges from `after` to the job."""
-    layer: dict[str, int] = {}
-    by_key = {j.key: j for j in jobs}
-
-    def depth(key: str, seen: frozenset[str] = frozenset()) -> int:
-        if key not in layer:
-            afters = [a for a in by_key[key].after if a in by_key and a not in seen]
-            layer[key] = 1 + max((depth(a, seen | {key}) for a in afters), default=-1)
-        return layer[key]
-
-    for j in jobs:
-        depth(j.key)
-    columns: dict[int, list[str]] = {}
-    for j in jobs:
-        columns.setdefault(layer[j.key], []).append(j.key)
+    columns = {n: [j.key for j in layer] for n, layer in enumerate(layers(jobs))}
     w, h, gx, gy = 170, 46, 60, 18
     pos = {
         key: (20 + col * (w + gx), 20 + row * (h + gy))

@@ -155,7 +155,7 @@ class Lane:
                 try:
                     self.broker.publish_wake(chains)
                 except redis.RedisError as exc:
-                    self.log.debug("chain wake-up not published", error=repr(exc))
+                    self.log.debug("chain wake-up not published", **error_fields(exc))
 
 
 class Pool:

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 from urllib.parse import quote
 
+import psutil
 from loguru import logger
 
 from hivejobs.dev.embedded.guard import PG_AUTH_MARKER, PG_HBA, Credentials, EmbeddedError
@@ -149,18 +150,21 @@ def await_stale_postmaster(pgdata: Path, deadline: float) -> None:
 
     After its parent was killed, a postmaster killed by the parent-death signal is a zombie
     until init reaps it, and Postgres takes a zombie's pid as a running postmaster ("lock file
-    already exists"). Some container inits reap lazily, so poll (bounded) instead of failing.
+    already exists"). Some container inits reap lazily, so wait (bounded) instead of failing.
     """
     try:
         pid = int((pgdata / "postmaster.pid").read_text().split("\n", 1)[0])
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, ValueError, IndexError):
-        return
-    if state != "Z":
+        postmaster = psutil.Process(pid)
+        if postmaster.status() != psutil.STATUS_ZOMBIE:
+            return
+    except (OSError, ValueError, psutil.Error):
         return
     logger.info("waiting for the killed postmaster {} to be reaped", pid)
-    while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
-        time.sleep(0.05)
+    try:
+        # For a process that is not our child, psutil waits until its pid is gone: reaped.
+        postmaster.wait(max(0.0, deadline - time.monotonic()))
+    except psutil.TimeoutExpired:
+        pass
 
 
 def collect_orphan_clusters(clusters: Path) -> None:

@@ -1,7 +1,8 @@
 """Processes of the embedded servers: spawn, handshake, wait, terminate, parent death.
 
-Also the one parent-death helper (`parent_death_preexec`, `die_with_parent`) that the
-supervisor uses for its pools. Knows no server in particular.
+Also the one parent-death helper (`parent_death_preexec`) that the supervisor uses for its
+pools. Process state comes from psutil, never from parsing /proc. Knows no server in
+particular.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import psutil
 import psycopg
 import redis
 from loguru import logger
@@ -89,38 +91,37 @@ def parent_death_preexec(sig: int = signal.SIGKILL) -> Callable[[], None] | None
     return preexec
 
 
-def proc_alive(pid: int, exe: str | None = None) -> bool:
-    """True if ``pid`` runs (not a zombie) and, where /proc tells, runs binary ``exe``.
+# A dead process its parent has not reaped yet: it holds no port and no lock any more.
+_EXITED = (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)
 
-    The exe check guards against pid reuse after a reboot or a long pause.
-    """
+
+def _running(proc: psutil.Process) -> bool:
+    """``proc`` still runs: not exited, not a zombie, its pid not taken by another process
+    since (psutil compares the start time)."""
+    try:
+        return proc.is_running() and proc.status() not in _EXITED
+    except psutil.NoSuchProcess:
+        return False
+    except psutil.AccessDenied:  # another user's process: it exists
+        return True
+
+
+def proc_alive(pid: int) -> bool:
+    """True if ``pid`` runs and is not a zombie."""
     if pid <= 0:
         return False
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        return _running(psutil.Process(pid))
+    except psutil.NoSuchProcess:
         return False
-    except PermissionError:
-        pass
-    proc = Path(f"/proc/{pid}")
-    if not proc.exists():
-        return sys.platform != "linux"
-    try:
-        state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
-        if state in ("Z", "X"):
-            return False
-        if exe is not None:
-            real = os.readlink(proc / "exe").removesuffix(" (deleted)")
-            return os.path.realpath(real) == os.path.realpath(exe)
-    except (OSError, IndexError):
-        return False
-    return True
 
 
-def wait_gone(pid: int, timeout: float) -> bool:
-    """Poll until ``pid`` has exited (for processes that are not our children)."""
+def wait_gone(proc: psutil.Process, timeout: float) -> bool:
+    """Poll until ``proc`` (not our child) has exited. Not psutil's wait(): for a process
+    that is not our child it waits until the pid is reaped, and some container inits reap
+    late; an exited zombie is gone for us."""
     deadline = time.monotonic() + timeout
-    while proc_alive(pid):
+    while _running(proc):
         if time.monotonic() > deadline:
             return False
         time.sleep(0.05)
@@ -137,13 +138,23 @@ def terminate(
 ) -> None:
     """Send ``sig`` (unless ``sent``), wait up to ``timeout``, then SIGKILL.
 
-    Reaps ``child`` if it is ours; polls /proc for processes started by someone else.
+    Reaps ``child`` if it is ours. A process started by someone else is signalled and
+    watched through psutil, which refuses a pid that another process took since.
     """
+    other: psutil.Process | None = None
+    if child is None:
+        try:
+            other = psutil.Process(pid)
+        except psutil.NoSuchProcess:
+            return
     for s in (sig, signal.SIGKILL):
         if not sent or s == signal.SIGKILL:
             try:
-                os.kill(pid, s)
-            except ProcessLookupError:
+                if other is None:
+                    os.kill(pid, s)  # our child: its pid stays ours until we reap it
+                else:
+                    other.send_signal(s)
+            except (ProcessLookupError, psutil.NoSuchProcess):
                 break
         if child is not None:
             try:
@@ -151,13 +162,13 @@ def terminate(
                 return
             except subprocess.TimeoutExpired:
                 pass
-        elif wait_gone(pid, timeout):
+        elif other is not None and wait_gone(other, timeout):
             return
         logger.warning("pid {} did not exit after signal {}; killing it", pid, s)
     if child is not None:
         child.wait(5)
-    else:
-        wait_gone(pid, 5)
+    elif other is not None:
+        wait_gone(other, 5)
 
 
 def free_port(preferred: int | None = None) -> int:
