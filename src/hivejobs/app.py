@@ -36,7 +36,14 @@ from hivejobs.errors import (
     UsageError,
 )
 from hivejobs.failpoints import failpoint
-from hivejobs.flow import checked_limits, pause_type, paused_types, resume_type, scale_type
+from hivejobs.flow import (
+    checked_limits,
+    pause_type,
+    paused_types,
+    resume_type,
+    scale_type,
+    type_settings,
+)
 from hivejobs.integrations import adriver_connection, driver_connection
 from hivejobs.jobtypes import (
     UNIQUE_STATES,
@@ -62,6 +69,7 @@ from hivejobs.records import (
     JobPage,
     JobTypeInfo,
     Replayed,
+    TypeFlow,
 )
 from hivejobs.schedules import Schedule, check_cron
 from hivejobs.serialization import PayloadCodec, decode_json, payload_type_of
@@ -554,6 +562,19 @@ class App:
     def paused(self) -> list[str]:
         """The paused job types."""
         return paused_types(self.store)
+
+    def flow(self, name: str) -> TypeFlow:
+        """Job type `name`'s flow state: paused or not (since when), and the runner threads
+        per pool process its pools use (`scale`'s, else the code's `concurrency`)."""
+        concurrency = self.job_type(name).concurrency  # UnknownJobType first
+        settings = type_settings(self.store, name)
+        return TypeFlow(
+            name=name,
+            paused=settings.paused,
+            paused_at=settings.paused_at,
+            concurrency=concurrency,
+            scaled_concurrency=settings.concurrency,
+        )
 
     def replay(self, job_id: str) -> str:
         """Enqueue a finished job again, as a new job with a new id; returns that id.

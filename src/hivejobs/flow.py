@@ -45,7 +45,15 @@ from hivejobs.broker import Broker, Popped
 from hivejobs.errors import InvalidArgument, InvalidJobType
 from hivejobs.records import ClaimedJob
 from hivejobs.store import Conn, Store
-from hivejobs.store.flow import Bucket, FlowState, FlowStore, LimitBy, Picked, Room
+from hivejobs.store.flow import (
+    Bucket,
+    FlowSettings,
+    FlowState,
+    FlowStore,
+    LimitBy,
+    Picked,
+    Room,
+)
 
 PAUSE_POLL_S = 1.0  # a paused type's pools look again this often (resume takes up to this)
 SLOT_POLL_S = 0.1  # a full type's pools look again this often (sooner on their own completions)
@@ -358,6 +366,11 @@ def scale_type(store: Store, name: str, concurrency: int | None) -> None:
             f"concurrency must be a whole number from 1 to {MAX_SCALE}, not {concurrency!r}"
         )
     FlowStore(store).scale(name, concurrency)
+
+
+def type_settings(store: Store, name: str) -> FlowSettings:
+    """A type's pause (since when) and `hivejobs scale`, as the pools read them."""
+    return FlowStore(store).settings(name)
 
 
 def paused_types(store: Store) -> list[str]:

@@ -193,6 +193,18 @@ class TypeCounts(msgspec.Struct, frozen=True, kw_only=True):
     paused_at: datetime | None = None  # paused fleet-wide since (issue 12); None: not paused
 
 
+class TypeFlow(msgspec.Struct, frozen=True, kw_only=True):
+    """A job type's flow state as operators steer it (issue 12): paused fleet-wide since
+    `paused_at`, and its runner threads per pool process: `scaled_concurrency` when
+    `hivejobs scale` set one, else the code's `concurrency`."""
+
+    name: str
+    paused: bool
+    paused_at: datetime | None
+    concurrency: int
+    scaled_concurrency: int | None
+
+
 class WorkerInfo(msgspec.Struct, frozen=True, kw_only=True):
     id: str
     host: str

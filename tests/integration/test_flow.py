@@ -82,6 +82,25 @@ def test_the_running_rows_are_counted_only_when_asked(make_app: Callable[..., Ap
         assert claimed == [] and [s.running for s in seen] == [running]
 
 
+def test_flow_reads_back_pause_and_scale(make_app: Callable[..., App]) -> None:
+    """App.flow (what `hivejobs serve` answers): the code's concurrency, the scale and the
+    pause as stored, with the defaults for a type that has no flow row."""
+    app = make(make_app())
+    fresh = app.flow("thing")
+    assert (fresh.paused, fresh.paused_at, fresh.scaled_concurrency) == (False, None, None)
+    assert fresh.concurrency == app.types["thing"].concurrency
+    app.pause("thing")
+    app.scale("thing", 7)
+    both = app.flow("thing")
+    assert (both.paused, both.scaled_concurrency) == (True, 7) and both.paused_at is not None
+    assert Flow(app.store, app.broker, "thing", None).scaled_concurrency() == 7  # the pool's
+    app.resume("thing")
+    app.scale("thing", None)
+    assert app.flow("thing") == fresh
+    with pytest.raises(UnknownJobType, match="thin"):
+        app.flow("thin")
+
+
 def test_racing_limited_claims_never_exceed_the_limit(make_app: Callable[..., App]) -> None:
     """16 threads claim and finish jobs as fast as they can; each counts itself in while it
     holds a claim (after its commit, before its completion's): never more than 3 at once."""

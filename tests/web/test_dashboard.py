@@ -1,6 +1,6 @@
 """The dashboard in a real headless Chromium (Debian's, driven by Playwright): every page opens,
-updates itself without a reload, its cancel/replay buttons change the jobs' state, and a paused
-type is marked.
+updates itself without a reload, its cancel/replay buttons change the jobs' state, a paused
+type is marked, and a type's Pause/Resume button pauses and resumes it.
 
 Screenshots go to the test's tmp dir (and to $HJ_SCREENSHOTS when set, e.g. docs/screenshots).
 """
@@ -11,11 +11,12 @@ import os
 import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from tests.harness import Instance, sql, wait_until
-from tests.web.conftest import ADMIN, Server, flow_cli
+from tests.web.conftest import ADMIN, READER, Server, flow_cli
 
 pw = pytest.importorskip("playwright.sync_api")
 CHROMIUM = "/usr/bin/chromium"
@@ -192,3 +193,55 @@ def test_dashboard_shows_a_paused_type_and_its_resume_live(
     page.wait_for_function(f"({cell})('echo').innerText === '-'", timeout=20_000)
     page.goto(base + "/dashboard/types/echo")
     assert page.locator("p.paused-notice").count() == 0
+
+
+def test_dashboard_pauses_and_resumes_a_type(
+    server: Server, browser: object, database_url: str
+) -> None:
+    """From a type's page an admin pauses and resumes it (the buttons call the JSON API with
+    the login cookie); a read-only sign-in gets the API's refusal and changes nothing."""
+    base = server.url
+    paused = "SELECT count(*) FROM hivejobs_flow WHERE name = 'echo' AND paused"
+
+    def signed_in(token: str) -> Any:
+        context = browser.new_context(viewport={"width": 1200, "height": 800})  # type: ignore[attr-defined]
+        page = context.new_page()
+        page.goto(base + "/dashboard/login")
+        page.fill("input[name=token]", token)
+        page.click("#signin")
+        page.wait_for_url(base + "/dashboard")
+        page.goto(base + "/dashboard/types/echo")
+        return page
+
+    page = signed_in(ADMIN)
+    assert page.locator("p.paused-notice").count() == 0
+    page.click("#pause")
+    page.locator("p.paused-notice").wait_for(timeout=10_000)
+    assert page.inner_text("p.paused-notice").startswith("paused since ")
+    assert page.locator("#pause").count() == 0 and page.locator("#resume").is_visible()
+    assert count(database_url, paused) == 1
+    page.goto(base + "/dashboard")
+    echo_row = page.locator("tr", has_text="echo").first
+    assert "paused since" in echo_row.inner_text()
+
+    reader = signed_in(READER)
+    reader.click("#resume")
+    reader.locator("#flash", has_text="read-only").wait_for(timeout=10_000)
+    assert count(database_url, paused) == 1
+
+    page.goto(base + "/dashboard/types/echo")
+    page.click("#resume")
+    page.locator("#pause").wait_for(timeout=10_000)
+    assert page.locator("p.paused-notice").count() == 0
+    assert count(database_url, paused) == 0
+    reader.goto(base + "/dashboard/types/echo")
+    reader.click("#pause")
+    reader.locator("#flash", has_text="read-only").wait_for(timeout=10_000)
+    assert count(database_url, paused) == 0
+
+    # A scale set over the API is shown on the type's page, live.
+    assert (
+        server.client.put("/v1/jobtypes/echo/concurrency", json={"concurrency": 6}).status_code
+        == 200
+    )
+    page.locator("p.scaled", has_text="Scaled to 6 runner threads").wait_for(timeout=10_000)

@@ -40,6 +40,15 @@ class PausedType(msgspec.Struct, frozen=True, kw_only=True):
     paused_at: datetime
 
 
+class FlowSettings(msgspec.Struct, frozen=True, kw_only=True):
+    """What an operator set on a type (`hivejobs pause`, `hivejobs scale`); the defaults
+    stand for a type without a flow row."""
+
+    paused: bool = False
+    paused_at: datetime | None = None
+    concurrency: int | None = None  # threads per pool process, fleet-wide (None: the code's)
+
+
 class Room(msgspec.Struct, frozen=True, kw_only=True):
     """What a type's limits allow now (flow.decide): how many jobs to claim, else how long
     to wait; and the token bucket refilled up to now, before this claim takes from it."""
@@ -228,11 +237,17 @@ class FlowStore:
             cur = conn.cursor(row_factory=class_row(PausedType))
             return cur.execute(QUERIES["paused_types"]).fetchall()
 
+    def settings(self, name: str) -> FlowSettings:
+        """The type's pause and scale as set (the defaults when it has no flow row)."""
+        with self.store.connection() as conn:
+            cur = conn.cursor(row_factory=class_row(FlowSettings))
+            row = cur.execute(QUERIES["flow_settings"], {"name": name}).fetchone()
+        return FlowSettings() if row is None else row
+
     def pool_settings(self, name: str) -> tuple[bool, int | None]:
         """(paused, scaled concurrency or None) of an unlimited type."""
-        with self.store.connection() as conn:
-            row = conn.execute(QUERIES["pool_settings"], {"name": name}).fetchone()
-        return (False, None) if row is None else (bool(row[0]), row[1])
+        settings = self.settings(name)
+        return settings.paused, settings.concurrency
 
     def scale(self, name: str, concurrency: int | None) -> None:
         with self.store.connection() as conn:

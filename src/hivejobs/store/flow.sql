@@ -82,9 +82,10 @@ RETURNING name;
 -- name: paused_types
 SELECT name, paused_at FROM hivejobs_flow WHERE paused ORDER BY name;
 
--- name: pool_settings
--- What an unlimited type's pools look at every second: pause, and `hivejobs scale`.
-SELECT paused, concurrency FROM hivejobs_flow WHERE name = %(name)s;
+-- name: flow_settings
+-- What an operator set on a type: pause and `hivejobs scale`. An unlimited type's pools
+-- read it every second; `hivejobs serve` shows it. No row: running, the code's concurrency.
+SELECT paused, paused_at, concurrency FROM hivejobs_flow WHERE name = %(name)s;
 
 -- name: scale_type
 -- NULL: back to the job type's own concurrency.

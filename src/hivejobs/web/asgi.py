@@ -22,7 +22,7 @@ from litestar.openapi.plugins import SwaggerRenderPlugin
 from loguru import logger
 
 from hivejobs.app import App
-from hivejobs.web import api, dashboard, errors, fleet
+from hivejobs.web import api, dashboard, errors, fleet, flow
 from hivejobs.web.auth import COOKIE, Tokens, bearer
 
 DEFAULT_MAX_BODY = 2 * 1024 * 1024
@@ -61,7 +61,7 @@ def create_app(
         app.close()
 
     return Litestar(
-        route_handlers=[*api.HANDLERS, *fleet.HANDLERS, *dashboard.HANDLERS],
+        route_handlers=[*api.HANDLERS, *fleet.HANDLERS, *flow.HANDLERS, *dashboard.HANDLERS],
         guards=[guard],
         exception_handlers=errors.HANDLERS,
         request_max_body_size=max_body_bytes,
@@ -71,7 +71,8 @@ def create_app(
             title="hivejobs",
             version="1",
             description="Durable jobs over HTTP: enqueue, read, cancel, replay, status "
-            "callbacks, chains. Errors are JSON: {error, status, details?}.",
+            "callbacks, chains, pause and scale job types. Errors are JSON: "
+            "{error, status, details?}.",
             path="/schema",
             operation_id_creator=_operation_id,
             render_plugins=[SwaggerRenderPlugin()],

@@ -1,10 +1,10 @@
 """The dashboard: server-rendered pages (render.py), live by re-fetching their own fragment.
 
-Pages: job types with throughput charts (and which are paused), a type's jobs by state, one
-job, failed jobs with bulk replay/cancel, chains and one chain's DAG, workers and the
-coordinator. Lists are keyset pages
-(store/dashboard.py): no OFFSET, no count over the archive. Nothing here writes: the buttons
-call the JSON API, whose admin guard applies.
+Pages: job types with throughput charts (and which are paused), a type's jobs by state (and
+its Pause/Resume button), one job, failed jobs with bulk replay/cancel, chains and one chain's
+DAG, workers and the coordinator. Lists are keyset pages (store/dashboard.py): no OFFSET, no
+count over the archive. Nothing here writes: the buttons call the JSON API, whose admin guard
+applies (a read-only sign-in sees the API's 403 in the page's flash line).
 """
 
 from datetime import datetime
@@ -19,7 +19,7 @@ from litestar.response import Redirect
 from hivejobs.app import App
 from hivejobs.errors import JobNotFound
 from hivejobs.store.dashboard import DashboardStore, JobRow, ListName
-from hivejobs.store.flow import FlowStore
+from hivejobs.store.flow import FlowSettings, FlowStore
 from hivejobs.web.auth import COOKIE
 from hivejobs.web.fleet import job_type_rows, read_throughput
 from hivejobs.web.render import (
@@ -141,20 +141,35 @@ def type_jobs(
     base = _base(request)
     app = _app(state)
     rows, nxt = DashboardStore(app.store).jobs(list_state, name, after, PAGE)
-    paused_at = {p.name: p.paused_at for p in FlowStore(app.store).paused()}.get(name)
     path = f"/dashboard/types/{seg(name)}"
     tabs = " | ".join(
         link(base, path, s, state=s)
         for s in ("queued", "scheduled", "running", "failed", "finished")
     )
-    notice = ""
-    if paused_at is not None:
-        notice = (
-            f'<p class="paused-notice">{_paused(paused_at)} nothing new starts until '
-            f"<code>hivejobs resume {esc(name)}</code>; running jobs finish.</p>"
-        )
-    body = notice + f"<p>{tabs}</p>" + _job_list(base, path, rows, nxt, state=list_state)
+    body = _flow_controls(base, name, FlowStore(app.store).settings(name))
+    body += f"<p>{tabs}</p>" + _job_list(base, path, rows, nxt, state=list_state)
     return _html(request, f"{name}: {list_state}", body, fragment)
+
+
+def _flow_controls(base: str, name: str, flow: FlowSettings) -> str:
+    """A type's pause notice and its Pause or Resume button (issue 12), which calls the
+    JSON API like every dashboard button (admin token, web/flow.py); and its scale if set."""
+    url = f"{esc(base)}/v1/jobtypes/{esc(seg(name))}"
+    if flow.paused:
+        out = (
+            f'<p class="paused-notice">{_paused(flow.paused_at)} nothing new starts until '
+            f"resumed (here, or <code>hivejobs resume {esc(name)}</code>); running jobs "
+            "finish.</p>"
+            f'<button id="resume" data-url="{url}/resume">Resume {esc(name)}</button>'
+        )
+    else:
+        out = f'<button id="pause" data-url="{url}/pause">Pause {esc(name)}</button>'
+    if flow.concurrency is not None:
+        out += (
+            f'<p class="scaled">Scaled to {flow.concurrency} runner threads per pool process '
+            f"(<code>hivejobs scale {esc(name)} default</code> goes back to the code's).</p>"
+        )
+    return out
 
 
 @get("/dashboard/failed", include_in_schema=False)

@@ -12,8 +12,9 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
+from hivejobs.flow import MAX_SCALE
 from hivejobs.jobtypes import MAX_DELAY_S
-from hivejobs.records import LeaseInfo, WorkerInfo
+from hivejobs.records import LeaseInfo, TypeFlow, WorkerInfo
 
 Priority = Annotated[int, msgspec.Meta(ge=0, le=9, description="0 runs first")]
 Delay = Annotated[float, msgspec.Meta(ge=0, le=MAX_DELAY_S, description="seconds from now")]
@@ -128,6 +129,24 @@ class JobTypeOut(msgspec.Struct, kw_only=True):
     # Paused fleet-wide (`hivejobs pause`, issue 12): running jobs finish, nothing starts.
     paused: bool = False
     paused_at: datetime | None = None
+
+
+class ScaleBody(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """`hivejobs scale NAME N`: runner threads per pool process of the type, fleet-wide."""
+
+    concurrency: Annotated[int, msgspec.Meta(ge=1, le=MAX_SCALE)]
+
+
+class TypeFlowOut(TypeFlow, frozen=True, kw_only=True):
+    """A type's flow state (records.TypeFlow): its pools run `scaled_concurrency` threads
+    per process when set, else `concurrency` (the code's)."""
+
+
+class FlowChangeOut(TypeFlow, frozen=True, kw_only=True):
+    """The flow state after a pause or resume; `changed` is false when the type already was
+    paused (resumed): the request then changed nothing."""
+
+    changed: bool
 
 
 class WorkerOut(WorkerInfo, frozen=True, kw_only=True):
