@@ -10,6 +10,7 @@ import pytest
 
 from hivejobs.batching import Batcher, coalesce_window
 from hivejobs.records import ClaimedJob, Delivery
+from hivejobs.worker.completer import COALESCE_GAP_S, COALESCE_MAX_S, COALESCE_TO
 from hivejobs.worker.executor import interrupted
 from hivejobs.worker.exits import ChildExit
 from hivejobs.worker.shutdown import Stop, StopReason
@@ -57,12 +58,15 @@ def test_batcher_writes_what_accumulated_while_the_previous_batch_was_written() 
 def test_a_small_batch_waits_for_more_only_while_items_come_often() -> None:
     """Issue 13: with 10 ms jobs completions came 1.4 at a time, one commit each; a batch now
     waits for the completions due soon, but a lone one at a low rate is written at once."""
-    often = functools.partial(coalesce_window, to=32, gap_s=0.0015, max_s=0.008)
+    often = functools.partial(
+        coalesce_window, to=COALESCE_TO, gap_s=COALESCE_GAP_S, max_s=COALESCE_MAX_S
+    )
+    assert (COALESCE_TO, COALESCE_GAP_S, COALESCE_MAX_S) == (16, 0.0015, 0.012)
     assert often(1, float("inf")) == 0.0  # nothing measured yet
     assert often(1, 0.002) == 0.0  # 500/s: at once
-    assert often(1, 0.00125) == 0.008  # 800/s: capped
-    assert often(30, 0.0001) == pytest.approx(0.0002)  # two more due
-    assert often(32, 0.0001) == 0.0  # full enough
+    assert often(1, 0.00125) == 0.012  # 800/s: capped
+    assert often(14, 0.0001) == pytest.approx(0.0002)  # two more due
+    assert often(16, 0.0001) == 0.0  # full enough
     assert coalesce_window(1, 0.0001, to=0, gap_s=1.0, max_s=1.0) == 0.0  # coalescing off
 
 

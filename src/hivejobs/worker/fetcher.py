@@ -35,7 +35,7 @@ PREFETCH = 64
 # claim, the commits cost Postgres more than the jobs' rows). A claimed job then waits about
 # this long for its runner at most, so a pool that dies leaves only that much work behind to
 # be charged a worker loss; jobs slower than concurrency x CLAIM_AHEAD_S get no claims ahead.
-CLAIM_AHEAD_S = 0.02
+CLAIM_AHEAD_S = 0.04
 # Refill once the claimed jobs no runner has started fall to half the claims ahead, not as
 # soon as one slot frees: with a 0.1 ms body a fetcher woken by every finished job claimed
 # 17-21 ids per pop and claim; refilled from here it claims about half the claims ahead at
