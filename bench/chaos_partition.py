@@ -30,7 +30,14 @@ from tests.harness import (
 class Proxy:
     """An asyncio TCP proxy on 127.0.0.1 in a thread of its own: pass, delay each chunk by
     `delay_s` per direction, or blackhole (stop forwarding and reading: bytes wait in the
-    kernel buffers as in a partition without resets, and flow again on heal)."""
+    kernel buffers as in a partition without resets, and flow again on heal).
+
+    A delayed chunk leaves at its arrival time plus `delay_s`, whatever is queued before it:
+    a link's latency, not one delay per chunk in a row (a burst of k chunks would otherwise
+    take k delays). Owns `delay_s` and `open` (set while the link passes); both change only
+    on the loop's thread, in set(), which returns once the change is in force."""
+
+    QUEUED_CHUNKS = 64  # per direction: beyond this the reader waits (back pressure)
 
     def __init__(self, target_port: int) -> None:
         self.target_port = target_port
@@ -40,21 +47,23 @@ class Proxy:
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
-        asyncio.run_coroutine_threadsafe(self._start(), self.loop).result(10)
+        self.server = asyncio.run_coroutine_threadsafe(self._start(), self.loop).result(10)
 
-    async def _start(self) -> None:
+    async def _start(self) -> asyncio.Server:
         self.open.set()
-        self.server = await asyncio.start_server(self._serve, "127.0.0.1", self.port)
+        return await asyncio.start_server(self._serve, "127.0.0.1", self.port)
 
     def set(self, delay_s: float = 0.0, blackhole: bool = False) -> None:
-        def apply() -> None:
+        """Change the link; in force when this returns (the caller times the fault from it)."""
+
+        async def apply() -> None:
             self.delay_s = delay_s
             if blackhole:
                 self.open.clear()
             else:
                 self.open.set()
 
-        self.loop.call_soon_threadsafe(apply)
+        asyncio.run_coroutine_threadsafe(apply(), self.loop).result(10)
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await self.open.wait()
@@ -66,26 +75,59 @@ class Proxy:
         await asyncio.gather(self._pump(reader, up_w), self._pump(up_r, writer))
 
     async def _pump(self, src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
-        try:
-            while True:
-                await self.open.wait()
-                data = await src.read(65536)
-                if not data:
-                    break
-                if self.delay_s:
-                    await asyncio.sleep(self.delay_s)
-                await self.open.wait()
-                dst.write(data)
-                await dst.drain()
-        except (ConnectionError, OSError):
-            pass
-        finally:
-            dst.close()
+        """One direction: a reader stamps each chunk with the time it is due, a writer sends
+        it then (and only while the link is open); None marks the end of the source. The
+        queue is bounded: a reader ahead of its writer by QUEUED_CHUNKS waits."""
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[tuple[float, bytes] | None] = asyncio.Queue(self.QUEUED_CHUNKS)
+
+        async def read() -> None:
+            try:
+                while True:
+                    await self.open.wait()
+                    data = await src.read(65536)
+                    if not data:
+                        break
+                    await queue.put((loop.time() + self.delay_s, data))
+            except (ConnectionError, OSError):
+                pass
+            await queue.put(None)  # not when cancelled (close()): the writer is cancelled too
+
+        async def write() -> None:
+            broken = False
+            try:
+                while (chunk := await queue.get()) is not None:
+                    if broken:
+                        continue  # the destination is gone: drain, so the reader never waits
+                    due, data = chunk
+                    if due > loop.time():
+                        await asyncio.sleep(due - loop.time())  # the link's latency itself
+                    await self.open.wait()
+                    try:
+                        dst.write(data)
+                        await dst.drain()
+                    except (ConnectionError, OSError):
+                        broken = True
+                        dst.close()  # the other direction then sees the end of its source
+            finally:
+                dst.close()
+
+        await asyncio.gather(read(), write())
 
     def close(self) -> None:
-        self.loop.call_soon_threadsafe(self.server.close)
+        """Stop listening, end every proxied connection, then the loop and its thread."""
+
+        async def shutdown() -> None:
+            self.server.close()
+            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+        asyncio.run_coroutine_threadsafe(shutdown(), self.loop).result(10)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(5)
+        self.loop.close()
 
 
 def partition(scale: float) -> Row:
@@ -108,11 +150,12 @@ def partition(scale: float) -> Row:
         app = s.app(["alo", "amo"])
         a_pids = set(pool_pids(s.url, "alo") + pool_pids(s.url, "amo"))
         n = scaled(5000, scale, 500)
-        # (a) latency: correctness unchanged, throughput down.
+        # (a) latency: correctness unchanged, throughput down. It stays on until every job
+        # of this phase has finished (a fixed pause could end first), so all ran through it.
         pg_proxy.set(delay_s=0.025)
         redis_proxy.set(delay_s=0.025)
         alo = app.enqueue_many("alo", [{"ms": 5}] * (n // 2))
-        pause(max(10.0, 30 * scale))
+        s.wait_done(len(alo), timeout=180)
         pg_proxy.set()
         redis_proxy.set()
         # (b) long jobs on A, then A cut from Postgres; B starts and should take over.

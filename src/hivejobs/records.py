@@ -1,10 +1,15 @@
-"""msgspec Structs that every layer shares: what a job is, as read from or written to Postgres."""
+"""msgspec Structs that every layer shares: what a job is, as read from or written to Postgres.
+
+A record the HTTP API also returns is defined once, as a generic `...Fields` class over the
+types of its states: the record fills in the Literal, the API's response class (web/schemas.py)
+plain `str`, so that its OpenAPI schema has no enums for states.
+"""
 
 from __future__ import annotations
 
 import re
 from datetime import datetime
-from typing import Literal, NamedTuple
+from typing import Generic, Literal, NamedTuple, TypeVar
 
 import msgspec
 
@@ -19,6 +24,11 @@ Outcome = Literal["succeeded", "failed", "retry", "cancelled", "suspend", "await
 PRIORITIES = range(10)  # 0 runs first; the default.
 # A job type's name; fullmatch, never `$` (which also matches before a trailing newline).
 JOB_TYPE_NAME_RE = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
+
+# The types that the records and the API's responses fill in differently (see the docstring).
+StateT = TypeVar("StateT")
+DeliveryT = TypeVar("DeliveryT")
+ChainJobT = TypeVar("ChainJobT")
 
 
 class JobTypeInfo(msgspec.Struct, frozen=True, kw_only=True):
@@ -163,14 +173,16 @@ class Rescued(msgspec.Struct, frozen=True, kw_only=True):
     archived_duplicates: list[str]
 
 
-class JobInfo(msgspec.Struct, frozen=True, kw_only=True):
+class JobFields(msgspec.Struct, Generic[StateT, DeliveryT], frozen=True, kw_only=True):
+    """A job with its payload and result (JobInfo; the API's JobOut)."""
+
     id: str
     name: str
-    state: JobState
+    state: StateT
     attempt: int
     attempts: int
     priority: int
-    delivery: Delivery
+    delivery: DeliveryT
     payload: object
     created_at: datetime
     run_at: datetime
@@ -179,6 +191,10 @@ class JobInfo(msgspec.Struct, frozen=True, kw_only=True):
     expires_at: datetime | None
     error: str | None
     result: object
+
+
+class JobInfo(JobFields[JobState, Delivery], frozen=True, kw_only=True):
+    """A job, live or archived, as App.get_job returns it."""
 
 
 class TypeCounts(msgspec.Struct, frozen=True, kw_only=True):
@@ -221,15 +237,16 @@ class WorkerInfo(msgspec.Struct, frozen=True, kw_only=True):
 
 ChainState = Literal["pending", "running", "succeeded", "failed", "stopped", "suspended"]
 ChainJobState = Literal["pending", "running", "succeeded", "failed", "stopped"]
+JobLogState = Literal["succeeded", "failed", "stopped"]  # how a try ended
 
 
-class ChainJobStatus(msgspec.Struct, frozen=True, kw_only=True):
+class ChainJobFields(msgspec.Struct, Generic[StateT], frozen=True, kw_only=True):
     """One job of a chain: `try_` counts against `tries` in the current sequence try (a
     stopped try is not counted); `total_tries` counts every try ever started."""
 
     key: str
     type: str
-    state: ChainJobState
+    state: StateT
     after: list[str]
     sequence: str | None
     try_: int = msgspec.field(name="try")
@@ -244,10 +261,16 @@ class ChainJobStatus(msgspec.Struct, frozen=True, kw_only=True):
     error: str | None
 
 
-class ChainStatus(msgspec.Struct, frozen=True, kw_only=True):
+class ChainJobStatus(ChainJobFields[ChainJobState], frozen=True, kw_only=True):
+    """One job of a chain (see ChainJobFields)."""
+
+
+class ChainStatusFields(msgspec.Struct, Generic[StateT, ChainJobT], frozen=True, kw_only=True):
+    """A chain and its jobs (ChainStatus; the API's ChainOut)."""
+
     id: str
     name: str
-    state: ChainState
+    state: StateT
     args: object
     stop_requested: bool
     suspensions: int
@@ -256,20 +279,30 @@ class ChainStatus(msgspec.Struct, frozen=True, kw_only=True):
     suspended_at: datetime | None
     resumed_at: datetime | None
     finished_at: datetime | None
-    jobs: list[ChainJobStatus]
+    jobs: list[ChainJobT]
 
 
-class ChainSummary(msgspec.Struct, frozen=True, kw_only=True):
+class ChainStatus(ChainStatusFields[ChainState, ChainJobStatus], frozen=True, kw_only=True):
+    """A chain and its jobs, as App.chain_status returns it."""
+
+
+class ChainSummaryFields(msgspec.Struct, Generic[StateT], frozen=True, kw_only=True):
+    """One chain of a listing (ChainSummary; the API's ChainListItem)."""
+
     id: str
     name: str
-    state: ChainState
+    state: StateT
     jobs: int
     succeeded: int
     created_at: datetime
     finished_at: datetime | None
 
 
-class JobLogEntry(msgspec.Struct, frozen=True, kw_only=True):
+class ChainSummary(ChainSummaryFields[ChainState], frozen=True, kw_only=True):
+    """One chain, as App.list_chains returns it."""
+
+
+class JobLogFields(msgspec.Struct, Generic[StateT], frozen=True, kw_only=True):
     """One try of one chain job: `try_` is the job's total try number at that try. `error`
     holds the traceback of a raised exception; `stdout`/`stderr` the tail of what the try
     printed (bounded by `job_log_output_bytes`; `output_truncated` when cut)."""
@@ -279,7 +312,7 @@ class JobLogEntry(msgspec.Struct, frozen=True, kw_only=True):
     type: str
     job_id: str
     sequence_try: int | None
-    state: Literal["succeeded", "failed", "stopped"]
+    state: StateT
     started_at: datetime | None
     finished_at: datetime
     duration_s: float | None
@@ -287,6 +320,10 @@ class JobLogEntry(msgspec.Struct, frozen=True, kw_only=True):
     stdout: str | None = None
     stderr: str | None = None
     output_truncated: bool = False
+
+
+class JobLogEntry(JobLogFields[JobLogState], frozen=True, kw_only=True):
+    """One try of one chain job (see JobLogFields), as App.job_log returns it."""
 
 
 class ChainQuery(msgspec.Struct, frozen=True, kw_only=True):

@@ -67,10 +67,17 @@ def amo(ctx: JobContext, payload: dict[str, float | str]) -> None:
 
 
 @register("long_coop", concurrency=6, attempts=3)
-def long_coop(ctx: JobContext, payload: dict[str, float]) -> None:
-    """Long work that checks ctx.stopping every 100 ms and stops cooperatively."""
+def long_coop(ctx: JobContext, payload: dict[str, float | str]) -> None:
+    """Long work (`s` seconds, or until gate `gate` opens) that checks ctx.stopping every
+    100 ms and stops cooperatively."""
     start(ctx)
-    deadline = time.monotonic() + payload.get("s", 20)
+    if "gate" in payload:
+        if not wait_at_gate(str(payload["gate"]), ctx.stopping):
+            end(ctx, "interrupted")
+            raise Interrupted()
+        end(ctx, "ok")
+        return
+    deadline = time.monotonic() + float(payload.get("s", 20))
     while time.monotonic() < deadline:
         if ctx.stopping.wait(0.1):
             end(ctx, "interrupted")
@@ -78,18 +85,27 @@ def long_coop(ctx: JobContext, payload: dict[str, float]) -> None:
     end(ctx, "ok")
 
 
+def deaf_work(payload: dict[str, float | str]) -> None:
+    """Wait at gate `gate` if the payload names one, else sleep `s` (default 20) seconds;
+    either way deaf to ctx.stopping."""
+    if "gate" in payload:
+        wait_at_gate(str(payload["gate"]))
+    else:
+        time.sleep(float(payload.get("s", 20)))
+
+
 @register("long_stubborn", concurrency=2, attempts=3)
-def long_stubborn(ctx: JobContext, payload: dict[str, float]) -> None:
+def long_stubborn(ctx: JobContext, payload: dict[str, float | str]) -> None:
     """Long work that ignores ctx.stopping."""
     start(ctx)
-    time.sleep(payload.get("s", 20))
+    deaf_work(payload)
     end(ctx, "ok")
 
 
 @register("long_amo", concurrency=2, delivery="at_most_once")
-def long_amo(ctx: JobContext, payload: dict[str, float]) -> None:
+def long_amo(ctx: JobContext, payload: dict[str, float | str]) -> None:
     start(ctx)
-    time.sleep(payload.get("s", 20))
+    deaf_work(payload)
     end(ctx, "ok")
 
 

@@ -3,7 +3,8 @@
 Each handler writes "begin <id> <pid> <monotonic ns>" and "end <id> <pid> <monotonic ns>" to
 the ledger (tests/apps/ledger.py: O_APPEND lines that survive kill -9): the independent
 record of when handlers ran, from which the tests count how many ran at once. The clock is
-CLOCK_MONOTONIC, one clock for every process on the machine.
+CLOCK_MONOTONIC, one clock for every process on the machine. A payload {"gate": NAME} holds a
+handler at the test's gate (tests/apps/gate.py) instead of its `ms` or `s`.
 HJ_GLOBAL sets `limited`'s global_concurrency, HJ_RATE and HJ_BURST `rated`'s rate;
 HJ_LIMIT_BY=1 registers `per_customer` (2 running per payload "customer"); HJ_RATE_BY (a
 rate, "5/s") registers `rated_customer`: 2 running and that rate per customer, burst 2.
@@ -18,6 +19,7 @@ import time
 from typing import Any
 
 from hivejobs import App, Fail, JobContext
+from tests.apps.gate import wait_at_gate
 from tests.apps.ledger import note
 
 app = App()
@@ -25,7 +27,10 @@ app = App()
 
 def _timed(ctx: JobContext, payload: dict[str, Any]) -> object:
     note("begin", ctx.job_id, os.getpid(), time.monotonic_ns())
-    time.sleep(float(payload.get("ms", 50)) / 1000)
+    if "gate" in payload:
+        wait_at_gate(str(payload["gate"]))
+    else:
+        time.sleep(float(payload.get("ms", 50)) / 1000)
     note("end", ctx.job_id, os.getpid(), time.monotonic_ns())
     if payload.get("fail"):
         raise Fail("asked to fail")
@@ -53,12 +58,19 @@ if rate_by := os.environ.get("HJ_RATE_BY"):
     )(_timed)
 
 
-async def _awaits(ctx: JobContext, payload: dict[str, float]) -> str:
+async def _awaits(ctx: JobContext, payload: dict[str, Any]) -> str:
     """An async handler: begin/end lines with the thread it ran on (the loop's), and a
     "cancelled" line when a stop reached it as asyncio cancellation."""
     note("abegin", ctx.job_id, os.getpid(), time.monotonic_ns(), threading.get_ident())
     try:
-        await asyncio.sleep(payload.get("s", 0.4))
+        if "gate" in payload:
+            # The gate's blocking wait in a thread, which gives up once ctx.stopping is set
+            # (so no thread outlives the stop); the stop itself arrives as cancellation,
+            # which the runner sends when ctx.stopping is set: wait for it here.
+            if not await asyncio.to_thread(wait_at_gate, str(payload["gate"]), ctx.stopping):
+                await asyncio.Event().wait()
+        else:
+            await asyncio.sleep(float(payload.get("s", 0.4)))
     except asyncio.CancelledError:
         note("cancelled", ctx.job_id, os.getpid(), ctx.attempt)
         raise

@@ -1,7 +1,8 @@
 """The app for tests/process/test_isolation.py: hostile handlers beside innocent ones.
 
 Two job types, `a` (at-least-once, concurrency 8, one attempt) and `b` (at-most-once), with
-one handler whose behaviour the payload chooses: sleep and succeed, raise an error whose text
+one handler whose behaviour the payload chooses: sleep `ms` (or wait at the test's gate
+`gate`, tests/apps/gate.py) and succeed, raise an error whose text
 Postgres cannot store (a surrogate, as os.listdir returns for non-UTF-8 names), return or
 raise something huge, or start a child process that outlives the job. Ledger lines as in
 faultapp, plus `child <job_id> <pid>` for a started child. HJ_TYPES selects the types to
@@ -17,6 +18,7 @@ import time
 from typing import Any
 
 from hivejobs import App, JobContext
+from tests.apps.gate import wait_at_gate
 from tests.apps.ledger import note
 
 app = App()
@@ -27,7 +29,10 @@ JobPayload = dict[str, Any]
 
 def _act(ctx: JobContext, payload: JobPayload) -> object:
     note("start", ctx.job_id, ctx.attempt, os.getpid(), time.monotonic_ns(), threading.get_ident())
-    time.sleep(float(str(payload.get("ms", 10))) / 1000)
+    if "gate" in payload:
+        wait_at_gate(str(payload["gate"]))
+    else:
+        time.sleep(float(str(payload.get("ms", 10))) / 1000)
     action = payload.get("do", "ok")
     size = int(str(payload.get("bytes", 0)))
     if action == "surrogate":

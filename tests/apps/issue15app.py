@@ -3,6 +3,8 @@
 Chain job types (stop timeout, job log output, data from further up) and plain ones (Fail,
 replay, restart of one pool, listings). Handlers write ledger lines as the other test apps
 do: `start <job id> <attempt> <pid>` and `end <job id> <attempt> <outcome> <pid>`.
+`coop` and `stubborn` hold at the test's gate `gate` (tests/apps/gate.py) when the payload
+names one, instead of working `s` seconds.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import Any
 import msgspec
 
 from hivejobs import App, Fail, Interrupted, JobContext, NotAnAncestor
+from tests.apps.gate import wait_at_gate
 from tests.apps.ledger import note
 
 app = App()
@@ -45,8 +48,16 @@ def step(ctx: JobContext, payload: dict[str, Any]) -> dict[str, Any]:
 
 @app.job("coop", concurrency=4)
 def coop(ctx: JobContext, payload: dict[str, Any]) -> str:
-    """Works `s` seconds with a status line; stops when told (ctx.stopping)."""
+    """Works `s` seconds (or until gate `gate` opens) with a status line; stops when told
+    (ctx.stopping)."""
     start(ctx)
+    if "gate" in payload:
+        ctx.set_status("working: waiting at the gate")
+        if not wait_at_gate(str(payload["gate"]), ctx.stopping):
+            end(ctx, "interrupted")
+            raise Interrupted()
+        end(ctx, "ok")
+        return "done"
     began = time.monotonic()
     while time.monotonic() - began < float(payload.get("s", 30)):
         ctx.set_status(f"working {time.monotonic() - began:.0f}s")
@@ -59,10 +70,14 @@ def coop(ctx: JobContext, payload: dict[str, Any]) -> str:
 
 @app.job("stubborn", concurrency=2)
 def stubborn(ctx: JobContext, payload: dict[str, Any]) -> str:
-    """Ignores ctx.stopping for `s` seconds (the stop timeout's reason to exist)."""
+    """Ignores ctx.stopping for `s` seconds, or until gate `gate` opens (the stop timeout's
+    reason to exist)."""
     start(ctx)
     ctx.set_status("not listening")
-    time.sleep(float(payload.get("s", 30)))
+    if "gate" in payload:
+        wait_at_gate(str(payload["gate"]))  # without ctx.stopping: deaf on purpose
+    else:
+        time.sleep(float(payload.get("s", 30)))
     end(ctx, "ok")
     return "finished anyway"
 

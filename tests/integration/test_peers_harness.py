@@ -10,6 +10,7 @@ import sys
 import threading
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -29,7 +30,7 @@ def common(monkeypatch: pytest.MonkeyPatch) -> Iterator[ModuleType]:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     prefix = f"hjtest:peers:{uuid.uuid4().hex[:8]}:"
-    for name in ("DONE", "FIRST", "LAST", "LAT"):
+    for name in ("DONE", "FIRST", "LAST", "LAT", "BATCHES"):
         monkeypatch.setattr(module, name, prefix + getattr(module, name))
     monkeypatch.setenv(module.REDIS_URL_ENV, REDIS_URL)
     yield module
@@ -57,6 +58,67 @@ def test_recorder_counts_every_completion_from_many_threads(common: ModuleType) 
     assert float(client.get(common.FIRST) or 0) <= float(client.get(common.LAST) or 0)
     latencies = sorted(float(v) for v in client.lrange(common.LAT, 0, -1))
     assert latencies == [0.5] * 20  # handler start minus enqueue, latency jobs only
+
+
+def test_a_batch_sent_twice_is_counted_once(common: ModuleType) -> None:
+    """A retry after a lost reply resends the same token: the script skips it."""
+    client = redis.Redis.from_url(REDIS_URL)
+    script = client.register_script(common._FLUSH_LUA)
+    keys = [common.DONE, common.FIRST, common.LAST, common.LAT, common.BATCHES]
+    args: list[str | float] = ["token-1", 3, 1000.0, 1002.0, 0.25]
+    assert script(keys=keys, args=args) == 1
+    assert script(keys=keys, args=args) == 0
+    assert int(client.get(common.DONE) or 0) == 3
+    assert client.lrange(common.LAT, 0, -1) == [b"0.25"]
+
+
+def test_counter_retries_through_a_redis_restart(
+    common: ModuleType,
+    own_redis: RedisServer,
+    monkeypatch: pytest.MonkeyPatch,
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    """Completions recorded while Redis is down are sent once it is back, none lost."""
+    monkeypatch.setenv(common.REDIS_URL_ENV, own_redis.url)
+    own_redis.stop()
+    for _ in range(10):
+        common.record(0.0, 1000.0)
+    seen: list[str] = []
+
+    def failed_once() -> bool:
+        seen.append(capfd.readouterr().err)
+        return "send failed, retry" in "".join(seen)
+
+    wait_until(failed_once, what="the flusher to fail a send and retry")
+    for _ in range(5):
+        common.record(0.0, 1000.0)
+    own_redis.start()  # empty: only what the flusher sends from now on is counted
+    client = redis.Redis.from_url(own_redis.url)
+    wait_until(lambda: int(client.get(common.DONE) or 0) >= 15, what="15 completions")
+    assert int(client.get(common.DONE) or 0) == 15
+
+
+def test_a_counter_that_cannot_send_fails_the_run(
+    common: ModuleType,
+    own_redis: RedisServer,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    """After FLUSH_GIVE_UP_S of failed sends the driver's check raises, naming the error,
+    instead of the run waiting for a count that never comes."""
+    workers = common.Workers(tmp_path / "workers.log")
+    monkeypatch.setenv(common.REDIS_URL_ENV, own_redis.url)
+    monkeypatch.setenv(common.FLUSH_ERROR_FILE_ENV, str(workers.flush_errors))
+    monkeypatch.setattr(common, "FLUSH_GIVE_UP_S", 0.5)
+    own_redis.stop()
+    workers.check_alive()  # nothing reported yet
+    common.record(0.0, 1000.0)
+    try:
+        wait_until(workers.flush_errors.exists, what="the flusher to report that it stopped")
+        with pytest.raises(RuntimeError, match=r"completion counter stopped.*ConnectionError"):
+            workers.check_alive()
+    finally:
+        workers.stop()
 
 
 @pytest.mark.parametrize(

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from hivejobs import App
+from tests.apps.gate import open_gate
 from tests.harness import Instance, fleet_app, pool_pids, read_ledger, sql, wait_until
 
 APP = "tests.apps.flowapp:app"
@@ -66,7 +67,8 @@ def test_sigterm_suspends_an_async_job_and_kill_9_reruns_it(
     ledger_dir: Path,
 ) -> None:
     first, app = start(start_instance, make_app, database_url)
-    job = app.enqueue("aio", {"s": 8})  # longer than the 3 s a SIGTERM waits
+    # At a gate opened only after the kill -9: mid-await at the SIGTERM and at the kill.
+    job = app.enqueue("aio", {"gate": "rerun"})
     wait_until(lambda: lines(ledger_dir, "abegin"), what="the job's begin line")
     first_pid = lines(ledger_dir, "abegin")[0][2]
     first.signal_group(signal.SIGTERM)
@@ -80,5 +82,6 @@ def test_sigterm_suspends_an_async_job_and_kill_9_reruns_it(
     # The ledger's files come in no order: the new begin line is the other pid's.
     pid = int(next(p[2] for p in lines(ledger_dir, "abegin") if p[2] != first_pid))
     os.kill(pid, signal.SIGKILL)  # its pool dies mid-await: rescued, run again, counted
+    open_gate(app.broker, "rerun")
     info = app.wait(job, timeout=60)
     assert (info.state, info.attempt) == ("succeeded", 2)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import re
+import shutil
 import subprocess
 import sys
 import uuid
@@ -14,9 +15,11 @@ from typing import NamedTuple
 import pytest
 import redis
 
+from hivejobs.bench.cost import DrainCost
+from hivejobs.bench.environment import BenchEnvironment
 from hivejobs.cli import main
 from hivejobs.worker.fetcher import PREFETCH, UNWRITTEN_PER_RUNNER
-from tests.harness import REDIS_URL, ROOT, sql
+from tests.harness import REDIS_URL, ROOT, sql, wait_until
 
 
 class BenchRun(NamedTuple):
@@ -126,6 +129,26 @@ def test_small_bench_writes_json_and_leaves_nothing_behind(admin_url: str, tmp_p
     assert list(client.scan_iter(match=run_id.prefix + "*")) == []
     assert client.get(user_key) == b"kept"
     client.delete(user_key)
+
+
+def test_bench_queries_share_one_session_closed_at_cleanup(admin_url: str) -> None:
+    """BenchEnvironment.sql() keeps one session (progress polls start no backend each), the
+    drain cost still leaves its statements out exactly (that session reports its counts when
+    told), and cleanup closes it: with --keep the database stays, so the close is seen."""
+    server = admin_url.rsplit("/", 1)[0] + "/postgres"
+    with BenchEnvironment(server, REDIS_URL, keep=True) as env:
+        pid = env.sql("SELECT pg_backend_pid()")[0][0]
+        cost = DrainCost(env)
+        for _ in range(20):  # what progress polling does during a drain
+            assert env.sql("SELECT pg_backend_pid()")[0][0] == pid
+        assert cost.figures(jobs=1)["pg_xacts_per_job"] == 0  # nothing ran but the bench
+    try:
+        activity = "SELECT 1 FROM pg_stat_activity WHERE pid = %s"
+        wait_until(lambda: sql(admin_url, activity, (pid,)) == [], what="the session to end")
+    finally:
+        sql(admin_url, f'DROP DATABASE IF EXISTS "{env.dbname}" WITH (FORCE)')
+        shutil.rmtree(env.workdir, ignore_errors=True)
+        env.clear_redis(keep_boot_marker=False)
 
 
 def test_stale_stats_scenario_drains_under_three_statistics_states(

@@ -246,9 +246,11 @@ def test_rolling_restart(
     types = "long_coop,long_stubborn,long_amo,alo"
     a = start_instance({"HJ_TYPES": types})
     app = fleet_app(make_app, database_url, ["long_coop", "long_stubborn", "long_amo", "alo"])
-    coop = app.enqueue_many("long_coop", [{"s": 20}] * 6)
-    stubborn = app.enqueue_many("long_stubborn", [{"s": 20}] * 2)
-    amo = app.enqueue_many("long_amo", [{"s": 20}] * 4)
+    # The long jobs hold at a gate opened once A is gone: A's are always mid-run at the
+    # SIGTERM, and B's re-runs finish at once instead of after a fixed duration.
+    coop = app.enqueue_many("long_coop", [{"gate": "longs"}] * 6)
+    stubborn = app.enqueue_many("long_stubborn", [{"gate": "longs"}] * 2)
+    amo = app.enqueue_many("long_amo", [{"gate": "longs"}] * 4)
     short = app.enqueue_many("alo", [{"ms": 10}] * 2000)
     wait_until(
         lambda: sum(1 for i in coop + stubborn + amo if ledger_starts(ledger_dir)[i]) >= 10,
@@ -272,6 +274,7 @@ def test_rolling_restart(
         if p[0] == "start" and p[1] in amo and int(p[3]) in a_pids
     }
     assert started_amo
+    open_gate(app.broker, "longs")
     wait_until(lambda: live_jobs(database_url) == 0, timeout=90, what="B finished everything")
 
     oks, starts = ledger_oks(ledger_dir), ledger_starts(ledger_dir)

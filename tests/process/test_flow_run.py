@@ -17,6 +17,7 @@ import pytest
 import redis
 
 from hivejobs import App
+from tests.apps.gate import open_gate
 from tests.harness import REDIS_URL, Instance, fleet_app, pool_pids, read_ledger, sql, wait_until
 from tests.process.cli import hivejobs
 
@@ -250,11 +251,12 @@ def test_pause_holds_through_a_restart_and_a_redis_flush(
     first = start_instance({}, app_spec=APP)
     wait_until(lambda: pool_pids(database_url, "plain"), what="the plain pool")
     app = fleet_app(make_app, database_url, ["plain"])
-    long_id = app.enqueue("plain", {"ms": 1500})
+    long_id = app.enqueue("plain", {"gate": "long"})  # held until the pause is in force
     wait_until(lambda: read_ledger(ledger_dir), what="the long job's begin line")
     cli = hivejobs(["pause", "plain"], instance_env)
     assert (cli.returncode, cli.stdout.strip()) == (0, "paused"), cli.stderr
     ids = app.enqueue_many("plain", [{"ms": 1}] * 20)
+    open_gate(app.broker, "long")
     # A running job finishes normally; nothing new starts.
     wait_until(lambda: app.get_job(long_id).state == "succeeded", what="the long job done")
     assert hivejobs(["pause"], instance_env).stdout.split() == ["plain"]
@@ -313,9 +315,10 @@ def test_scale_changes_concurrency_without_a_restart(
     assert most_at_once(intervals(ledger_dir, ids=run(14, 500))) == 7
 
     # A scale-down while 7 run: they all finish, on their first attempt.
-    long = app.enqueue_many("plain", [{"ms": 1500}] * 7)
+    long = app.enqueue_many("plain", [{"gate": "scaled down"}] * 7)  # held until then
     wait_until(lambda: len(intervals_begun(ledger_dir, long)) == 7, what="7 running")
     scale(2, seen=3)
+    open_gate(app.broker, "scaled down")
     assert {(app.wait(i, timeout=30).state, app.get_job(i).attempt) for i in long} == {
         ("succeeded", 1)
     }

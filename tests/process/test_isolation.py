@@ -20,6 +20,7 @@ import pytest
 import redis
 
 from hivejobs import App
+from tests.apps.gate import open_gate
 from tests.harness import (
     REDIS_URL,
     Instance,
@@ -146,9 +147,10 @@ def test_unwritable_completion_blocks_no_other(
     inst = start_instance({"HJ_TYPES": "a"}, app_spec=APP)
     app = fleet_app(make_app, database_url, ["a"])
     pid = pool_pids(database_url, "a")[0]
-    stuck = app.enqueue("a", {"ms": 1000})
+    stuck = app.enqueue("a", {"gate": "stuck"})
     wait_until(lambda: ledger_starts(ledger_dir)[stuck], what="the job to start")
-    archive_copy(database_url, stuck, "archived before")
+    archive_copy(database_url, stuck, "archived before")  # while its handler is held
+    open_gate(app.broker, "stuck")
     # Its handler has returned: its completion is being written when the others finish.
     wait_until(lambda: ledger_oks(ledger_dir)[stuck], what="the job's handler to return")
     others = app.enqueue_many("a", [{"ms": 50}] * 10)

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from hivejobs import App, Chain, ChainInvalid
+from tests.apps.gate import open_gate
 from tests.apps.issue15app import DeployArgs
 from tests.harness import ROOT, Instance, pool_pids, read_ledger, sql, wait_until
 
@@ -78,8 +79,10 @@ def test_stop_gives_up_on_a_try_that_ignores_stopping_after_the_timeout(
 ) -> None:
     inst = instance15("coop,stubborn")
     chain = Chain("stubborn-stop")
-    chain.job("stubborn", {"s": 6}, key="deaf")
-    chain.job("coop", {"s": 30}, key="polite")
+    # Both hold at gates: the deaf one until the test has seen it abandoned, the polite one
+    # until the stop (never opened).
+    chain.job("stubborn", {"gate": "deaf"}, key="deaf")
+    chain.job("coop", {"gate": "never"}, key="polite")
     request_id = app15.run_chain(chain)
     wait_until(lambda: running_keys(app15, request_id) == {"deaf", "polite"}, what="both running")
     began = time.monotonic()
@@ -92,6 +95,7 @@ def test_stop_gives_up_on_a_try_that_ignores_stopping_after_the_timeout(
     assert not any(p[0] == "end" and p[1] == deaf_id for p in read_ledger(ledger_dir))
     assert app15.chain_status(request_id).state == "stopped"
     assert waited >= 0.9, waited
+    open_gate(app15.broker, "deaf")
     assert log["deaf"].state == "stopped" and log["polite"].state == "stopped"
     assert "ignored ctx.stopping past the stop timeout" in (log["deaf"].error or "")
     assert "ignored" not in (log["polite"].error or "")
@@ -118,7 +122,7 @@ def test_stop_of_a_chain_with_a_job_failed_for_good_ends_failed(
     instance15("coop,broken")
     chain = Chain("half-broken")
     chain.job("broken", {}, key="bad")
-    chain.job("coop", {"s": 30}, key="long")
+    chain.job("coop", {"gate": "never"}, key="long")  # ends only through the stop
     request_id = app15.run_chain(chain)
     wait_until(
         lambda: (
@@ -148,7 +152,7 @@ def test_stop_while_suspended_ends_the_chain_without_running_it_again(
 ) -> None:
     a = instance15("coop", args=["--shutdown-timeout", "2"])
     chain = Chain("suspended-stop")
-    chain.job("coop", {"s": 30}, key="long", tries=2)
+    chain.job("coop", {"gate": "never"}, key="long", tries=2)  # ends only through SIGTERM
     chain.job("step", {}, key="after", after=["long"])
     request_id = app15.run_chain(chain)
     wait_until(lambda: running_keys(app15, request_id) == {"long"}, what="long running")
@@ -240,7 +244,7 @@ def test_chain_list_filters_and_ps_shows_what_runs(
     done_id = app15.run_chain(quick)
     assert wait_final(app15, done_id) == "succeeded"
     slow = Chain("backfill")
-    slow.job("coop", {"s": 30}, key="copy")
+    slow.job("coop", {"gate": "never"}, key="copy")  # runs until the instance stops
     live_id = app15.run_chain(slow)
     wait_until(lambda: running_keys(app15, live_id) == {"copy"}, what="copy running")
 

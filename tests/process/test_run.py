@@ -8,6 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from hivejobs import App
+from tests.apps.gate import open_gate
 from tests.harness import (
     Instance,
     alive,
@@ -57,14 +58,20 @@ def test_run_processes_types_survives_pool_kill_and_exits_zero_on_sigterm(
     rows = sql(database_url, "SELECT count(*) FROM hivejobs_archive WHERE attempt > 1")
     assert rows[0][0] >= 1  # the jobs that were mid-run in the killed process ran again
 
-    # SIGTERM while a job runs: it finishes, then everything exits 0.
-    slow = app.enqueue("alo", {"ms": 1500})
+    # SIGTERM while a job runs: it finishes, then everything exits 0. The job holds at a
+    # gate until the supervisor says it waits for it, so it is surely running at the SIGTERM.
+    slow = app.enqueue("alo", {"gate": "slow"})
     wait_until(
         lambda: any(p[0] == "start" and p[1] == slow for p in _ledger(ledger_dir)),
         what="slow job started",
     )
     pids = pool_pids(database_url, "alo") + pool_pids(database_url, "amo")
     inst.signal_group(signal.SIGTERM)
+    wait_until(
+        lambda: "waiting up to" in inst.log_text() and slow[:8] in inst.log_text(),
+        what="the supervisor waiting for the slow job",
+    )
+    open_gate(app.broker, "slow")
     assert inst.wait(15) == 0
     assert app.get_job(slow).state == "succeeded"
     assert not [p for p in pids if alive(p)]

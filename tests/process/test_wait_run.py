@@ -11,6 +11,7 @@ from collections.abc import Callable
 import pytest
 
 from hivejobs import App, InvalidArgument, JobInfo, JobNotFound, WaitTimeout
+from tests.apps.gate import open_gate
 from tests.harness import Instance, fleet_app, sql
 
 APP = "tests.apps.flowapp:app"
@@ -58,9 +59,10 @@ def test_wait_returns_the_finished_job_without_polling(app: App, database_url: s
 
 
 def test_wait_gives_up_after_its_timeout(app: App) -> None:
-    job_id = app.enqueue("plain", {"ms": 3000})
+    job_id = app.enqueue("plain", {"gate": "after the timeout"})
     with pytest.raises(WaitTimeout, match=rf"job '{job_id}' is still (queued|running) after"):
         app.wait(job_id, timeout=0.3)
+    open_gate(app.broker, "after the timeout")
     assert app.wait(job_id, timeout=30).state == "succeeded"  # the job was not touched
 
 

@@ -207,6 +207,17 @@ def test_chains_jobtypes_workers_metrics_schema(server: Server) -> None:
     assert c.get("/v1/nothing-here").status_code == 404
 
 
+def test_schema_shows_record_states_as_plain_strings(server: Server) -> None:
+    """The responses built on records' generic fields (web/schemas.py) keep their types in
+    the schema: a state is a plain string (no enum), and no field falls back to `object`."""
+    schemas = server.client.get("/schema/openapi.json").json()["components"]["schemas"]
+    for name in ("JobOut", "ChainOut", "ChainJobOut", "JobLogOut", "ChainListItem"):
+        assert schemas[name]["properties"]["state"] == {"type": "string"}, name
+    assert schemas["JobOut"]["properties"]["delivery"] == {"type": "string"}
+    jobs = schemas["ChainOut"]["properties"]["jobs"]
+    assert jobs["items"] == {"$ref": "#/components/schemas/ChainJobOut"}
+
+
 def test_jobtypes_show_which_types_are_paused(server: Server, web_env: dict[str, str]) -> None:
     c = server.client
     assert flow_cli(web_env, "pause", "echo") == "paused"

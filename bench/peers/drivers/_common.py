@@ -12,11 +12,19 @@ keeps the earliest and latest completion times and appends the latencies. That c
 peer the same small in-process step, whatever it uses as a broker or store, needs no
 peer-specific result backend, and does not let the harness's own round trips bound the
 fastest systems (an earlier version made one blocking round trip per job).
+
+A failed send is retried with backoff (a Redis restart or stall costs a pause, not counts); a
+batch carries a token so a retry of a send whose reply was lost is not counted twice. A
+flusher that cannot send for ``FLUSH_GIVE_UP_S`` appends the error to the file named by
+``PEERS_FLUSH_ERROR_FILE`` and stops; the driver checks that file while it waits and fails
+the run with that error instead of waiting for its timeout on a counter nobody sends.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
+import itertools
 import json
 import os
 import signal
@@ -25,6 +33,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 
@@ -40,15 +49,25 @@ PG_URL_ENV = "PEERS_PG_URL"
 # body inside their event loop, as a user's unchanged function would.
 WORK_ENV, WORK_MS_ENV = "PEERS_WORK", "PEERS_WORK_MS"
 DONE, FIRST, LAST, LAT = "peers:done", "peers:first", "peers:last", "peers:lat"
+BATCHES = "peers:batches"  # set of the batch tokens already counted
+FLUSH_ERROR_FILE_ENV = "PEERS_FLUSH_ERROR_FILE"
+# How long a flusher retries one batch before it reports failure: a Redis restart fits, and it
+# is far below the run's timeout. Backoff between tries: 0.05 s doubling up to 2 s.
+FLUSH_GIVE_UP_S = 30.0
+FLUSH_BACKOFF_S, FLUSH_BACKOFF_MAX_S = 0.05, 2.0
+# A stalled (SIGSTOPped, partitioned) Redis fails a send after this instead of hanging it.
+FLUSH_SOCKET_TIMEOUT_S = 10.0
 
-# KEYS: done, first, last, lat ; ARGV: count, earliest, latest, latencies...
+# KEYS: done, first, last, lat, batches ; ARGV: token, count, earliest, latest, latencies...
+# A token already in the batches set was counted by a send whose reply was lost: skip it.
 _FLUSH_LUA = """
-redis.call('INCRBY', KEYS[1], ARGV[1])
+if redis.call('SADD', KEYS[5], ARGV[1]) == 0 then return 0 end
+redis.call('INCRBY', KEYS[1], ARGV[2])
 local first = redis.call('GET', KEYS[2])
-if not first or tonumber(ARGV[2]) < tonumber(first) then redis.call('SET', KEYS[2], ARGV[2]) end
+if not first or tonumber(ARGV[3]) < tonumber(first) then redis.call('SET', KEYS[2], ARGV[3]) end
 local last = redis.call('GET', KEYS[3])
-if not last or tonumber(ARGV[3]) > tonumber(last) then redis.call('SET', KEYS[3], ARGV[3]) end
-for i = 4, #ARGV do redis.call('RPUSH', KEYS[4], ARGV[i]) end
+if not last or tonumber(ARGV[4]) > tonumber(last) then redis.call('SET', KEYS[3], ARGV[4]) end
+for i = 5, #ARGV do redis.call('RPUSH', KEYS[4], ARGV[i]) end
 return 1
 """
 
@@ -72,16 +91,60 @@ class _Recorder:
             self._cond.notify()
 
     def _flush_forever(self) -> None:
-        script = redis.Redis.from_url(os.environ[REDIS_URL_ENV]).register_script(_FLUSH_LUA)
-        while True:
-            with self._cond:
-                while not self._buffer:
-                    self._cond.wait()
-                batch, self._buffer = self._buffer, []
-            finished = [f for f, _ in batch]
-            latencies = [lat for _, lat in batch if lat >= 0]
-            args = [len(batch), min(finished), max(finished), *latencies]
-            script(keys=[DONE, FIRST, LAST, LAT], args=args)
+        """Send batches until one cannot be sent for FLUSH_GIVE_UP_S; then report and stop
+        (any other exception is reported too: a silent death would hang the run)."""
+        try:
+            client = redis.Redis.from_url(
+                os.environ[REDIS_URL_ENV],
+                socket_timeout=FLUSH_SOCKET_TIMEOUT_S,
+                socket_connect_timeout=FLUSH_SOCKET_TIMEOUT_S,
+            )
+            script = client.register_script(_FLUSH_LUA)
+            flusher_id = uuid.uuid4().hex  # batch tokens: this id and a sequence number
+            tokens = (f"{flusher_id}:{n}" for n in itertools.count(1))
+            while True:
+                with self._cond:
+                    while not self._buffer:
+                        self._cond.wait()
+                    batch, self._buffer = self._buffer, []
+                finished = [f for f, _ in batch]
+                latencies = [lat for _, lat in batch if lat >= 0]
+                args = [next(tokens), len(batch), min(finished), max(finished), *latencies]
+                keys = [DONE, FIRST, LAST, LAT, BATCHES]
+                _send_with_retry(functools.partial(script, keys=keys, args=args))
+        except BaseException as exc:  # reported, not re-raised: the report is the signal
+            _report_flush_failure(exc)
+
+
+def _send_with_retry(send: Callable[[], object]) -> None:
+    """Call ``send`` until it succeeds, backing off between tries; re-raise the last Redis
+    error once FLUSH_GIVE_UP_S have passed since the first try. Completions recorded
+    meanwhile wait in the buffer for the next batch."""
+    give_up_at = time.monotonic() + FLUSH_GIVE_UP_S
+    backoff = FLUSH_BACKOFF_S
+    while True:
+        try:
+            send()
+            return
+        except redis.RedisError as exc:
+            if time.monotonic() + backoff > give_up_at:
+                raise
+            sys.stderr.write(f"peers counter: send failed, retry in {backoff:.2f}s: {exc!r}\n")
+            time.sleep(backoff)  # backoff pacing between tries, not synchronisation
+            backoff = min(backoff * 2, FLUSH_BACKOFF_MAX_S)
+
+
+def _report_flush_failure(exc: BaseException) -> None:
+    """Tell the driver (through the error file; Redis may be what failed) and the log."""
+    line = f"pid {os.getpid()}: completion counter stopped: {type(exc).__name__}: {exc}\n"
+    sys.stderr.write(line)
+    path = os.environ.get(FLUSH_ERROR_FILE_ENV)
+    if path:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        try:
+            os.write(fd, line.encode())
+        finally:
+            os.close(fd)
 
 
 _recorder = _Recorder()
@@ -169,9 +232,12 @@ class Workers:
         self.procs: list[subprocess.Popen] = []
         self.log = open(log_path, "ab")  # noqa: SIM115 - closed in stop()
         self.log_path = log_path
+        # where a worker's completion counter reports that it stopped (see _Recorder)
+        self.flush_errors = log_path.with_name(log_path.name + ".flush-errors")
+        self.flush_errors.unlink(missing_ok=True)
 
     def start(self, cmd: list[str], cwd: Path | None = None, env: dict | None = None) -> None:
-        full_env = {**os.environ, **(env or {})}
+        full_env = {**os.environ, **(env or {}), FLUSH_ERROR_FILE_ENV: str(self.flush_errors)}
         path = [str(DRIVERS_DIR)] + [p for p in [full_env.get("PYTHONPATH", "")] if p]
         full_env["PYTHONPATH"] = os.pathsep.join(path)
         self.procs.append(
@@ -203,10 +269,16 @@ class Workers:
         return ticks
 
     def check_alive(self) -> None:
-        """Fail fast (with the log tail) when a worker died instead of waiting for a timeout."""
+        """Fail fast (with the log tail) when a worker died, or a worker's completion counter
+        stopped sending, instead of waiting for a timeout."""
         for p in self.procs:
             if p.poll() is not None:
                 raise RuntimeError(f"worker {p.args} exited {p.returncode}: {self.tail()}")
+        try:
+            errors = self.flush_errors.read_text()
+        except FileNotFoundError:
+            return
+        raise RuntimeError(f"a worker's completion counter stopped, counts are short:\n{errors}")
 
     def tail(self, n: int = 1500) -> str:
         self.log.flush()
@@ -227,6 +299,7 @@ class Workers:
             p.wait()
         self.procs.clear()
         self.log.close()
+        self.flush_errors.unlink(missing_ok=True)
 
 
 def _signal_group(p: subprocess.Popen, sig: int) -> None:
@@ -289,7 +362,7 @@ def run_workload(
     3. pickup latency: workers idle, ``latency_jobs`` enqueued ``latency_gap`` apart.
     """
     r = redis.Redis.from_url(args.redis_url)
-    r.delete(DONE, FIRST, LAST, LAT)
+    r.delete(DONE, FIRST, LAST, LAT, BATCHES)
     n_single, n_bulk = split_enqueue(args.jobs, enqueue_bulk is not None)
 
     t0 = time.perf_counter()

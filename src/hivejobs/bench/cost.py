@@ -6,7 +6,9 @@ Read from the server itself, so the same figures exist for any code under test:
   deleted, buffers hit + read), less the bench's own progress counts (one autocommit
   statement each, counted by BenchEnvironment.sql). Every hot statement of a pool runs in
   autocommit, so transactions per job are its statements per job; a backend reports its
-  counts when it goes idle or ends, so they are read once every session has ended;
+  counts when it ends, or when idle at most once a second, so they are read once every other
+  session has ended and the bench's own session has been told to report (Postgres 15+:
+  on older servers the stats collector reports within about 0.5 s, so theirs are that near);
 - CPU time (user + system, psutil) of the database's backends between the start
   of the worker and the end of the drain: only when Postgres runs on this machine;
 - batch sizes from the archive: a claim stamps `started_at = now()` and a completion
@@ -35,7 +37,8 @@ class DrainCost:
     def __init__(self, env: BenchEnvironment) -> None:
         self.env = env
         quiesce(env)
-        self.sql_calls = env.sql_calls
+        report_own_counts(env)
+        self.sql_calls = env.sql_calls  # from here on, each sql() is one transaction of ours
         self.counters = env.sql(COUNTERS)[0]
         self.cpu_at_start = backend_cpu_s(env)
         self.cpu_s = 0.0
@@ -48,7 +51,8 @@ class DrainCost:
     def figures(self, jobs: int, prefix: str = "") -> Figures:
         """Call after the worker stopped. Per-job figures of the whole run."""
         quiesce(self.env)
-        own = self.env.sql_calls - self.sql_calls + 1  # the progress counts, and this read
+        report_own_counts(self.env)
+        own = self.env.sql_calls - self.sql_calls  # the first read up to the report just made
         end = self.env.sql(COUNTERS)[0]
         xacts, tuples, blocks = (int(e) - int(s) for e, s in zip(end, self.counters, strict=True))
         claims, completions = self.env.sql(
@@ -64,6 +68,15 @@ class DrainCost:
         if self.cpu_s > 0:
             figures[f"{prefix}pg_cpu_ms_per_job"] = self.cpu_s * 1000 / jobs
         return figures
+
+
+def report_own_counts(env: BenchEnvironment) -> None:
+    """Make pg_stat_database include every statement of the bench's own session so far
+    (it lives for the whole bench: its counts would otherwise arrive at its next idle flush,
+    at most once a second). The flush happens as this statement's session goes idle, before
+    the statement returns."""
+    if int(env.sql("SHOW server_version_num")[0][0]) >= 150000:  # older: no such function
+        env.sql("SELECT pg_stat_force_next_flush()")
 
 
 def backend_cpu_s(env: BenchEnvironment) -> dict[int, float]:
@@ -86,7 +99,8 @@ def backend_cpu_s(env: BenchEnvironment) -> dict[int, float]:
 def quiesce(env: BenchEnvironment) -> None:
     """Wait until no other session of this database is left: a session's counts are sure to
     have reached pg_stat_database only once it ended (an idle one may hold them for 10 s).
-    The app's own sessions are closed first; its next call opens new ones."""
+    The app's own sessions are closed first; its next call opens new ones. The bench's own
+    session stays (see report_own_counts)."""
     if env.app is not None:
         env.app.close()
     others = (

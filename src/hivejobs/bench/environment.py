@@ -22,10 +22,14 @@ import redis
 from hivejobs.app import App
 from hivejobs.config import redact_url, scrub_known, with_database
 from hivejobs.errors import ConnectionFailed, HivejobsError
-from hivejobs.store import connect
+from hivejobs.store import Conn, connect
 
 
 class BenchEnvironment:
+    """Owns the bench's database, Redis prefix, temp dir and worker process, and the one
+    connection its own queries (`sql()`) share: opened on first use, closed in cleanup, so
+    progress polling does not start a Postgres backend per poll."""
+
     def __init__(self, database_url: str, redis_url: str, keep: bool = False) -> None:
         self.run_id = uuid.uuid4().hex[:8]
         self.dbname = f"hivejobs_bench_{self.run_id}"
@@ -43,6 +47,7 @@ class BenchEnvironment:
         self.drain_curves: dict[str, list[tuple[float, int]]] = {}
         self.latencies_ms: list[float] = []
         self.sql_calls = 0  # statements run by sql(): the bench's own, left out of costs
+        self._conn: Conn | None = None  # sql()'s connection, see the class docstring
 
     def __enter__(self) -> BenchEnvironment:
         try:
@@ -75,7 +80,11 @@ class BenchEnvironment:
     def _cleanup(self) -> list[str]:
         """Every step runs even when an earlier one fails (a Redis that refuses us must not
         leave the database and the temp dir behind); returns what failed."""
-        steps = [("stop the worker", self.stop_worker), ("close the app", self._close_app)]
+        steps = [
+            ("stop the worker", self.stop_worker),
+            ("close the app", self._close_app),
+            ("close the bench's connection", self._close_sql),
+        ]
         if not self.keep:
             steps += [
                 ("delete the bench's Redis keys", lambda: self.clear_redis(False)),
@@ -110,6 +119,11 @@ class BenchEnvironment:
             self.app.close()
             self.app = None
 
+    def _close_sql(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.close()
+
     def _drop_database(self) -> None:
         maintenance = with_database(self.server_url, "postgres")
         with connect(maintenance) as conn:
@@ -119,10 +133,14 @@ class BenchEnvironment:
         return f"{redact_url(self.database_url)} and {redact_url(self.redis_url)}"
 
     def sql(self, query: str, params: Any = None) -> list[tuple[Any, ...]]:
+        """One autocommit statement (one transaction) on the bench's own connection."""
+        if self._conn is None:
+            # No server-side prepare: psycopg's, at a statement's 5th run, is a transaction of
+            # its own, which the drain cost (one transaction per sql() call) would not expect.
+            self._conn = connect(self.database_url, prepare_threshold=None)
         self.sql_calls += 1
-        with connect(self.database_url) as conn:
-            cur = conn.execute(query, params)
-            return cur.fetchall() if cur.description else []
+        cur = self._conn.execute(query, params)
+        return cur.fetchall() if cur.description else []
 
     def start_worker(
         self,

@@ -1,8 +1,14 @@
 """Request and response bodies of the HTTP API: msgspec Structs, from which Litestar builds
 the OpenAPI schema and with which it decodes bodies (a type error is a 422 naming the field).
 
-A response that is a record (records.py) field for field inherits it. The others only look
-alike: the API's states are plain strings (no enum in its schema), the records' a Literal.
+A response that is a record (records.py) field for field inherits it; where the record's
+states are a Literal, it inherits the record's generic `...Fields` over `str` instead (the
+API's schema has no enums for states). The others only look alike (fewer fields, or fields of
+two records).
+
+Litestar (2.25) does not put a generic base's type arguments into the schema of a subclass
+(such a field comes out as an untyped object), so each subclass declares its type-variable
+fields again with the same types; msgspec keeps them in the base's order.
 """
 
 from __future__ import annotations
@@ -14,7 +20,16 @@ import msgspec
 
 from hivejobs.flow import MAX_SCALE
 from hivejobs.jobtypes import MAX_DELAY_S
-from hivejobs.records import LeaseInfo, TypeFlow, WorkerInfo
+from hivejobs.records import (
+    ChainJobFields,
+    ChainStatusFields,
+    ChainSummaryFields,
+    JobFields,
+    JobLogFields,
+    LeaseInfo,
+    TypeFlow,
+    WorkerInfo,
+)
 
 Priority = Annotated[int, msgspec.Meta(ge=0, le=9, description="0 runs first")]
 Delay = Annotated[float, msgspec.Meta(ge=0, le=MAX_DELAY_S, description="seconds from now")]
@@ -57,22 +72,11 @@ class BulkBody(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     ]
 
 
-class JobOut(msgspec.Struct, kw_only=True):
-    id: str
-    name: str
+class JobOut(JobFields[str, str], frozen=True, kw_only=True):
+    """records.JobInfo, its state and delivery as plain strings."""
+
     state: str
-    attempt: int
-    attempts: int
-    priority: int
     delivery: str
-    payload: Any
-    created_at: datetime
-    run_at: datetime
-    started_at: datetime | None
-    finished_at: datetime | None
-    expires_at: datetime | None
-    error: str | None
-    result: Any
 
 
 class BatchOut(msgspec.Struct, kw_only=True):
@@ -171,64 +175,30 @@ class ChainStopOut(msgspec.Struct, kw_only=True):
     stop_requested: bool
 
 
-class ChainJobOut(msgspec.Struct, kw_only=True):
-    key: str
-    type: str
+class ChainJobOut(ChainJobFields[str], frozen=True, kw_only=True):
+    """records.ChainJobStatus, its state as a plain string."""
+
     state: str
-    after: list[str]
-    sequence: str | None
-    try_: int = msgspec.field(name="try")
-    tries: int
-    total_tries: int
-    sequence_try: int | None
-    job_id: str | None
-    started_at: datetime | None
-    finished_at: datetime | None
-    status: str | None
-    result: Any
-    error: str | None
 
 
-class JobLogOut(msgspec.Struct, kw_only=True):
-    key: str
-    try_: int = msgspec.field(name="try")
-    type: str
-    job_id: str
-    sequence_try: int | None
+class JobLogOut(JobLogFields[str], frozen=True, kw_only=True):
+    """records.JobLogEntry, its state as a plain string."""
+
     state: str
-    started_at: datetime | None
-    finished_at: datetime
-    duration_s: float | None
-    error: str | None
-    stdout: str | None = None  # the try's captured output, bounded (job_log_output_bytes)
-    stderr: str | None = None
-    output_truncated: bool = False
 
 
-class ChainOut(msgspec.Struct, kw_only=True):
-    id: str
-    name: str
+class ChainOut(ChainStatusFields[str, ChainJobOut], frozen=True, kw_only=True):
+    """records.ChainStatus, its states as plain strings, with the chain's job log."""
+
     state: str
-    args: Any
-    stop_requested: bool
-    suspensions: int
-    created_at: datetime
-    started_at: datetime | None
-    suspended_at: datetime | None
-    resumed_at: datetime | None
-    finished_at: datetime | None
     jobs: list[ChainJobOut]
     log: list[JobLogOut]
 
 
-class ChainListItem(msgspec.Struct, kw_only=True):
-    id: str
-    name: str
+class ChainListItem(ChainSummaryFields[str], frozen=True, kw_only=True):
+    """records.ChainSummary, its state as a plain string."""
+
     state: str
-    jobs: int
-    succeeded: int
-    created_at: datetime
-    finished_at: datetime | None
 
 
 class ChainPage(msgspec.Struct, kw_only=True):
