@@ -61,10 +61,11 @@ def test_a_small_batch_waits_for_more_only_while_items_come_often() -> None:
     often = functools.partial(
         coalesce_window, to=COALESCE_TO, gap_s=COALESCE_GAP_S, max_s=COALESCE_MAX_S
     )
-    assert (COALESCE_TO, COALESCE_GAP_S, COALESCE_MAX_S) == (16, 0.0015, 0.012)
+    assert (COALESCE_TO, COALESCE_GAP_S, COALESCE_MAX_S) == (16, 0.0015, 0.02)
     assert often(1, float("inf")) == 0.0  # nothing measured yet
     assert often(1, 0.002) == 0.0  # 500/s: at once
-    assert often(1, 0.00125) == 0.012  # 800/s: capped
+    assert often(1, 0.00125) == pytest.approx(0.01875)  # 800/s: 15 more at 1.25 ms
+    assert often(1, 0.0015) == 0.02  # capped
     assert often(14, 0.0001) == pytest.approx(0.0002)  # two more due
     assert often(16, 0.0001) == 0.0  # full enough
     assert coalesce_window(1, 0.0001, to=0, gap_s=1.0, max_s=1.0) == 0.0  # coalescing off

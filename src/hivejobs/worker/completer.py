@@ -32,13 +32,13 @@ MAX_BATCH = 500
 # Coalescing (issue 13; see hivejobs.batching): while completions arrive at least every
 # COALESCE_GAP_S (~670/s in this process), a batch of fewer than COALESCE_TO waits for more,
 # at most COALESCE_MAX_S: with 10 ms jobs on 8 runners (one completion per 1.25 ms) a batch
-# holds ~10 instead of 1.4. Short jobs' batches pass COALESCE_TO while the previous one is
+# holds ~14 instead of 1.4. Short jobs' batches pass COALESCE_TO while the previous one is
 # written and never wait (waiting for 32 cost them ~10 % of throughput: more completions
 # unwritten held their claims back). A completion is written at most COALESCE_MAX_S later;
 # at lower rates a lone completion is written at once.
 COALESCE_TO = 16
 COALESCE_GAP_S = 0.0015
-COALESCE_MAX_S = 0.012
+COALESCE_MAX_S = 0.02
 T = TypeVar("T")
 
 MSG_BATCH_RETRY = "completion batch failed, retrying"
