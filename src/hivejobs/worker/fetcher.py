@@ -90,10 +90,10 @@ class Claims:
 
 class Fetcher:
     """Owns the fetcher thread, the runner slots it fills (`slots`) and the claims (`claims`),
-    the prefetch decision and the fetch counters (`counts`, `foreign_keys`: written by the
+    the claims-ahead decision and the fetch counters (`counts`, `foreign_keys`: written by the
     fetcher thread; `paused_for_completions` under `slots.cond`). `avg_run_s` is a hint
     written by runners (note_run) and read here without a lock: a float, a stale read only
-    shifts the prefetch by one pass.
+    shifts the claims ahead by one pass.
 
     It makes its slots and claims itself, because their wake-ups follow its claim room: the
     slots get room_open at construction, the claims get the slots (one way, nothing set
@@ -126,7 +126,7 @@ class Fetcher:
         # Claims beyond `concurrency` (_ahead) cut statements per job; never for at-most-once
         # (a claim dying with us fails it), nor for a type with fleet-wide limits: a claim
         # waiting here holds a slot (issue 12).
-        self.prefetch = jt.delivery == "at_least_once" and jt.limits is None
+        self.may_claim_ahead = jt.delivery == "at_least_once" and jt.limits is None
         self.avg_run_s = 1.0  # pessimistic until measured
         # A finished job wakes us only when we may claim (issue 13); `draining`: Stop.draining.
         self.slots = Slots(draining, jt.concurrency, room_open=self.room_open)
@@ -156,7 +156,7 @@ class Fetcher:
         return not self._thread.is_alive()
 
     def note_run(self, seconds: float) -> None:
-        """A succeeded attempt's run time, for the prefetch decision."""
+        """A succeeded attempt's run time, for the claims-ahead decision (_ahead)."""
         self.avg_run_s += (seconds - self.avg_run_s) * 0.1
 
     def claim_room(self) -> int:
@@ -164,13 +164,13 @@ class Fetcher:
 
         Two bounds. Slots: claims in hand (waiting or running) stay within concurrency, plus
         the claims ahead of at-least-once jobs (_ahead), refilled once no more than half of
-        them wait for a runner. Backpressure: every
-        claim not yet written in Postgres (`held`: in hand or finished and unwritten) stays
-        within (UNWRITTEN_PER_RUNNER x concurrency) + the claims ahead. Every claim in hand
-        may end up unwritten, so finished-but-unwritten completions never exceed that number,
-        nor do this pool's `running` rows; when the completer lags, claiming stops until it
-        writes (Claims.forget wakes the fetcher). With the slots full, the second bound only
-        cuts a claim while more than `concurrency` completions wait to be written: a healthy
+        them wait for a runner. Backpressure: every claim not yet written in Postgres
+        (`held`: in hand or finished and unwritten) stays within (UNWRITTEN_PER_RUNNER x
+        concurrency) + the claims ahead. Every claim in hand may end up unwritten, so
+        finished-but-unwritten completions never exceed that number, nor do this pool's
+        `running` rows; when the completer lags, claiming stops until it writes
+        (Claims.forget wakes the fetcher). With the slots full, the second bound only cuts a
+        claim while more than `concurrency` completions wait to be written: a healthy
         completer writes a few at a time.
         """
         slots, unwritten = self._bounds()
@@ -187,7 +187,7 @@ class Fetcher:
 
     def _ahead(self) -> int:
         """Claims beyond concurrency for the run time measured so far (CLAIM_AHEAD_S)."""
-        if not self.prefetch:
+        if not self.may_claim_ahead:
             return 0
         covered = self.slots.concurrency * CLAIM_AHEAD_S / max(self.avg_run_s, 1e-6)
         return min(PREFETCH, int(covered))
