@@ -26,7 +26,7 @@ from hivejobs import (
     JobNotFound,
     Retry,
 )
-from hivejobs.coordinator.promoter import Promoter
+from hivejobs.coordinator.promoter import Promoter, PromoteResult
 from hivejobs.records import Lease
 from hivejobs.store import new_worker_id
 from hivejobs.worker.pool import Pool
@@ -425,6 +425,35 @@ def test_waiting_job_past_expires_at_ends_expired(
     assert info.finished_at is not None and info.finished_at >= expires
     assert info.started_at is None and info.attempt == 0
     assert live_rows(app) == 0
+
+
+def test_waiting_jobs_are_swept_once_per_interval_while_due_ones_are_promoted_every_pass(
+    make_app: Callable[..., App],
+) -> None:
+    """Issue 13: promotion runs every pass (a scheduled job starts within one), the sweep of
+    expired jobs once per `end_every_s` (an expiry is not a start time; each sweep is a
+    transaction, five a second was the idle coordinator's largest cost to Postgres)."""
+    app = make_app()
+    app.job("resize")(lambda ctx, payload: None)
+    holder = new_worker_id()
+    term = app.store.lease_acquire(holder, 60.0)
+    assert term is not None
+    lease = Lease(holder, term)
+    promoter = Promoter(app.store, app.broker, end_every_s=3600.0)
+    expires = in_future(0.2)
+    first = app.enqueue("resize", {"w": 1}, expires_at=expires)
+    wait_until(lambda: app.store.now() > expires, timeout=5, what="expiry passed")
+    assert promoter.run_once(lease).ended == 1  # the first pass sweeps
+    assert app.get_job(first).state == "expired"
+    expires = in_future(0.2)
+    second = app.enqueue("resize", {"w": 2}, expires_at=expires)
+    app.enqueue("resize", {"w": 3}, delay=0.1)  # due before `second` expires
+    wait_until(lambda: app.store.now() > expires, timeout=5, what="expiry passed")
+    assert promoter.run_once(lease) == PromoteResult(promoted=1, ended=0)
+    assert app.get_job(second).state == "queued"  # left for the next sweep
+    promoter.end_every_s = 0.0
+    assert promoter.run_once(lease).ended == 1
+    assert app.get_job(second).state == "expired"
 
 
 def test_expired_queued_job_is_never_claimed(

@@ -118,13 +118,15 @@ def test_three_types_share_one_process_each_with_its_own_concurrency(
 
 
 # Each claim (queued -> running) and each end (a row archived) notes the commit mode its
-# transaction is in: the synchronous_commit in force for that statement, and so at COMMIT.
+# transaction is in: the synchronous_commit in force for that statement, and so at COMMIT;
+# and the plan_cache_mode it was planned under.
 COMMIT_MODE_NOTES = [
-    "CREATE TABLE commit_mode (name text, event text, mode text)",
+    "CREATE TABLE commit_mode (name text, event text, mode text, plans text)",
     """CREATE FUNCTION note_commit_mode() RETURNS trigger LANGUAGE plpgsql AS $$
        BEGIN
          INSERT INTO commit_mode VALUES (NEW.name, TG_ARGV[0],
-                                         current_setting('synchronous_commit'));
+                                         current_setting('synchronous_commit'),
+                                         current_setting('plan_cache_mode'));
          RETURN NULL;
        END $$""",
     """CREATE TRIGGER claim_mode AFTER UPDATE ON hivejobs_job FOR EACH ROW
@@ -143,7 +145,9 @@ def test_only_the_at_most_once_type_of_the_shared_process_commits_synchronously(
 ) -> None:
     """An at-most-once claim or completion lost in a Postgres crash would let its job run
     again (or end it "worker lost"): `three` commits synchronously. `one` and `two`, in the
-    same process and on the same connections, commit asynchronously, as they would alone."""
+    same process and on the same connections, commit asynchronously, as they would alone.
+    Every pool statement keeps its generic plan (issue 13: the archive statement was planned
+    afresh at each call under the default plan_cache_mode)."""
     for statement in COMMIT_MODE_NOTES:
         sql(database_url, statement)
     start_instance(app_spec=APP)
@@ -159,6 +163,8 @@ def test_only_the_at_most_once_type_of_the_shared_process_commits_synchronously(
         for name in SMALL
         for event in ("claim", "end")
     }
+    plans = sql(database_url, "SELECT DISTINCT plans FROM commit_mode")
+    assert plans == [("force_generic_plan",)]
 
 
 def test_sigterm_drains_every_type_of_the_shared_process_and_loses_none(

@@ -57,15 +57,18 @@ def test_batcher_writes_what_accumulated_while_the_previous_batch_was_written() 
 
 def test_a_small_batch_waits_for_more_only_while_items_come_often() -> None:
     """Issue 13: with 10 ms jobs completions came 1.4 at a time, one commit each; a batch now
-    waits for the completions due soon, but a lone one at a low rate is written at once."""
+    waits for the completions due soon, but a lone one at a low rate is written at once.
+    From 100 completions a second in a process (10 ms CPU-bound jobs on 2 cores: 130/s),
+    two or more arrive within the longest wait, so waiting pays."""
     often = functools.partial(
         coalesce_window, to=COALESCE_TO, gap_s=COALESCE_GAP_S, max_s=COALESCE_MAX_S
     )
-    assert (COALESCE_TO, COALESCE_GAP_S, COALESCE_MAX_S) == (16, 0.0015, 0.02)
+    assert (COALESCE_TO, COALESCE_GAP_S, COALESCE_MAX_S) == (16, 0.01, 0.02)
     assert often(1, float("inf")) == 0.0  # nothing measured yet
-    assert often(1, 0.002) == 0.0  # 500/s: at once
+    assert often(1, 0.02) == 0.0  # 50/s: at once
+    assert often(1, 0.0101) == 0.0  # just under 100/s: at once
+    assert often(1, 0.0076) == 0.02  # 130/s: the longest wait (2-3 more arrive)
     assert often(1, 0.00125) == pytest.approx(0.01875)  # 800/s: 15 more at 1.25 ms
-    assert often(1, 0.0015) == 0.02  # capped
     assert often(14, 0.0001) == pytest.approx(0.0002)  # two more due
     assert often(16, 0.0001) == 0.0  # full enough
     assert coalesce_window(1, 0.0001, to=0, gap_s=1.0, max_s=1.0) == 0.0  # coalescing off

@@ -83,7 +83,12 @@ class Coordinator:
         return [
             self.traverser,
             Scheduler(store, broker, interval_s=min(1.0, s.coordinator_interval_s)),
-            Promoter(store, broker, interval_s=s.promote_interval_s),
+            Promoter(
+                store,
+                broker,
+                interval_s=s.promote_interval_s,
+                end_every_s=s.coordinator_interval_s,
+            ),
             Rescuer(store, broker, s, healthy_for=self.elector.healthy_for),
             CallbackTimeouts(store, broker, interval_s=s.coordinator_interval_s),
             Reconciler(store, broker, interval_s=s.coordinator_interval_s),
