@@ -34,9 +34,9 @@ MAX_BATCH = 500
 # at most COALESCE_MAX_S, so that two or more arrive in the longest wait. With 10 ms jobs on
 # 8 runners (one completion per 1.25 ms) a batch holds ~14 instead of 1.4; with 10 ms
 # CPU-bound jobs (130/s a process on 2 cores) ~10 instead of 4.4, which took the pool
-# backends' CPU per job from 0.20 to 0.13 ms. Short jobs' batches pass COALESCE_TO while the previous
-# one is written and never wait (waiting for 32 cost them ~10 % of throughput: more
-# completions unwritten held their claims back). A completion is written at most
+# backends' CPU per job from 0.20 to 0.13 ms. Short jobs' batches pass COALESCE_TO while
+# the previous one is written and never wait (waiting for 32 cost them ~10 % of throughput:
+# more completions unwritten held their claims back). A completion is written at most
 # COALESCE_MAX_S later; below 100/s a lone completion is written at once.
 COALESCE_TO = 16
 COALESCE_GAP_S = 0.01
