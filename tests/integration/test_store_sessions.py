@@ -44,3 +44,22 @@ def test_a_synchronous_view_must_be_asked_for_at_construction(database_url: str)
             store.synchronous()
     finally:
         store.close()
+
+
+@pytest.mark.parametrize(
+    ("query", "expected"),
+    [("", "hivejobs pool resize"), ("application_name=mine", "mine")],
+)
+def test_a_store_names_its_connections_by_role_unless_the_url_does(
+    database_url: str, query: str, expected: str
+) -> None:
+    """pg_stat_activity says which process of a fleet holds a connection; an operator's
+    application_name in the URL is kept."""
+    url = database_url + (("&" if "?" in database_url else "?") + query if query else "")
+    store = Store(url, max_size=1, role="hivejobs pool resize")
+    try:
+        with store.connection() as conn:
+            row = conn.execute("SELECT current_setting('application_name')").fetchone()
+        assert row is not None and row[0] == expected
+    finally:
+        store.close()

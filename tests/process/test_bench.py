@@ -213,4 +213,11 @@ def test_sweep_prints_one_row_per_duration_with_its_postgres_cost(
         # During the drain each job is claimed (updated), deleted from the live table, archived.
         assert figures["pg_rows_written_per_job"] >= 3
         assert figures["pg_xacts_per_job"] > 0
+        # Postgres runs here: its CPU is read (in 10 ms ticks: a short drain may read none),
+        # and split by the roles the connections' application_name names.
+        if "pg_cpu_ms_per_job" in figures:
+            pools = figures["pg_cpu_ms_per_job_pools"]
+            coordinator = figures["pg_cpu_ms_per_job_coordinator"]
+            assert pools >= 0 and coordinator >= 0
+            assert pools + coordinator <= figures["pg_cpu_ms_per_job"] + 1e-9
         assert row in proc.stdout

@@ -165,6 +165,14 @@ def test_only_the_at_most_once_type_of_the_shared_process_commits_synchronously(
     }
     plans = sql(database_url, "SELECT DISTINCT plans FROM commit_mode")
     assert plans == [("force_generic_plan",)]
+    # Each process's connections say which it is (pg_stat_activity, `hivejobs bench`).
+    names = sql(
+        database_url,
+        "SELECT DISTINCT application_name FROM pg_stat_activity WHERE datname = current_database()",
+    )
+    assert {"hivejobs pool small", "hivejobs pool solo", "hivejobs coordinator"} <= {
+        r[0] for r in names
+    }
 
 
 def test_sigterm_drains_every_type_of_the_shared_process_and_loses_none(

@@ -307,6 +307,8 @@ SWEEP_COLUMNS = (
     ("jobs/s", "throughput_jobs_per_s", 0),
     ("PG xacts/job", "pg_xacts_per_job", 3),
     ("PG CPU ms/job", "pg_cpu_ms_per_job", 3),
+    ("pools ms/job", "pg_cpu_ms_per_job_pools", 3),
+    ("coordinator ms/job", "pg_cpu_ms_per_job_coordinator", 3),
     ("rows written/job", "pg_rows_written_per_job", 2),
     ("buffers/job", "pg_buffers_per_job", 1),
     ("claim batch", "claim_batch", 1),

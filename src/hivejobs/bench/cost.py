@@ -10,7 +10,9 @@ Read from the server itself, so the same figures exist for any code under test:
   session has ended and the bench's own session has been told to report (Postgres 15+:
   on older servers the stats collector reports within about 0.5 s, so theirs are that near);
 - CPU time (user + system, psutil) of the database's backends between the start
-  of the worker and the end of the drain: only when Postgres runs on this machine;
+  of the worker and the end of the drain: only when Postgres runs on this machine; also
+  split by the role each backend's application_name names (the pools' connections, the
+  coordinator's), which says whether a figure is per-job work or a fixed cost a second;
 - batch sizes from the archive: a claim stamps `started_at = now()` and a completion
   `finished_at = now()`, the time of its transaction, so the distinct values count the
   claim and the completion transactions (two at the same microsecond would count as one).
@@ -42,11 +44,16 @@ class DrainCost:
         self.counters = env.sql(COUNTERS)[0]
         self.cpu_at_start = backend_cpu_s(env)
         self.cpu_s = 0.0
+        self.cpu_s_by_role: dict[str, float] = {}
 
     def drained(self) -> None:
         """Call before stopping the worker: its backends' CPU time ends with them."""
-        now = backend_cpu_s(self.env)
-        self.cpu_s = sum(s - self.cpu_at_start.get(pid, 0.0) for pid, s in now.items())
+        roles = backend_roles(self.env)
+        for pid, s in backend_cpu_s(self.env).items():
+            spent = s - self.cpu_at_start.get(pid, 0.0)
+            self.cpu_s += spent
+            role = roles.get(pid, "other")
+            self.cpu_s_by_role[role] = self.cpu_s_by_role.get(role, 0.0) + spent
 
     def figures(self, jobs: int, prefix: str = "") -> Figures:
         """Call after the worker stopped. Per-job figures of the whole run."""
@@ -67,6 +74,9 @@ class DrainCost:
         }
         if self.cpu_s > 0:
             figures[f"{prefix}pg_cpu_ms_per_job"] = self.cpu_s * 1000 / jobs
+            for role in ("pools", "coordinator"):
+                spent = self.cpu_s_by_role.get(role, 0.0)
+                figures[f"{prefix}pg_cpu_ms_per_job_{role}"] = spent * 1000 / jobs
         return figures
 
 
@@ -94,6 +104,21 @@ def backend_cpu_s(env: BenchEnvironment) -> dict[int, float]:
             continue  # not on this machine, or gone
         cpu_s[int(pid)] = times.user + times.system
     return cpu_s
+
+
+def backend_roles(env: BenchEnvironment) -> dict[int, str]:
+    """pools or coordinator, by the application_name hivejobs gives its connections
+    (store/db.py); other: the rest (a supervisor, a client, a LISTEN session)."""
+    rows = env.sql(
+        "SELECT pid, application_name FROM pg_stat_activity "
+        "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+    )
+    roles = {"hivejobs pool": "pools", "hivejobs coordinator": "coordinator"}
+    found: dict[int, str] = {}
+    for pid, name in rows:
+        role = next((r for prefix, r in roles.items() if str(name).startswith(prefix)), "other")
+        found[int(pid)] = role
+    return found
 
 
 def quiesce(env: BenchEnvironment) -> None:

@@ -62,6 +62,7 @@ class Coordinator:
             max_size=2,
             session={"idle_in_transaction_session_timeout": str(idle_ms), "lock_timeout": "2000"},
             pooled=settings.pgbouncer,
+            role="hivejobs coordinator",
         )
         # Without that guard a paused leader would block every follower: such a coordinator
         # never leads (it says why, and checks again now and then).

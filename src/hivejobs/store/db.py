@@ -112,17 +112,23 @@ class Database:
         session: dict[str, str] | None = None,
         pooled: bool = False,
         synchronous_view: bool = False,
+        role: str | None = None,
     ) -> None:
         """`session`: Postgres settings for every connection: sent at connect (no round trip)
         or, `pooled` (a transaction-mode pooler), set for each transaction the store opens and
         sent along with each statement outside one (store/pooling.py). `synchronous_view`:
-        synchronous() may be asked for (the connections can take local settings)."""
+        synchronous() may be asked for (the connections can take local settings). `role`:
+        the connections' application_name ("hivejobs pool resize"), so that
+        pg_stat_activity says which process of a fleet holds each one (and `hivejobs
+        bench` splits Postgres CPU by role); an application_name in the URL wins."""
         self.url = url
         self.pooled = pooled
         self.session = dict(session or {})
         self.synchronous_view = synchronous_view
         self._commit_settings: bytes | None = None
         kwargs = connect_kwargs(pooled, session)
+        if role is not None and "application_name" not in psycopg.conninfo.conninfo_to_dict(url):
+            kwargs["application_name"] = role
         connect(url, **kwargs).close()  # fail fast with a clear message
         connection_class, configure = configure_for(pooled, session, settable=synchronous_view)
         self._pool: ConnectionPool[Conn] = ConnectionPool(

@@ -207,6 +207,7 @@ class Pool:
             session=session or None,
             pooled=settings.pgbouncer,
             synchronous_view=mixed,
+            role=f"hivejobs pool {self.name}",
         )
         synchronous = self.store.synchronous() if mixed else self.store
         self.broker = Broker(settings)

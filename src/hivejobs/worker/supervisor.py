@@ -113,7 +113,12 @@ class Supervisor:
         setup_logging("supervisor")
         setproctitle(f"hivejobs supervisor {self.app_spec}")
         self.app.resolve_backends()  # before forking: children inherit the chosen URLs
-        store = Store(self.settings.database_url, max_size=1, pooled=self.settings.pgbouncer)
+        store = Store(
+            self.settings.database_url,
+            max_size=1,
+            pooled=self.settings.pgbouncer,
+            role="hivejobs supervisor",
+        )
         try:
             store.check_schema()
             store.upsert_job_types([jt.info() for jt in self.app.types.values()])
@@ -296,7 +301,12 @@ class Supervisor:
         """R8: a child we saw die cannot finish its jobs; release them now, not after
         stuck_after. A short-lived pool: nothing stays open across the next fork."""
         try:
-            store = Store(self.settings.database_url, max_size=1, pooled=self.settings.pgbouncer)
+            store = Store(
+                self.settings.database_url,
+                max_size=1,
+                pooled=self.settings.pgbouncer,
+                role="hivejobs supervisor",
+            )
             try:
                 rescued = rescue_isolated(store, worker_ids, self.settings.poison_pill_after)
             finally:
@@ -365,7 +375,7 @@ class Supervisor:
         if not pools:
             return
         try:
-            store = Store(self.settings.database_url, max_size=1)
+            store = Store(self.settings.database_url, max_size=1, role="hivejobs supervisor")
             try:
                 running = store.running_of_workers(pools)
             finally:
