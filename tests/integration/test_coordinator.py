@@ -56,35 +56,46 @@ def test_reconciler_repushes_a_job_redis_lost(
     assert Reconciler(app.store, app.broker).run_once(leader(app)).pushed == 0
 
 
-def test_reconciler_counts_as_seldom_as_keeps_the_count_within_its_share(
+def test_reconciler_counts_as_seldom_as_its_last_count_was_large(
     make_app: Callable[..., App], database_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The deficit check counts every queued row (issue 13: 50 ms at 200,000): a count that
-    took 0.1 s is not made again for 0.1 / COUNT_SHARE = 5 s, then the lost id is re-pushed.
-    The clock is the test's: each count takes 0.1 s on it."""
+    """The deficit check counts every queued row (issue 13: 50 ms at 200,000): after counting
+    400,000 it waits 400,000 / ROWS_PER_SECOND_OF_WAIT = 5 s, then the lost id is re-pushed.
+    The wait follows the rows, not the count's duration (an outage can slow a count). The
+    400,000 are a queue of nothing the test adds to the real counts; the clock is the test's."""
     app = make(make_app(), database_url)
     app.broker.set_boot_marker("x")
     clock = [1000.0]
     monkeypatch.setattr("hivejobs.coordinator.reconciler.time.monotonic", lambda: clock[0])
     counts = app.store.queued_counts
-
-    def slow_counts() -> dict[tuple[str, int], int]:
-        clock[0] += 0.1
-        return counts()
-
-    monkeypatch.setattr(app.store, "queued_counts", slow_counts)
+    monkeypatch.setattr(app.store, "queued_counts", lambda: {**counts(), ("ghost", 0): 400_000})
     reconciler = Reconciler(app.store, app.broker)
-    assert reconciler.run_once(leader(app)).pushed == 0  # counted: nothing missing
+    assert reconciler.run_once(leader(app)).pushed == 0  # counted: nothing of ours missing
     job_id = app.enqueue("thing", {"n": 1})
     assert app.flush()
     key = app.broker.queue_key("thing", 0)
     app.broker.redis.delete(key)
     sql(database_url, "UPDATE hivejobs_job SET queued_at = now() - interval '1 minute'")
-    clock[0] += 4.8  # 4.9 s after the count began
+    clock[0] += 4.9
     assert reconciler.run_once(leader(app)).pushed == 0  # not counted yet
     clock[0] += 0.2  # 5.1 s after
     assert reconciler.run_once(leader(app)).pushed == 1
     assert app.broker.redis.lrange(key, 0, -1) == [job_id.encode()]
+
+
+def test_a_small_queue_is_counted_at_every_pass(
+    make_app: Callable[..., App], database_url: str
+) -> None:
+    """Fewer queued rows than ROWS_PER_SECOND_OF_WAIT: the next pass counts again."""
+    app = make(make_app(), database_url)
+    app.broker.set_boot_marker("x")
+    reconciler = Reconciler(app.store, app.broker)
+    app.enqueue("thing", {"n": 1})
+    assert app.flush()
+    assert reconciler.run_once(leader(app)).pushed == 0
+    app.broker.redis.delete(app.broker.queue_key("thing", 0))
+    sql(database_url, "UPDATE hivejobs_job SET queued_at = now() - interval '1 minute'")
+    assert reconciler.run_once(leader(app)).pushed == 1
 
 
 def test_reconciler_restores_everything_after_a_flush(
