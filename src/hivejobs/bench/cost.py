@@ -48,11 +48,9 @@ class DrainCost:
 
     def drained(self) -> None:
         """Call before stopping the worker: its backends' CPU time ends with them."""
-        roles = backend_roles(self.env)
-        for pid, s in backend_cpu_s(self.env).items():
-            spent = s - self.cpu_at_start.get(pid, 0.0)
+        for pid, (role, cpu_s) in backends(self.env).items():
+            spent = cpu_s - self.cpu_at_start.get(pid, 0.0)
             self.cpu_s += spent
-            role = roles.get(pid, "other")
             self.cpu_s_by_role[role] = self.cpu_s_by_role.get(role, 0.0) + spent
 
     def figures(self, jobs: int, prefix: str = "") -> Figures:
@@ -89,36 +87,32 @@ def report_own_counts(env: BenchEnvironment) -> None:
         env.sql("SELECT pg_stat_force_next_flush()")
 
 
-def backend_cpu_s(env: BenchEnvironment) -> dict[int, float]:
-    """User + system CPU seconds of this database's other backends; empty where this machine
-    does not run them."""
-    rows = env.sql(
-        "SELECT pid FROM pg_stat_activity "
-        "WHERE datname = current_database() AND pid <> pg_backend_pid()"
-    )
-    cpu_s: dict[int, float] = {}
-    for (pid,) in rows:
-        try:
-            times = psutil.Process(int(pid)).cpu_times()
-        except psutil.Error:
-            continue  # not on this machine, or gone
-        cpu_s[int(pid)] = times.user + times.system
-    return cpu_s
+ROLES = {"hivejobs pool": "pools", "hivejobs coordinator": "coordinator"}
 
 
-def backend_roles(env: BenchEnvironment) -> dict[int, str]:
-    """pools or coordinator, by the application_name hivejobs gives its connections
-    (store/db.py); other: the rest (a supervisor, a client, a LISTEN session)."""
+def backends(env: BenchEnvironment) -> dict[int, tuple[str, float]]:
+    """This database's other backends on this machine: pid -> (role, user + system CPU
+    seconds). The role is "pools" or "coordinator" by the application_name hivejobs gives
+    its connections (store/db.py), "other" for the rest (a supervisor, a client, a LISTEN
+    session). Empty where this machine does not run them."""
     rows = env.sql(
         "SELECT pid, application_name FROM pg_stat_activity "
         "WHERE datname = current_database() AND pid <> pg_backend_pid()"
     )
-    roles = {"hivejobs pool": "pools", "hivejobs coordinator": "coordinator"}
-    found: dict[int, str] = {}
+    found: dict[int, tuple[str, float]] = {}
     for pid, name in rows:
-        role = next((r for prefix, r in roles.items() if str(name).startswith(prefix)), "other")
-        found[int(pid)] = role
+        try:
+            times = psutil.Process(int(pid)).cpu_times()
+        except psutil.Error:
+            continue  # not on this machine, or gone
+        role = next((r for prefix, r in ROLES.items() if str(name).startswith(prefix)), "other")
+        found[int(pid)] = (role, times.user + times.system)
     return found
+
+
+def backend_cpu_s(env: BenchEnvironment) -> dict[int, float]:
+    """User + system CPU seconds of this database's other backends (see backends)."""
+    return {pid: cpu_s for pid, (_, cpu_s) in backends(env).items()}
 
 
 def quiesce(env: BenchEnvironment) -> None:
