@@ -60,15 +60,15 @@ def test_reconciler_counts_as_seldom_as_its_last_count_was_large(
     make_app: Callable[..., App], database_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The deficit check counts every queued row (issue 13: 50 ms at 200,000): after counting
-    400,000 it waits 400,000 / ROWS_PER_SECOND_OF_WAIT = 5 s, then the lost id is re-pushed.
+    25,000 it waits 25,000 / ROWS_PER_SECOND_OF_WAIT = 5 s, then the lost id is re-pushed.
     The wait follows the rows, not the count's duration (an outage can slow a count). The
-    400,000 are a queue of nothing the test adds to the real counts; the clock is the test's."""
+    25,000 are a queue of nothing the test adds to the real counts; the clock is the test's."""
     app = make(make_app(), database_url)
     app.broker.set_boot_marker("x")
     clock = [1000.0]
     monkeypatch.setattr("hivejobs.coordinator.reconciler.time.monotonic", lambda: clock[0])
     counts = app.store.queued_counts
-    monkeypatch.setattr(app.store, "queued_counts", lambda: {**counts(), ("ghost", 0): 400_000})
+    monkeypatch.setattr(app.store, "queued_counts", lambda: {**counts(), ("ghost", 0): 25_000})
     reconciler = Reconciler(app.store, app.broker)
     assert reconciler.run_once(leader(app)).pushed == 0  # counted: nothing of ours missing
     job_id = app.enqueue("thing", {"n": 1})

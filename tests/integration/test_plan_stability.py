@@ -30,6 +30,7 @@ from hivejobs.store import QUERIES
 from hivejobs.store.jobs import archive_rows
 from hivejobs.store.sql import load_queries
 
+CALLBACK_QUERIES = load_queries("callback_queries.sql")
 CHAIN_QUERIES = load_queries("chain_queries.sql")
 FLOW_QUERIES = load_queries("flow.sql")
 QUEUED = 50_000
@@ -238,6 +239,10 @@ def hot_statements(ld: Loaded) -> list[tuple[str, str, dict[str, Any], int]]:
         ("rescue_fail", QUERIES["rescue_fail"], {"worker_ids": [ld.dead], "poison_after": 3}, n),
         ("promote_due", QUERIES["promote_due"], {"limit": 10_000}, 2 * n),
         ("end_waiting_jobs", QUERIES["end_waiting_jobs"], {"limit": 10_000}, 2 * n),
+        # The probes that spare an idle coordinator its guarded transactions: one row each.
+        ("any_due", QUERIES["any_due"], {}, 1),
+        ("any_waiting_ended", QUERIES["any_waiting_ended"], {}, 1),
+        ("any_callback_timed_out", CALLBACK_QUERIES["any_callback_timed_out"], {}, 1),
         (
             "stale_queued",
             QUERIES["stale_queued"],

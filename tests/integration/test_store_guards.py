@@ -6,6 +6,7 @@ listener sorts what it hears into pushes, chain wake-ups and notifications not o
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 
@@ -14,6 +15,7 @@ import psycopg
 from hivejobs import App
 from hivejobs.records import Lease, Push
 from hivejobs.store import new_worker_id
+from hivejobs.store.callbacks import CallbackStore
 from hivejobs.store.notify import Heard, Listener, dispatch_payloads
 from tests.harness import sql
 
@@ -45,7 +47,13 @@ def test_guarded_verbs_write_nothing_once_the_lease_is_lost(
     app = _app(make_app)
     due = app.enqueue("thing", {"n": 1}, delay=60.0)
     stale = app.enqueue("thing", {"n": 2})
+    expired = app.enqueue("thing", {"n": 3}, delay=60.0)
     sql(database_url, "UPDATE hivejobs_job SET run_at = now() WHERE id = %s", (due,))
+    sql(
+        database_url,
+        "UPDATE hivejobs_job SET expires_at = now() - interval '1 second' WHERE id = %s",
+        (expired,),
+    )
     sql(
         database_url,
         "UPDATE hivejobs_job SET queued_at = now() - interval '1 minute' WHERE id = %s",
@@ -57,7 +65,7 @@ def test_guarded_verbs_write_nothing_once_the_lease_is_lost(
     assert app.store.end_waiting_if_leader(old, 100) is None
     assert app.store.stale_queued_if_leader(old, ("thing", 0), 2.0, 100) is None
     states = dict(sql(database_url, "SELECT id, state FROM hivejobs_job"))
-    assert states == {due: "scheduled", stale: "queued"}
+    assert states == {due: "scheduled", stale: "queued", expired: "scheduled"}
     moved = sql(
         database_url,
         "SELECT queued_at > now() - interval '10 seconds' FROM hivejobs_job WHERE id = %s",
@@ -69,7 +77,63 @@ def test_guarded_verbs_write_nothing_once_the_lease_is_lost(
     assert app.store.stale_queued_if_leader(new, ("thing", 0), 2.0, 100) == [
         Push(stale, "thing", 0)
     ]
-    assert app.store.end_waiting_if_leader(new, 100) == 0
+    assert app.store.end_waiting_if_leader(new, 100) == 1
+
+
+def test_sweeps_with_nothing_to_write_take_no_lease_lock(
+    make_app: Callable[..., App], database_url: str
+) -> None:
+    """Issue 13: an idle sweep is one read in autocommit, not a guarded transaction. With
+    the lease row locked by another session, the idle sweeps return at once (a guarded
+    transaction would wait for that lock); once a job is due, the promoter's pass waits for
+    the lock, then promotes under the lease."""
+    app = _app(make_app)
+    lease = Lease(new_worker_id(), 0)
+    term = app.store.lease_acquire(lease.holder, 30.0)
+    assert term is not None
+    lease = Lease(lease.holder, term)
+    callbacks = CallbackStore(app.store)
+    with psycopg.connect(database_url) as locker:
+        locker.execute("SELECT 1 FROM hivejobs_leader FOR UPDATE")
+        idle: list[object] = []
+        sweeps = threading.Thread(
+            target=lambda: idle.extend(
+                [
+                    app.store.promote_due_if_leader(lease, 100),
+                    app.store.end_waiting_if_leader(lease, 100),
+                    callbacks.end_timed_out_if_leader(lease, 100),
+                ]
+            ),
+            daemon=True,
+        )
+        sweeps.start()
+        sweeps.join(10.0)  # a guarded transaction would wait here until the locker ends
+        assert idle == [[], 0, ([], [])]
+
+        due = app.enqueue("thing", {"n": 1}, delay=60.0)
+        sql(database_url, "UPDATE hivejobs_job SET run_at = now() WHERE id = %s", (due,))
+        promoted: list[list[Push] | None] = []
+        sweep = threading.Thread(
+            target=lambda: promoted.append(app.store.promote_due_if_leader(lease, 100)),
+            daemon=True,
+        )
+        sweep.start()
+        deadline = time.monotonic() + 10.0
+        while not _waits_on_a_lock(database_url) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert _waits_on_a_lock(database_url) and not promoted
+        locker.rollback()
+    sweep.join(10.0)
+    assert promoted == [[Push(due, "thing", 0)]]
+
+
+def _waits_on_a_lock(database_url: str) -> bool:
+    rows = sql(
+        database_url,
+        "SELECT count(*) FROM pg_stat_activity"
+        " WHERE datname = current_database() AND wait_event_type = 'Lock'",
+    )
+    return bool(rows[0][0])
 
 
 def _hear(listener: Listener, done: Callable[[Heard], bool], timeout_s: float = 10.0) -> Heard:

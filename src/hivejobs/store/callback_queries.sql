@@ -67,6 +67,12 @@ SELECT id, name, 'cancelled', priority, attempt, attempts, delivery, payload, cr
   FROM done
 RETURNING id;
 
+-- name: any_callback_timed_out
+-- Whether the two statements below have anything to do (Leases.nothing_to_write): their
+-- search, one row.
+SELECT 1 FROM hivejobs_job WHERE callback_deadline < now() AND state = 'running'
+ ORDER BY callback_deadline LIMIT 1;
+
 -- name: callback_timeouts_retry
 -- Callbacks that never came (deadline passed): retried like a failed attempt, after the
 -- default backoff (1 s doubling per attempt, capped at 10 minutes, 20 percent jitter either

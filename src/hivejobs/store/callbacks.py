@@ -117,6 +117,8 @@ class CallbackStore:
     def end_timed_out_if_leader(self, lease: Lease, limit: int) -> TimedOut | None:
         """Under the coordinator lease (R7, docs/concepts/reliability.md); None when the
         lease no longer holds."""
+        if self.store.nothing_to_write(QUERIES["any_callback_timed_out"]):
+            return TimedOut([], [])
         with self.store.connection() as conn, conn.transaction():
             if not hold_lease(conn, lease):
                 return None

@@ -51,6 +51,17 @@ class Leases(Database):
             cur = conn.cursor(row_factory=class_row(LeaseInfo))
             return cur.execute(LEASES["lease_read"]).fetchone()
 
+    def nothing_to_write(self, probe: str) -> bool:
+        """True when `probe`, a read-only query that looks for the rows a guarded verb would
+        write, finds none: then the verb needs no transaction (issue 13). A guarded
+        transaction is four round trips (BEGIN, the lease's FOR SHARE, the statement,
+        COMMIT) and its row lock takes a transaction id and a WAL record; an idle
+        coordinator's sweeps ran seven a second. The probe is one round trip in autocommit
+        with neither. Work that appears just after the probe is the next pass's, as work
+        committed just after a guarded statement's snapshot always was."""
+        with self.connection() as conn:
+            return conn.execute(probe).fetchone() is None
+
     @contextmanager
     def leader_transaction(self, lease: Lease | tuple[str, int]) -> Iterator[Conn | None]:
         """A transaction under `lease`: the connection, or None when the lease no longer

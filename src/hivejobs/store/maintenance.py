@@ -32,12 +32,16 @@ class Maintenance(Leases):
 
     def promote_due_if_leader(self, lease: Lease, limit: int) -> list[Push] | None:
         """Due scheduled jobs (and retries whose backoff passed) become queued."""
+        if self.nothing_to_write(UPKEEP["any_due"]):
+            return []
         with self.leader_transaction(lease) as conn:
             return None if conn is None else _pushes(conn, "promote_due", {"limit": limit})
 
     def end_waiting_if_leader(self, lease: Lease, limit: int) -> int | None:
         """Archive waiting jobs that can no longer start (expired, or cancelled while a retry
         waited); how many."""
+        if self.nothing_to_write(UPKEEP["any_waiting_ended"]):
+            return 0
         with self.leader_transaction(lease) as conn:
             if conn is None:
                 return None

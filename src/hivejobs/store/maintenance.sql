@@ -10,6 +10,11 @@ UPDATE hivejobs_job SET state = 'queued', queued_at = now()
                        ORDER BY run_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED))
 RETURNING id, name, priority;
 
+-- name: any_due
+-- Whether promote_due has anything to do, read without the lease (Leases.nothing_to_write):
+-- the same search of the due index, one row.
+SELECT 1 FROM hivejobs_job WHERE state = 'scheduled' AND run_at <= now() ORDER BY run_at LIMIT 1;
+
 -- name: end_waiting_jobs
 -- Jobs that can no longer start: past expires_at (expired), or cancelled while a retry waited.
 -- One search per index (expiring, cancel_requested): as one OR they could use neither and
@@ -33,6 +38,17 @@ SELECT id, name, CASE WHEN cancel_requested THEN 'cancelled' ELSE 'expired' END,
        error
   FROM done
 RETURNING id;
+
+-- name: any_waiting_ended
+-- Whether end_waiting_jobs has anything to do (Leases.nothing_to_write): its two searches,
+-- one row. Each in its index's order: with LIMIT 1 alone, statistics that say nothing made
+-- a sequential scan look cheapest.
+(SELECT 1 FROM hivejobs_job WHERE expires_at <= now() AND state IN ('queued', 'scheduled')
+  ORDER BY expires_at LIMIT 1)
+UNION ALL
+(SELECT 1 FROM hivejobs_job WHERE cancel_requested AND state IN ('queued', 'scheduled')
+  ORDER BY id LIMIT 1)
+LIMIT 1;
 
 -- name: stale_queued
 -- Queued longer than the grace: re-pushed oldest first when Redis holds fewer ids than Postgres.
