@@ -13,7 +13,7 @@ from loguru import logger
 from hivejobs import App
 from hivejobs.coordinator.compactor import Compactor
 from hivejobs.coordinator.elector import Elector
-from hivejobs.coordinator.gauges import Gauges
+from hivejobs.coordinator.gauges import Gauges, QueuedCounts
 from hivejobs.coordinator.reconciler import Reconciler
 from hivejobs.coordinator.rescuer import Rescuer
 from hivejobs.records import Lease
@@ -177,6 +177,32 @@ def test_gauges_record_depth_and_in_flight(make_app: Callable[..., App], databas
     assert gauges.in_flight == 7  # what the compactor is gated on
     rows = dict(sql(database_url, "SELECT name, value FROM hivejobs_gauge WHERE queue = 'thing'"))
     assert rows == {"queued": 7, "running": 0}
+
+
+def test_gauges_take_the_reconcilers_recent_count(
+    make_app: Callable[..., App], database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One count of the queued rows serves both (issue 13): the gauges reuse a count younger
+    than their interval and count again once it is older. The clock is the test's."""
+    app = make(make_app(), database_url)
+    app.broker.set_boot_marker("x")
+    clock = [1000.0]
+    monkeypatch.setattr("hivejobs.coordinator.gauges.time.monotonic", lambda: clock[0])
+    calls: list[int] = []
+    count = app.store.queued_counts
+    monkeypatch.setattr(app.store, "queued_counts", lambda: calls.append(1) or count())
+    counts = QueuedCounts(app.store)
+    reconciler = Reconciler(app.store, app.broker, counts=counts)
+    gauges = Gauges(app.store, interval_s=5.0, counts=counts)
+    app.enqueue_many("thing", [{"n": i} for i in range(3)])
+    reconciler.run_once(leader(app))
+    app.enqueue_many("thing", [{"n": i} for i in range(4)])
+    clock[0] += 4.9
+    assert gauges.run_once()["queued"] == 3  # the reconciler's count, 4.9 s old
+    assert len(calls) == 1
+    clock[0] += 0.2
+    assert gauges.run_once()["queued"] == 7  # older than 5 s: counted again
+    assert len(calls) == 2
 
 
 def test_first_start_without_marker_does_not_push_ids_twice(

@@ -24,6 +24,7 @@ import msgspec
 from loguru import logger
 
 from hivejobs.broker import Broker, KeyRefused
+from hivejobs.coordinator.gauges import QueuedCounts
 from hivejobs.failpoints import failpoint
 from hivejobs.logs import error_fields
 from hivejobs.records import Lease, Push
@@ -53,9 +54,15 @@ class Reconciler:
     name = "reconcile"
 
     def __init__(
-        self, store: Store, broker: Broker, grace_s: float = 2.0, interval_s: float = 1.0
+        self,
+        store: Store,
+        broker: Broker,
+        grace_s: float = 2.0,
+        interval_s: float = 1.0,
+        counts: QueuedCounts | None = None,
     ) -> None:
         self.store, self.broker = store, broker
+        self.counts = counts or QueuedCounts(store)
         self.grace_s = grace_s
         self.interval_s = interval_s
         self.refused: set[str] = set()
@@ -68,7 +75,7 @@ class Reconciler:
         if started < self._count_due:
             return ReconcileResult(False, 0)
         pushed = 0
-        pg = self.store.queued_counts()
+        pg = self.counts.fresh()
         self._count_due = started + sum(pg.values()) / ROWS_PER_SECOND_OF_WAIT
         lengths = self._lengths({name for name, _ in pg})
         for (name, priority), count in pg.items():
@@ -119,7 +126,7 @@ class Reconciler:
         marker = str(uuid.uuid4())
         prefix = self.broker.prefix
         flushed = self.store.boot_marker_recorded(prefix)
-        pg = self.store.queued_counts()
+        pg = self.counts.fresh()
         failpoint("coord.between_restore_reads")  # tests: widen the window pools pop in
         lengths = self._lengths({name for name, _ in pg})
         empty = sorted(queue for queue in pg if lengths.get(queue, -1) == 0)
