@@ -26,7 +26,7 @@ import psycopg
 import pytest
 
 from hivejobs.records import Completion
-from hivejobs.store import QUERIES
+from hivejobs.store import QUERIES, Store
 from hivejobs.store.jobs import archive_rows
 from hivejobs.store.sql import load_queries
 
@@ -423,3 +423,33 @@ def test_hot_statements_find_rows_in_bounded_buffers(database_url: str, stats: s
     assert not over, f"statistics {stats}: scans beyond {BUFFERS_PER_ROW} buffers a row:\n" + (
         "\n".join(f"{m.statement} ({m.plan_kind}): {m.buffers} for {m.rows}" for m in over)
     )
+
+
+PROBES = ("any_due", "any_waiting_ended", "any_callback_timed_out")
+
+
+def test_probes_are_planned_for_the_table_as_it_is(make_app: Any, database_url: str) -> None:
+    """The coordinator's probes (Leases.nothing_to_write) have no parameters: prepared, they
+    would keep the plan made at their first runs, and one made while the hot table was empty
+    and never analyzed is a sequential scan and a sort (seen on a fresh database: 2-4 ms a
+    call once 20,000 jobs were queued). So they are never prepared, however often they run,
+    and each run is planned for the table as it is: an index, a few buffers."""
+    queries = {name: QUERIES.get(name) or CALLBACK_QUERIES[name] for name in PROBES}
+    make_app()  # the schema
+    store = Store(database_url, max_size=1)  # one session runs every probe
+    try:
+        for _ in range(10):  # psycopg prepares a statement after its fifth run
+            for query in queries.values():
+                assert store.nothing_to_write(query)
+        with store.connection() as conn:
+            prepared = conn.execute("SELECT statement FROM pg_prepared_statements").fetchall()
+    finally:
+        store.close()
+    assert not [s for (s,) in prepared if any(q in s for q in queries.values())]
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        load(conn, "absent")
+        as_is = {
+            name: finding_buffers(explain(conn, query, {}, "custom")["Plan"])[0]
+            for name, query in queries.items()
+        }
+    assert max(as_is.values()) <= BUFFERS_PER_ROW, as_is
