@@ -125,17 +125,17 @@ def test_prefetch_refills_in_one_large_claim_not_one_per_finished_job(
         with not_prefetching.slots.cond:
             not_prefetching.slots.reserved = 7  # one runner idle
             assert not_prefetching.fetcher.claim_room() == 1
-        # 10 ms jobs: 8 runners x 40 ms / 10 ms = 32 ahead, refilled when 16 wait: claims of
-        # 16, not one per finished job (1.5 ids per claim at 10 ms before).
-        assert CLAIM_AHEAD_S == 0.04
-        prefetching.fetcher.avg_run_s = 0.010
+        # 20 ms jobs: 8 runners x 80 ms / 20 ms = 32 ahead, refilled when 16 wait: claims of
+        # 16, not one per finished job (1.5 ids per claim at 10 ms before claims ahead).
+        assert CLAIM_AHEAD_S == 0.08
+        prefetching.fetcher.avg_run_s = 0.020
         with prefetching.slots.cond:
             prefetching.slots.reserved = 8 + 17
             assert prefetching.fetcher.claim_room() == 0
             prefetching.slots.reserved = 8 + 16
             assert prefetching.fetcher.claim_room() == 16
-        # Slow jobs (8 runners x 40 ms < one job's time): a claim per idle runner, none ahead.
-        prefetching.fetcher.avg_run_s = 0.4
+        # Slow jobs (8 runners x 80 ms < one job's time): a claim per idle runner, none ahead.
+        prefetching.fetcher.avg_run_s = 0.7
         with prefetching.slots.cond:
             prefetching.slots.reserved = 7
             assert prefetching.fetcher.claim_room() == 1

@@ -35,7 +35,11 @@ PREFETCH = 64
 # claim, the commits cost Postgres more than the jobs' rows). A claimed job then waits about
 # this long for its runner at most, so a pool that dies leaves only that much work behind to
 # be charged a worker loss; jobs slower than concurrency x CLAIM_AHEAD_S get no claims ahead.
-CLAIM_AHEAD_S = 0.04
+# 0.08 s: with 0.04, 10 ms CPU-bound jobs (~130 a second per process on 2 cores) were claimed
+# 11 at a time and their pools' Postgres CPU was 0.09-0.106 ms a job; at 0.08, 17 and
+# 0.08-0.10 (4 interleaved pairs, 0.006-0.019 less each). Jobs under ~5 ms are at PREFETCH
+# either way, so a dying pool still leaves at most PREFETCH claimed jobs unstarted.
+CLAIM_AHEAD_S = 0.08
 # Refill once the claimed jobs no runner has started fall to half the claims ahead, not as
 # soon as one slot frees: with a 0.1 ms body a fetcher woken by every finished job claimed
 # 17-21 ids per pop and claim; refilled from here it claims about half the claims ahead at
