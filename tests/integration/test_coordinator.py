@@ -190,7 +190,12 @@ def test_gauges_take_the_reconcilers_recent_count(
     monkeypatch.setattr("hivejobs.coordinator.gauges.time.monotonic", lambda: clock[0])
     calls: list[int] = []
     count = app.store.queued_counts
-    monkeypatch.setattr(app.store, "queued_counts", lambda: calls.append(1) or count())
+
+    def counted() -> dict[tuple[str, int], int]:
+        calls.append(1)
+        return count()
+
+    monkeypatch.setattr(app.store, "queued_counts", counted)
     counts = QueuedCounts(app.store)
     reconciler = Reconciler(app.store, app.broker, counts=counts)
     gauges = Gauges(app.store, interval_s=5.0, counts=counts)
