@@ -16,10 +16,10 @@ class QueuedCounts:
     """Queued rows per (type, priority), counted in Postgres: owns the reconciler's last
     count and when it was made. The reconciler needs a fresh count beside fresh Redis
     lengths (a stale one would show ids popped since as missing); a gauge may be a few
-    seconds old. A count reads
-    every queued row (7 ms at 20,000 under load), so the gauges take the reconciler's when it
-    is recent instead of counting again (issue 13: with both counting, the counts were most
-    of the coordinator's Postgres CPU during a drain of slow jobs)."""
+    seconds old. A count reads every queued row (7 ms at 20,000 under load), so the gauges
+    take the reconciler's when it is recent instead of counting again (issue 13: with both
+    counting, the counts were most of the coordinator's Postgres CPU during a drain of slow
+    jobs)."""
 
     def __init__(self, store: Store) -> None:
         self.store = store

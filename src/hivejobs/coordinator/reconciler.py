@@ -8,7 +8,7 @@ longer than the grace). The second needs a count of every queued row, which grow
 backlog (3 ms a pass at 8,000 queued, 50 ms at 200,000): it runs once a pass, or after a
 wait that grows with the rows it counted last (ROWS_PER_SECOND_OF_WAIT), which keeps its
 cost to Postgres under ~0.2 % of a core at any backlog (issue 13: counting 20,000 queued rows
-every second cost a quarter of the Postgres CPU per job of a drain with 10 ms jobs). A lost id
+every second was most of the coordinator's Postgres CPU in a drain of 10 ms jobs). A lost id
 in a backlog of N then waits up to N / 5,000 s: less than the backlog ahead of it takes to
 drain at any throughput under 5,000 jobs/s. The wait follows the rows, not the time the
 count took: a count slowed by an outage (a connection awaited) must not put the next one off.
