@@ -113,12 +113,7 @@ class Supervisor:
         setup_logging("supervisor")
         setproctitle(f"hivejobs supervisor {self.app_spec}")
         self.app.resolve_backends()  # before forking: children inherit the chosen URLs
-        store = Store(
-            self.settings.database_url,
-            max_size=1,
-            pooled=self.settings.pgbouncer,
-            role="hivejobs supervisor",
-        )
+        store = self._short_store()
         try:
             store.check_schema()
             store.upsert_job_types([jt.info() for jt in self.app.types.values()])
@@ -167,6 +162,16 @@ class Supervisor:
         return code
 
     # -- signals -------------------------------------------------------------------------
+
+    def _short_store(self) -> Store:
+        """A one-connection store for one step (the start-up checks, a release, a report),
+        closed by the caller: nothing stays open across the next fork."""
+        return Store(
+            self.settings.database_url,
+            max_size=1,
+            pooled=self.settings.pgbouncer,
+            role="hivejobs supervisor",
+        )
 
     def _on_signal(self, signum: int, _frame: object) -> None:
         if signum in (signal.SIGTERM, signal.SIGINT):
@@ -301,12 +306,7 @@ class Supervisor:
         """R8: a child we saw die cannot finish its jobs; release them now, not after
         stuck_after. A short-lived pool: nothing stays open across the next fork."""
         try:
-            store = Store(
-                self.settings.database_url,
-                max_size=1,
-                pooled=self.settings.pgbouncer,
-                role="hivejobs supervisor",
-            )
+            store = self._short_store()
             try:
                 rescued = rescue_isolated(store, worker_ids, self.settings.poison_pill_after)
             finally:
@@ -375,7 +375,7 @@ class Supervisor:
         if not pools:
             return
         try:
-            store = Store(self.settings.database_url, max_size=1, role="hivejobs supervisor")
+            store = self._short_store()
             try:
                 running = store.running_of_workers(pools)
             finally:
