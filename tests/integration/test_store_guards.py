@@ -17,7 +17,7 @@ from hivejobs.records import Lease, Push
 from hivejobs.store import new_worker_id
 from hivejobs.store.callbacks import CallbackStore
 from hivejobs.store.notify import Heard, Listener, dispatch_payloads
-from tests.harness import sql
+from tests.harness import sql, wait_until
 
 
 def _app(make_app: Callable[..., App]) -> App:
@@ -118,10 +118,8 @@ def test_sweeps_with_nothing_to_write_take_no_lease_lock(
             daemon=True,
         )
         sweep.start()
-        deadline = time.monotonic() + 10.0
-        while not _waits_on_a_lock(database_url) and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert _waits_on_a_lock(database_url) and not promoted
+        wait_until(lambda: _waits_on_a_lock(database_url), 10.0, what="the promotion waiting")
+        assert not promoted
         locker.rollback()
     sweep.join(10.0)
     assert promoted == [[Push(due, "thing", 0)]]
