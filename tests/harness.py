@@ -107,9 +107,13 @@ def fleet_app(make_app: Callable[..., App], url: str, types: list[str], **kw: ob
 
 
 def read_ledger(folder: Path) -> list[list[str]]:
+    """Every complete line: a read beside a worker's write may see that line in part (one
+    such read, `end <id>` without its outcome, failed test_tls once); the next read has it
+    whole. Every line the ledger writes ends with a newline."""
     lines = []
     for path in folder.glob("ledger.*"):
-        lines += [line.split() for line in path.read_text().splitlines() if line.strip()]
+        complete = path.read_text().rpartition("\n")[0]
+        lines += [line.split() for line in complete.splitlines() if line.strip()]
     return lines
 
 
