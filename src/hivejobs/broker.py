@@ -28,7 +28,8 @@ from __future__ import annotations
 import atexit
 import os
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 import msgspec
 import redis
@@ -190,21 +191,41 @@ class Broker:
     ) -> tuple[dict[tuple[str, int], int], dict[str, redis.ResponseError]]:
         """Lengths of each type's lists, and the keys whose length Redis refused (a key of
         the wrong type): one bad key leaves every other list's length known."""
-        pairs = [(n, p) for n in names for p in PRIORITIES]
+        queues = [(n, p) for n in names for p in PRIORITIES]
+        replies, refused = self._per_queue(queues, lambda pipe, key: pipe.llen(key))
+        return {q: int(r) for q, r in replies.items()}, refused
+
+    def queue_heads(
+        self, queues: Iterable[tuple[str, int]], count: int
+    ) -> tuple[dict[tuple[str, int], list[str]], dict[str, redis.ResponseError]]:
+        """The first `count` ids of each list (the next to be popped, the oldest pushed), and
+        the keys Redis refused, as in queue_lengths."""
+        replies, refused = self._per_queue(
+            list(queues), lambda pipe, key: pipe.lrange(key, 0, count - 1)
+        )
+        heads = {
+            q: [c for raw in r if (c := _clean_id(raw)) is not None] for q, r in replies.items()
+        }
+        return heads, refused
+
+    def _per_queue(
+        self, queues: list[tuple[str, int]], command: Callable[[Any, str], object]
+    ) -> tuple[dict[tuple[str, int], Any], dict[str, redis.ResponseError]]:
+        """One pipelined `command` per queue's list; a key Redis refuses fails alone."""
         with self.redis.pipeline(transaction=False) as pipe:
-            for n, p in pairs:
-                pipe.llen(self.queue_key(n, p))
+            for n, p in queues:
+                command(pipe, self.queue_key(n, p))
             replies = pipe.execute(raise_on_error=False)
-        lengths: dict[tuple[str, int], int] = {}
+        answered: dict[tuple[str, int], Any] = {}
         refused: dict[str, redis.ResponseError] = {}
-        for (n, p), reply in zip(pairs, replies, strict=True):
+        for (n, p), reply in zip(queues, replies, strict=True):
             if isinstance(reply, redis.ResponseError):
                 refused[self.queue_key(n, p)] = reply
             elif isinstance(reply, Exception):
                 raise reply
             else:
-                lengths[(n, p)] = int(reply)
-        return lengths, refused
+                answered[(n, p)] = reply
+        return answered, refused
 
     # -- boot marker -------------------------------------------------------------------
 

@@ -149,6 +149,15 @@ class QueuedEntry(NamedTuple):
     queued_at: datetime
 
 
+class OldestQueued(NamedTuple):
+    """A queue's oldest queued row: when, and whether that is longer ago than the grace."""
+
+    name: str
+    priority: int
+    queued_at: datetime
+    past_grace: bool
+
+
 class Lease(NamedTuple):
     """The coordinator lease as held: every guarded write checks holder and term."""
 

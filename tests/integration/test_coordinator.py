@@ -13,7 +13,7 @@ from loguru import logger
 from hivejobs import App
 from hivejobs.coordinator.compactor import Compactor
 from hivejobs.coordinator.elector import Elector
-from hivejobs.coordinator.gauges import Gauges, QueuedCounts
+from hivejobs.coordinator.gauges import Gauges
 from hivejobs.coordinator.reconciler import Reconciler
 from hivejobs.coordinator.rescuer import Rescuer
 from hivejobs.records import Lease
@@ -56,46 +56,58 @@ def test_reconciler_repushes_a_job_redis_lost(
     assert Reconciler(app.store, app.broker).run_once(leader(app)).pushed == 0
 
 
-def test_reconciler_counts_as_seldom_as_its_last_count_was_large(
-    make_app: Callable[..., App], database_url: str, monkeypatch: pytest.MonkeyPatch
+def test_reconciler_repushes_a_lost_id_once_its_list_has_moved_past_it(
+    make_app: Callable[..., App], database_url: str
 ) -> None:
-    """The deficit check counts every queued row (issue 13: 50 ms at 200,000): after counting
-    25,000 it waits 25,000 / ROWS_PER_SECOND_OF_WAIT = 5 s, then the lost id is re-pushed.
-    The wait follows the rows, not the count's duration (an outage can slow a count). The
-    25,000 are a queue of nothing the test adds to the real counts; the clock is the test's."""
+    """A list is first in, first out: an id still queued and older than the list's head by
+    more than the grace was lost. It is re-pushed, alone: the ids still in Redis are not
+    pushed again, and one lost later than the head waits until the list gets to its turn."""
     app = make(make_app(), database_url)
     app.broker.set_boot_marker("x")
-    clock = [1000.0]
-    monkeypatch.setattr("hivejobs.coordinator.reconciler.time.monotonic", lambda: clock[0])
-    counts = app.store.queued_counts
-    monkeypatch.setattr(app.store, "queued_counts", lambda: {**counts(), ("ghost", 0): 25_000})
+    key = app.broker.queue_key("thing", 0)
+    lost = app.enqueue("thing", {"n": 0})
+    later = app.enqueue("thing", {"n": 1})
+    backlog = app.enqueue_many("thing", [{"n": i} for i in range(2, 10)])
+    assert app.flush()
+    app.broker.redis.lrem(key, 0, lost)
+    app.broker.redis.lrem(key, 0, later)  # lost too, but queued after the backlog's head
+    sql(
+        database_url,
+        "UPDATE hivejobs_job SET queued_at = now() - interval '1 minute' WHERE id = %s",
+        (lost,),
+    )
+    sql(
+        database_url,
+        "UPDATE hivejobs_job SET queued_at = now() - interval '10 seconds' WHERE id <> %s",
+        (lost,),
+    )
+    sql(database_url, "UPDATE hivejobs_job SET queued_at = now() WHERE id = %s", (later,))
     reconciler = Reconciler(app.store, app.broker)
-    assert reconciler.run_once(leader(app)).pushed == 0  # counted: nothing of ours missing
+    assert reconciler.run_once(leader(app)).pushed == 1
+    listed = [i.decode() for i in app.broker.redis.lrange(key, 0, -1) if isinstance(i, bytes)]
+    assert sorted(listed) == sorted([*backlog, lost])  # no id twice, `later` not yet
+    assert reconciler.run_once(leader(app)).pushed == 0  # nothing older than the head now
+    app.broker.redis.delete(key)  # the backlog popped (and lost: Postgres still has it queued)
+    sql(database_url, "UPDATE hivejobs_job SET queued_at = now() - interval '1 minute'")
+    assert reconciler.run_once(leader(app)).pushed == 10  # an empty list: all past the grace
+
+
+def test_reconciler_leaves_ids_queued_within_the_grace(
+    make_app: Callable[..., App], database_url: str
+) -> None:
+    """An empty list and a row queued less than the grace ago: popped and about to be
+    claimed, or enqueued and about to be pushed. Not pushed; once past the grace, it is."""
+    app = make(make_app(), database_url)
+    app.broker.set_boot_marker("x")
     job_id = app.enqueue("thing", {"n": 1})
     assert app.flush()
     key = app.broker.queue_key("thing", 0)
     app.broker.redis.delete(key)
+    reconciler = Reconciler(app.store, app.broker, grace_s=30.0)
+    assert reconciler.run_once(leader(app)).pushed == 0
     sql(database_url, "UPDATE hivejobs_job SET queued_at = now() - interval '1 minute'")
-    clock[0] += 4.9
-    assert reconciler.run_once(leader(app)).pushed == 0  # not counted yet
-    clock[0] += 0.2  # 5.1 s after
     assert reconciler.run_once(leader(app)).pushed == 1
     assert app.broker.redis.lrange(key, 0, -1) == [job_id.encode()]
-
-
-def test_a_small_queue_is_counted_at_every_pass(
-    make_app: Callable[..., App], database_url: str
-) -> None:
-    """Fewer queued rows than ROWS_PER_SECOND_OF_WAIT: the next pass counts again."""
-    app = make(make_app(), database_url)
-    app.broker.set_boot_marker("x")
-    reconciler = Reconciler(app.store, app.broker)
-    app.enqueue("thing", {"n": 1})
-    assert app.flush()
-    assert reconciler.run_once(leader(app)).pushed == 0
-    app.broker.redis.delete(app.broker.queue_key("thing", 0))
-    sql(database_url, "UPDATE hivejobs_job SET queued_at = now() - interval '1 minute'")
-    assert reconciler.run_once(leader(app)).pushed == 1
 
 
 def test_reconciler_restores_everything_after_a_flush(
@@ -179,35 +191,26 @@ def test_gauges_record_depth_and_in_flight(make_app: Callable[..., App], databas
     assert rows == {"queued": 7, "running": 0}
 
 
-def test_gauges_take_the_reconcilers_recent_count(
+def test_gauges_count_as_seldom_as_their_last_count_was_large(
     make_app: Callable[..., App], database_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """One count of the queued rows serves both (issue 13): the gauges reuse a count younger
-    than their interval and count again once it is older. The clock is the test's."""
+    """The queue depth counts every queued row (issue 13: 50 ms at 200,000): after counting
+    25,000 the gauges keep that count for 25,000 / ROWS_PER_SECOND_OF_AGE = 5 s, then count
+    again. The 25,000 are a queue of nothing the test adds to the real counts; the clock is
+    the test's."""
     app = make(make_app(), database_url)
-    app.broker.set_boot_marker("x")
     clock = [1000.0]
     monkeypatch.setattr("hivejobs.coordinator.gauges.time.monotonic", lambda: clock[0])
-    calls: list[int] = []
     count = app.store.queued_counts
-
-    def counted() -> dict[tuple[str, int], int]:
-        calls.append(1)
-        return count()
-
-    monkeypatch.setattr(app.store, "queued_counts", counted)
-    counts = QueuedCounts(app.store)
-    reconciler = Reconciler(app.store, app.broker, counts=counts)
-    gauges = Gauges(app.store, interval_s=5.0, counts=counts)
+    monkeypatch.setattr(app.store, "queued_counts", lambda: {**count(), ("ghost", 0): 25_000})
+    gauges = Gauges(app.store, interval_s=1.0)
     app.enqueue_many("thing", [{"n": i} for i in range(3)])
-    reconciler.run_once(leader(app))
+    assert gauges.run_once()["queued"] == 25_003
     app.enqueue_many("thing", [{"n": i} for i in range(4)])
     clock[0] += 4.9
-    assert gauges.run_once()["queued"] == 3  # the reconciler's count, 4.9 s old
-    assert len(calls) == 1
+    assert gauges.run_once()["queued"] == 25_003  # the last count, 4.9 s old
     clock[0] += 0.2
-    assert gauges.run_once()["queued"] == 7  # older than 5 s: counted again
-    assert len(calls) == 2
+    assert gauges.run_once()["queued"] == 25_007  # 5.1 s: counted again
 
 
 def test_first_start_without_marker_does_not_push_ids_twice(

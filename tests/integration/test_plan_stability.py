@@ -246,9 +246,12 @@ def hot_statements(ld: Loaded) -> list[tuple[str, str, dict[str, Any], int]]:
         (
             "stale_queued",
             QUERIES["stale_queued"],
-            {"name": "noop", "priority": 0, "grace_s": 0.0, "limit": n},
+            {"name": "noop", "priority": 0, "grace_s": 0.0, "before": None, "limit": n},
             n,
         ),
+        # The reconciler's look for ids Redis lost: an entry per queue, the heads by key.
+        ("oldest_queued", QUERIES["oldest_queued"], {"grace_s": 2.0}, 3),
+        ("queued_at_of", QUERIES["queued_at_of"], {"ids": ld.next_queued}, n),
         (
             "queued_page",
             QUERIES["queued_page"],
@@ -264,7 +267,7 @@ def hot_statements(ld: Loaded) -> list[tuple[str, str, dict[str, Any], int]]:
         (
             "stale_queued, small queue",
             QUERIES["stale_queued"],
-            {"name": "late", "priority": 0, "grace_s": 0.0, "limit": 1000},
+            {"name": "late", "priority": 0, "grace_s": 0.0, "before": None, "limit": 1000},
             n,
         ),
         # Gauges count rows: what they are about is every row they count.

@@ -27,7 +27,7 @@ from hivejobs.coordinator.callbacks import CallbackTimeouts
 from hivejobs.coordinator.compactor import Compactor
 from hivejobs.coordinator.dispatcher import Dispatcher, listen_url
 from hivejobs.coordinator.elector import Elector
-from hivejobs.coordinator.gauges import Gauges, QueuedCounts
+from hivejobs.coordinator.gauges import Gauges
 from hivejobs.coordinator.promoter import Promoter
 from hivejobs.coordinator.pruner import Pruner
 from hivejobs.coordinator.reconciler import Reconciler
@@ -80,8 +80,7 @@ class Coordinator:
         store, broker = self.store, self.broker
         self.traverser = Traverser(store, broker, search_every_s=s.coordinator_interval_s)
         self.dispatcher = Dispatcher(s, broker, self.traverser, self.stop)
-        counts = QueuedCounts(store)  # the reconciler's count serves the gauges when recent
-        self.gauges = Gauges(store, interval_s=max(5.0, s.coordinator_interval_s), counts=counts)
+        self.gauges = Gauges(store, interval_s=max(5.0, s.coordinator_interval_s))
         return [
             self.traverser,
             Scheduler(store, broker, interval_s=min(1.0, s.coordinator_interval_s)),
@@ -93,7 +92,7 @@ class Coordinator:
             ),
             Rescuer(store, broker, s, healthy_for=self.elector.healthy_for),
             CallbackTimeouts(store, broker, interval_s=s.coordinator_interval_s),
-            Reconciler(store, broker, interval_s=s.coordinator_interval_s, counts=counts),
+            Reconciler(store, broker, interval_s=s.coordinator_interval_s),
             self.gauges,
             # Per job type retention where one is declared, else the global setting.
             Pruner(store, s.archive_retention_s, still_leading=self._still_leading),

@@ -2,38 +2,39 @@
 job (rule R1 in docs/concepts/reliability.md: Redis carries hints, Postgres the truth).
 
 Two triggers: the boot marker is missing (Redis was flushed or restarted empty, or this is the
-first start on its prefix: restore every empty list), or a list holds fewer ids than Postgres
-has queued for it (a crash between commit and push, an evicted key: re-push the ids queued
-longer than the grace). The second needs a count of every queued row, which grows with the
-backlog (3 ms a pass at 8,000 queued, 50 ms at 200,000): it runs once a pass, or after a
-wait that grows with the rows it counted last (ROWS_PER_SECOND_OF_WAIT), which keeps its
-cost to Postgres under ~0.2 % of a core at any backlog (issue 13: counting 20,000 queued rows
-every second was most of the coordinator's Postgres CPU in a drain of 10 ms jobs). A lost id
-in a backlog of N then waits up to N / 5,000 s: less than the backlog ahead of it takes to
-drain at any throughput under 5,000 jobs/s. The wait follows the rows, not the time the
-count took: a count slowed by an outage (a connection awaited) must not put the next one off.
+first start on its prefix: restore every empty list), or a queue's oldest queued row is older
+than the id at the head of its Redis list, by more than the grace (a crash between commit
+and push, a pool that died between pop and claim, an evicted key: re-push the ids queued
+before that head). A list is first in, first out (RPUSH, pop from the left), so every id
+pushed before the head has been popped; one still queued and older than the head by the
+grace was lost. One id that is missing is found once its list has moved past it, where its
+turn would have come, or at the next pass when the list is empty. Each pass reads an index
+entry or two per queue and the heads by primary key, whatever the backlog (issue 13: the
+count of every queued row it replaced took 7 ms at 20,000 queued, and it re-pushed the
+oldest ids, which were still in Redis, whenever ids popped and not yet claimed made the
+count look short).
 """
 
 from __future__ import annotations
 
-import time
 import uuid
-from datetime import datetime
+from collections.abc import Mapping
+from datetime import datetime, timedelta
 
 import msgspec
 from loguru import logger
 
 from hivejobs.broker import Broker, KeyRefused
-from hivejobs.coordinator.gauges import QueuedCounts
 from hivejobs.failpoints import failpoint
 from hivejobs.logs import error_fields
 from hivejobs.records import Lease, Push
 from hivejobs.store import Store
 
 BATCH = 10_000
-# A second between deficit checks for every this many queued rows counted (a count reads
-# ~2.5 million rows a second on our 2-core machine: 0.2 % of a core); at least one pass.
-ROWS_PER_SECOND_OF_WAIT = 5_000
+# Ids read at the head of a list to find one still queued: an id whose job was claimed or
+# cancelled meanwhile (a duplicate push) tells nothing; a head of only such ids is judged at
+# a later pass, once a pool has popped them.
+HEAD_IDS = 16
 MSG_KEY_REFUSED = "Redis refused a queue key (only its own list waits)"
 MSG_FLUSHED = "Redis had no boot marker (flushed or restarted): restored queues"
 MSG_FIRST_START = "first start on this Redis prefix: boot marker set"
@@ -48,44 +49,25 @@ class ReconcileResult(msgspec.Struct):
 
 class Reconciler:
     """Owns `refused`: the keys Redis refused at the last pass, so that a bad key is logged
-    when it goes bad and when it heals, not at every pass; and `_count_due`, the monotonic
-    time of the next deficit check (ROWS_PER_SECOND_OF_WAIT)."""
+    when it goes bad and when it heals, not at every pass."""
 
     name = "reconcile"
 
     def __init__(
-        self,
-        store: Store,
-        broker: Broker,
-        grace_s: float = 2.0,
-        interval_s: float = 1.0,
-        counts: QueuedCounts | None = None,
+        self, store: Store, broker: Broker, grace_s: float = 2.0, interval_s: float = 1.0
     ) -> None:
         self.store, self.broker = store, broker
-        self.counts = counts or QueuedCounts(store)
         self.grace_s = grace_s
         self.interval_s = interval_s
         self.refused: set[str] = set()
-        self._count_due = 0.0
 
     def run_once(self, lease: Lease) -> ReconcileResult:
         if not self.broker.boot_marker_present():
             return ReconcileResult(True, self._restore_all())
-        started = time.monotonic()
-        if started < self._count_due:
-            return ReconcileResult(False, 0)
         pushed = 0
-        pg = self.counts.fresh()
-        self._count_due = started + sum(pg.values()) / ROWS_PER_SECOND_OF_WAIT
-        lengths = self._lengths({name for name, _ in pg})
-        for (name, priority), count in pg.items():
-            if (name, priority) not in lengths:
-                continue  # its key is refused (logged): only this list waits
-            missing = count - lengths[(name, priority)]
-            if missing <= 0:
-                continue
+        for queue, before in self._lagging().items():
             stale = self.store.stale_queued_if_leader(
-                lease, (name, priority), self.grace_s, min(missing, BATCH)
+                lease, queue, self.grace_s, BATCH, before=before
             )
             if stale is None:
                 break  # the lease is lost: the next leader reconciles
@@ -95,15 +77,41 @@ class Reconciler:
             logger.info("re-pushed queued jobs missing from Redis", jobs=pushed)
         return ReconcileResult(False, pushed)
 
+    def _lagging(self) -> dict[tuple[str, int], datetime | None]:
+        """The queues with ids Redis lost, and the queued_at of their list's head (None: the
+        list is empty). Postgres is read first: an id pushed after that read and popped
+        before Redis's is still queued and older than the head it left, but by less than
+        the grace (the ids of one enqueue are pushed together)."""
+        oldest = {(o.name, o.priority): o for o in self.store.oldest_queued(self.grace_s)}
+        if not oldest:
+            return {}
+        heads, refused = self.broker.queue_heads(oldest, HEAD_IDS)
+        self._note_refused(refused)
+        queued_at = self.store.queued_at_of([i for ids in heads.values() for i in ids])
+        grace = timedelta(seconds=self.grace_s)
+        lagging: dict[tuple[str, int], datetime | None] = {}
+        for queue, ids in heads.items():  # a refused key is not there: only its list waits
+            if not ids:
+                if oldest[queue].past_grace:
+                    lagging[queue] = None
+                continue
+            head_at = next((queued_at[i] for i in ids if i in queued_at), None)
+            if head_at is not None and oldest[queue].queued_at < head_at - grace:
+                lagging[queue] = head_at
+        return lagging
+
     def _lengths(self, names: set[str]) -> dict[tuple[str, int], int]:
         lengths, refused = self.broker.queue_lengths(names)
+        self._note_refused(refused)
+        return lengths
+
+    def _note_refused(self, refused: Mapping[str, Exception]) -> None:
         for key, exc in refused.items():
             if key not in self.refused:
                 logger.error(MSG_KEY_REFUSED, key=key, **error_fields(exc))
         for key in self.refused - set(refused):
             logger.info("Redis key accepted again", key=key)
         self.refused = set(refused)
-        return lengths
 
     def _push(self, entries: list[Push]) -> int:
         """Push one list's ids; a list Redis refuses fails alone (its rows were re-stamped
@@ -126,7 +134,7 @@ class Reconciler:
         marker = str(uuid.uuid4())
         prefix = self.broker.prefix
         flushed = self.store.boot_marker_recorded(prefix)
-        pg = self.counts.fresh()
+        pg = self.store.queued_counts()
         failpoint("coord.between_restore_reads")  # tests: widen the window pools pop in
         lengths = self._lengths({name for name, _ in pg})
         empty = sorted(queue for queue in pg if lengths.get(queue, -1) == 0)

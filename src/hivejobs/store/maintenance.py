@@ -16,7 +16,7 @@ from datetime import datetime
 import psycopg.sql
 from psycopg.rows import class_row
 
-from hivejobs.records import Lease, Push, QueuedEntry
+from hivejobs.records import Lease, OldestQueued, Push, QueuedEntry
 from hivejobs.store.db import Conn, connect
 from hivejobs.store.leases import Leases
 from hivejobs.store.sql import load_queries
@@ -48,11 +48,23 @@ class Maintenance(Leases):
             return len(conn.execute(UPKEEP["end_waiting_jobs"], {"limit": limit}).fetchall())
 
     def stale_queued_if_leader(
-        self, lease: Lease, queue: tuple[str, int], grace_s: float, limit: int
+        self,
+        lease: Lease,
+        queue: tuple[str, int],
+        grace_s: float,
+        limit: int,
+        before: datetime | None = None,
     ) -> list[Push] | None:
-        """Up to `limit` of one queue's ids queued longer than `grace_s`, oldest first,
-        re-stamped queued now (so a list Redis refuses is tried again after the grace)."""
-        params = {"name": queue[0], "priority": queue[1], "grace_s": grace_s, "limit": limit}
+        """Up to `limit` of one queue's ids queued more than `grace_s` before `before` (or
+        before now), oldest first, re-stamped queued now (so a list Redis refuses is tried
+        again after the grace)."""
+        params = {
+            "name": queue[0],
+            "priority": queue[1],
+            "grace_s": grace_s,
+            "before": before,
+            "limit": limit,
+        }
         with self.leader_transaction(lease) as conn:
             return None if conn is None else _pushes(conn, "stale_queued", params)
 
@@ -71,6 +83,18 @@ class Maintenance(Leases):
             return len(rows.fetchall())
 
     # -- reads -----------------------------------------------------------------------------
+
+    def oldest_queued(self, grace_s: float) -> list[OldestQueued]:
+        """Each queue's oldest queued row: an index entry or two per queue read."""
+        with self.connection() as conn:
+            cur = conn.cursor(row_factory=class_row(OldestQueued))
+            return cur.execute(UPKEEP["oldest_queued"], {"grace_s": grace_s}).fetchall()
+
+    def queued_at_of(self, ids: list[str]) -> dict[str, datetime]:
+        """When each of these ids was queued, for those still queued."""
+        with self.connection() as conn:
+            rows = conn.execute(UPKEEP["queued_at_of"], {"ids": ids}).fetchall()
+        return {str(r[0]): r[1] for r in rows if r[1] is not None}
 
     def queued_counts(self) -> dict[tuple[str, int], int]:
         """Queued jobs per (type, priority): one entry per Redis list."""
