@@ -79,9 +79,9 @@ class Reconciler:
 
     def _lagging(self) -> dict[tuple[str, int], datetime | None]:
         """The queues with ids Redis lost, and the queued_at of their list's head (None: the
-        list is empty). Postgres is read first: an id pushed after that read and popped
-        before Redis's is still queued and older than the head it left, but by less than
-        the grace (the ids of one enqueue are pushed together)."""
+        list is empty). An id popped and not yet claimed is still queued and older than the
+        head: it counts as lost only when older by more than the grace, and if it is pushed
+        again anyway its claim fences the copy out (a duplicate id, never a second run)."""
         oldest = {(o.name, o.priority): o for o in self.store.oldest_queued(self.grace_s)}
         if not oldest:
             return {}
