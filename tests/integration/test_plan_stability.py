@@ -28,6 +28,7 @@ import pytest
 from hivejobs.records import Completion
 from hivejobs.store import QUERIES, Store
 from hivejobs.store.jobs import archive_rows
+from hivejobs.store.pooling import connect_kwargs
 from hivejobs.store.sql import load_queries
 
 CALLBACK_QUERIES = load_queries("callback_queries.sql")
@@ -78,10 +79,14 @@ class Measured:
         return self.buffers / max(self.rows, 1)
 
 
+def hivejobs_session(url: str) -> psycopg.Connection[Any]:
+    """A direct connection with the settings every hivejobs session has (PREPARED_PLANS)."""
+    return psycopg.connect(url, **connect_kwargs(False, None))
+
+
 def load(conn: psycopg.Connection[Any], stats: str) -> Loaded:
-    """The hot table as a drain sees it, with the planner statistics `stats` describes."""
-    # Whatever the server does, this table's statistics are the ones set here.
-    conn.execute("ALTER TABLE hivejobs_job SET (autovacuum_enabled = false)")
+    """The hot table as a drain sees it, with the planner statistics `stats` describes
+    (after without_autovacuum: no DDL here, which would make prepared statements replan)."""
     if stats == "empty_table":
         conn.execute("ANALYZE hivejobs_job")
         conn.execute("ANALYZE hivejobs_flow_bucket")
@@ -172,6 +177,12 @@ def load(conn: psycopg.Connection[Any], stats: str) -> Loaded:
         r[0] for r in conn.execute("SELECT id FROM hivejobs_job WHERE worker_id = %s", (small,))
     ]
     return Loaded(next_queued, [(r[0], int(r[1])) for r in running], small, small_ids, dead)
+
+
+def without_autovacuum(conn: psycopg.Connection[Any]) -> None:
+    """Whatever the server does, the hot tables' statistics are the ones the test sets."""
+    for table in HOT_TABLES:
+        conn.execute(f"ALTER TABLE {table} SET (autovacuum_enabled = false)")
 
 
 def hot_statements(ld: Loaded) -> list[tuple[str, str, dict[str, Any], int]]:
@@ -352,10 +363,9 @@ def explain(conn: psycopg.Connection[Any], query: str, params: dict[str, Any], k
             types = conn.execute(
                 "SELECT parameter_types::text[] FROM pg_prepared_statements WHERE name = 'hot'"
             ).fetchone()[0]  # type: ignore[index]
-            args = f"({', '.join(f'%s::{t}' for t in types)})" if types else ""
             cur = psycopg.ClientCursor(conn)
             plan = cur.execute(
-                f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE hot{args}", values
+                f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE hot{arguments(types)}", values
             ).fetchone()[0][0]  # type: ignore[index]
             return plan
     finally:
@@ -413,7 +423,8 @@ def measure(conn: psycopg.Connection[Any], ld: Loaded) -> list[Measured]:
 
 @pytest.mark.parametrize("stats", STATS)
 def test_hot_statements_find_rows_in_bounded_buffers(database_url: str, stats: str) -> None:
-    with psycopg.connect(database_url, autocommit=True) as conn:
+    with hivejobs_session(database_url) as conn:
+        without_autovacuum(conn)
         ld = load(conn, stats)
         results = measure(conn, ld)
     report = "\n".join(
@@ -428,31 +439,131 @@ def test_hot_statements_find_rows_in_bounded_buffers(database_url: str, stats: s
     )
 
 
+def prepared_on_quiet_table(
+    conn: psycopg.Connection[Any], quiet_rows: int
+) -> list[tuple[str, list[str]]]:
+    """Every hot statement prepared and run once, its generic plan built while the hot table
+    holds `quiet_rows` jobs in each state (none, or a page), as a pool or a coordinator that
+    starts on a quiet queue builds it: (name, parameter types) of each, in hot_statements'
+    order. Made-up ids: nothing is found."""
+    fake = Loaded(
+        next_queued=[str(uuid.uuid4()) for _ in range(BATCH)],
+        running=[(str(uuid.uuid4()), i) for i in range(BATCH)],
+        small=str(uuid.uuid4()),
+        small_ids=[str(uuid.uuid4()) for _ in range(BATCH)],
+        dead=str(uuid.uuid4()),
+    )
+    if quiet_rows:  # a quiet queue: a few jobs in each state, one page
+        conn.execute(
+            """INSERT INTO hivejobs_job (id, name, state, attempts, delivery, payload, run_at,
+                                         queued_at, worker_id, claim_token, started_at)
+               SELECT gen_random_uuid()::text, 'noop', s, 3, 'at_least_once', '\\x7b7d',
+                      now() + CASE WHEN s = 'scheduled' THEN interval '1 hour' ELSE '0' END,
+                      CASE WHEN s = 'queued' THEN now() END,
+                      CASE WHEN s = 'running' THEN gen_random_uuid() END,
+                      CASE WHEN s = 'running' THEN i END,
+                      CASE WHEN s = 'running' THEN now() END
+                 FROM generate_series(1, %s) i,
+                      unnest(ARRAY['queued', 'running', 'scheduled']) s""",
+            (quiet_rows,),
+        )
+    conn.execute("SET plan_cache_mode = force_generic_plan")
+    prepared = []
+    for i, (_, query, params, _) in enumerate(hot_statements(fake)):
+        text, values = generic(query, params)
+        conn.execute(f"PREPARE hot_{i} AS {text}")
+        types = conn.execute(
+            "SELECT parameter_types::text[] FROM pg_prepared_statements WHERE name = %s",
+            (f"hot_{i}",),
+        ).fetchone()[0]  # type: ignore[index]
+        with conn.transaction(force_rollback=True):
+            psycopg.ClientCursor(conn).execute(f"EXECUTE hot_{i}{arguments(types)}", values)
+        prepared.append((f"hot_{i}", types))
+    return prepared
+
+
+def arguments(types: list[str]) -> str:
+    """EXECUTE's argument list for a client-side cursor: a cast placeholder per parameter."""
+    return f"({', '.join(f'%s::{t}' for t in types)})" if types else ""
+
+
+@pytest.mark.parametrize("quiet_rows", [0, 3])
+def test_plans_built_on_a_quiet_table_hold_once_it_fills(
+    database_url: str, quiet_rows: int
+) -> None:
+    """A prepared statement keeps its generic plan for its session's life: nothing but an
+    ANALYZE (or DDL) of the table makes Postgres plan it again, and with autovacuum off none
+    comes. A pool that starts on a quiet queue builds its plans then: each must still find
+    its rows by key once 50,000 jobs are queued. Without PREPARED_PLANS a plan made on a
+    page of jobs is a sequential scan: 1,216 buffers a claim or completion of 8 here."""
+    with hivejobs_session(database_url) as conn:
+        without_autovacuum(conn)
+        prepared = prepared_on_quiet_table(conn, quiet_rows)
+        ld = load(conn, "absent")
+        results = []
+        for (name, query, params, rows), (statement, types) in zip(
+            hot_statements(ld), prepared, strict=True
+        ):
+            _, values = generic(query, params)
+            with conn.transaction(force_rollback=True):
+                plan = (
+                    psycopg.ClientCursor(conn)
+                    .execute(
+                        f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE {statement}"
+                        + arguments(types),
+                        values,
+                    )
+                    .fetchone()[0][0]  # type: ignore[index]
+                )
+            buffers, scans = finding_buffers(plan["Plan"])
+            results.append(Measured(name, "generic", rows, buffers, scans))
+    report = "\n".join(
+        f"{m.statement:28} {m.buffers:6} buffers {m.rows:5} rows {m.per_row:7.1f}/row  "
+        f"{'; '.join(m.scans)}"
+        for m in results
+    )
+    print(f"\nplanned on {quiet_rows} jobs of each state, run on a full queue\n{report}")
+    over = [m for m in results if m.buffers > BUFFERS_PER_ROW * max(m.rows, 1)]
+    assert not over, f"plans built on a quiet table: beyond {BUFFERS_PER_ROW} a row:\n" + (
+        "\n".join(f"{m.statement}: {m.buffers} for {m.rows}" for m in over)
+    )
+
+
 PROBES = ("any_due", "any_waiting_ended", "any_callback_timed_out")
 
 
-def test_probes_are_planned_for_the_table_as_it_is(make_app: Any, database_url: str) -> None:
-    """The coordinator's probes (Leases.nothing_to_write) have no parameters: prepared, they
-    would keep the plan made at their first runs, and one made while the hot table was empty
-    and never analyzed is a sequential scan and a sort (seen on a fresh database: 2-4 ms a
-    call once 20,000 jobs were queued). So they are never prepared, however often they run,
-    and each run is planned for the table as it is: an index, a few buffers."""
+def test_probes_prepared_on_an_empty_table_read_their_index_once_it_fills(
+    make_app: Any, database_url: str
+) -> None:
+    """The coordinator's probes (Leases.nothing_to_write) run several times a second, so
+    psycopg prepares them, and the plan each keeps is the one made then. Run by a Store as
+    the coordinator runs them, first on an empty table, then with 50,000 jobs queued: each
+    prepared probe still reads its index (without PREPARED_PLANS the plan made on the empty
+    table is a sequential scan and a sort: 2-4 ms a call once 20,000 jobs were queued)."""
     queries = {name: QUERIES.get(name) or CALLBACK_QUERIES[name] for name in PROBES}
     make_app()  # the schema
+    with hivejobs_session(database_url) as conn:
+        without_autovacuum(conn)
     store = Store(database_url, max_size=1)  # one session runs every probe
     try:
-        for _ in range(10):  # psycopg prepares a statement after its fifth run
+        for _ in range(10):  # psycopg prepares a statement at its fifth run
             for query in queries.values():
                 assert store.nothing_to_write(query)
+        with hivejobs_session(database_url) as conn:
+            load(conn, "absent")
         with store.connection() as conn:
-            prepared = conn.execute("SELECT statement FROM pg_prepared_statements").fetchall()
+            names = dict(
+                conn.execute("SELECT statement, name FROM pg_prepared_statements").fetchall()
+            )
+            kept = {name: names[query] for name, query in queries.items()}
+            read = {
+                name: finding_buffers(
+                    conn.execute(
+                        f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE {prepared}"
+                    ).fetchone()[0][0]["Plan"]  # type: ignore[index]
+                )[0]
+                for name, prepared in kept.items()
+            }
     finally:
         store.close()
-    assert not [s for (s,) in prepared if any(q in s for q in queries.values())]
-    with psycopg.connect(database_url, autocommit=True) as conn:
-        load(conn, "absent")
-        as_is = {
-            name: finding_buffers(explain(conn, query, {}, "custom")["Plan"])[0]
-            for name, query in queries.items()
-        }
-    assert max(as_is.values()) <= BUFFERS_PER_ROW, as_is
+    assert max(read.values()) <= BUFFERS_PER_ROW, read
