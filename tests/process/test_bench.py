@@ -151,7 +151,7 @@ def test_bench_queries_share_one_session_closed_at_cleanup(admin_url: str) -> No
         env.clear_redis(keep_boot_marker=False)
 
 
-def test_stale_stats_scenario_drains_under_three_statistics_states(
+def test_stale_stats_scenario_drains_under_four_planner_states(
     admin_url: str, tmp_path: Path
 ) -> None:
     out = tmp_path / "stale.json"
@@ -181,7 +181,7 @@ def test_stale_stats_scenario_drains_under_three_statistics_states(
     assert proc.returncode == 0, proc.stderr
     figures = json.loads(out.read_text())["medians"]["stale-stats"]
     assert len(json.loads(out.read_text())["runs"]["stale-stats"]) == 1  # one run, not --repeats
-    for state in ("none", "empty", "full"):
+    for state in ("none", "empty", "full", "quiet"):
         assert figures[f"stale_stats_{state}_per_s"] > 0
         assert figures[f"stale_stats_{state}_buffers_per_job"] > 0
         # Never more running rows than the pools' backpressure allows (2 processes x 8).
