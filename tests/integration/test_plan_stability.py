@@ -25,8 +25,9 @@ from typing import Any
 import psycopg
 import pytest
 
+from hivejobs.coordinator import Coordinator
 from hivejobs.records import Completion
-from hivejobs.store import QUERIES, Store
+from hivejobs.store import PREPARED_PLANS, QUERIES, Store, new_worker_id
 from hivejobs.store.jobs import archive_rows
 from hivejobs.store.pooling import connect_kwargs
 from hivejobs.store.sql import load_queries
@@ -80,8 +81,9 @@ class Measured:
 
 
 def hivejobs_session(url: str) -> psycopg.Connection[Any]:
-    """A direct connection with the settings every hivejobs session has (PREPARED_PLANS)."""
-    return psycopg.connect(url, **connect_kwargs(False, None))
+    """A direct connection with the planner settings of the pools' and the coordinator's
+    sessions (PREPARED_PLANS)."""
+    return psycopg.connect(url, **connect_kwargs(False, PREPARED_PLANS))
 
 
 def load(conn: psycopg.Connection[Any], stats: str) -> Loaded:
@@ -536,15 +538,19 @@ def test_probes_prepared_on_an_empty_table_read_their_index_once_it_fills(
     make_app: Any, database_url: str
 ) -> None:
     """The coordinator's probes (Leases.nothing_to_write) run several times a second, so
-    psycopg prepares them, and the plan each keeps is the one made then. Run by a Store as
-    the coordinator runs them, first on an empty table, then with 50,000 jobs queued: each
+    psycopg prepares them, and the plan each keeps is the one made then. Run on the
+    coordinator's own store, first on an empty table, then with 50,000 jobs queued: each
     prepared probe still reads its index (without PREPARED_PLANS the plan made on the empty
     table is a sequential scan and a sort: 2-4 ms a call once 20,000 jobs were queued)."""
     queries = {name: QUERIES.get(name) or CALLBACK_QUERIES[name] for name in PROBES}
-    make_app()  # the schema
+    app = make_app()  # the schema
     with hivejobs_session(database_url) as conn:
         without_autovacuum(conn)
-    store = Store(database_url, max_size=1)  # one session runs every probe
+    coordinator = Coordinator(app.settings, new_worker_id())
+    coordinator.store.close()
+    coordinator.broker.close()
+    # The coordinator's session settings, on one session that runs every probe.
+    store = Store(database_url, max_size=1, session=coordinator.store.session)
     try:
         for _ in range(10):  # psycopg prepares a statement at its fifth run
             for query in queries.values():

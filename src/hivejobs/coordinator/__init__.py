@@ -38,7 +38,7 @@ from hivejobs.coordinator.traverser import Traverser
 from hivejobs.failpoints import failpoint
 from hivejobs.logs import error_fields
 from hivejobs.records import Lease
-from hivejobs.store import Store
+from hivejobs.store import PREPARED_PLANS, Store
 
 __all__ = ["Coordinator", "listen_url", "run_coordinator"]
 
@@ -60,7 +60,11 @@ class Coordinator:
         self.store = Store(
             settings.database_url,
             max_size=2,
-            session={"idle_in_transaction_session_timeout": str(idle_ms), "lock_timeout": "2000"},
+            session={
+                "idle_in_transaction_session_timeout": str(idle_ms),
+                "lock_timeout": "2000",
+                **({} if settings.pgbouncer else PREPARED_PLANS),
+            },
             pooled=settings.pgbouncer,
             role="hivejobs coordinator",
         )

@@ -114,29 +114,28 @@ def local_settings_sql(session: Mapping[str, str]) -> bytes:
     return psycopg.sql.SQL("SELECT {}").format(calls).as_string(None).encode()
 
 
-# Every session that prepares statements (a direct one) plans without sequential scans.
-# psycopg prepares a statement at its fifth run, and Postgres keeps the plan it makes then for
-# the session's life: only an ANALYZE or a DDL of the table plans it again, and with
-# autovacuum off none comes. A plan made while the hot table held a few rows (a process that
-# started on a quiet queue) is a sequential scan, which a backlog then turns into a read of
-# the whole queue at every claim and completion (33 ms for 10 completions with 200,000 jobs
-# queued, against 0.5). Every hivejobs statement has an index that serves it; with
-# sequential scans off the planner takes it whatever the table's size when the plan is made
-# (tests/integration/test_plan_stability.py). A table without one is still read in full.
-# Behind a pooler nothing is prepared: each statement is planned for the table as it is.
+# The session settings of the processes that run the hot statements, pools and coordinator,
+# when they connect directly (they prepare their statements). psycopg prepares a statement at
+# its fifth run, and Postgres keeps the plan it makes then for the session's life: only an
+# ANALYZE or a DDL of the table plans it again, and with autovacuum off none comes. A plan made
+# while the hot table held a few rows (a process that started on a quiet queue) is a
+# sequential scan, which a backlog then turns into a read of the whole queue at every claim
+# and completion (33 ms for 10 completions with 200,000 jobs queued, against 0.5). Each hot
+# statement has an index that serves it; with sequential scans off the planner takes it
+# whatever the table's size when the plan is made (tests/integration/test_plan_stability.py).
+# Not for the sessions of enqueuers, the CLI and the dashboard: their counts read whole
+# tables, which a parallel sequential scan does best. Behind a pooler nothing is prepared.
 PREPARED_PLANS = {"enable_seqscan": "off"}
 
 
 def connect_kwargs(pooled: bool, session: Mapping[str, str] | None) -> dict[str, Any]:
-    """psycopg connect arguments: autocommit, a connect timeout; direct, PREPARED_PLANS and
-    the session as startup options; pooled, no prepared statements (they live on one server
-    connection)."""
+    """psycopg connect arguments: autocommit, a connect timeout; direct, the session as
+    startup options; pooled, no prepared statements (they live on one server connection)."""
     kwargs: dict[str, Any] = {"autocommit": True, "connect_timeout": 5}
     if pooled:
         kwargs["prepare_threshold"] = None
-    else:
-        options = {**PREPARED_PLANS, **(session or {})}
-        kwargs["options"] = " ".join(f"-c {k}={v}" for k, v in options.items())
+    elif session:
+        kwargs["options"] = " ".join(f"-c {k}={v}" for k, v in session.items())
     return kwargs
 
 

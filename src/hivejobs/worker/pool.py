@@ -33,7 +33,7 @@ from hivejobs.memory import MemoryCap
 from hivejobs.metrics import Recorder
 from hivejobs.pools import store_size
 from hivejobs.records import Completion
-from hivejobs.store import Store
+from hivejobs.store import PREPARED_PLANS, Store
 from hivejobs.worker.completer import Completer
 from hivejobs.worker.exits import ChildExit
 from hivejobs.worker.fetcher import Fetcher
@@ -198,9 +198,10 @@ class Pool:
             # plan_cache_mode the archive statement was planned afresh at every call
             # (~0.3 ms of backend CPU each), its custom plans always looking cheaper than
             # the generic one. Every pool statement's generic plan finds its rows by key
-            # whatever the statistics (tests/integration/test_plan_stability.py). Behind
-            # a transaction pooler nothing is prepared: there it would change nothing.
-            session["plan_cache_mode"] = "force_generic_plan"
+            # whatever the statistics and the table's size when it was made (PREPARED_PLANS,
+            # tests/integration/test_plan_stability.py). Behind a transaction pooler nothing
+            # is prepared: there it would change nothing.
+            session.update(PREPARED_PLANS, plan_cache_mode="force_generic_plan")
         self.store = Store(
             settings.database_url,
             max_size=store_size(len(types)),
