@@ -123,9 +123,11 @@ def local_settings_sql(session: Mapping[str, str]) -> bytes:
 # and completion (33 ms for 10 completions with 200,000 jobs queued, against 0.5). Each hot
 # statement has an index that serves it; with sequential scans off the planner takes it
 # whatever the table's size when the plan is made (tests/integration/test_plan_stability.py).
+# A table no index serves is still read in full, at a cost of 10^10 more: past jit_above_cost,
+# so JIT is off too (it compiled the pruner's delete at every call: 350 ms, not 1).
 # Not for the sessions of enqueuers, the CLI and the dashboard: their counts read whole
 # tables, which a parallel sequential scan does best. Behind a pooler nothing is prepared.
-PREPARED_PLANS = {"enable_seqscan": "off"}
+PREPARED_PLANS = {"enable_seqscan": "off", "jit": "off"}
 
 
 def connect_kwargs(pooled: bool, session: Mapping[str, str] | None) -> dict[str, Any]:
