@@ -6,8 +6,8 @@ machines), an empty table (a fresh deploy, or a quiet spell before a burst), or 
 (an ANALYZE during a bulk enqueue, nothing running). And a session keeps the plans of the
 statements it prepared: `quiet` starts the worker on an empty queue, runs QUIET_JOBS one at a
 time (its sessions prepare their statements on a table of a job or two), pauses the type
-while the backlog is enqueued and drains it with those plans. Each state gets a database of its own,
-so no drain inherits another's dead rows; the rates should agree within 10 %. Wall-clock
+while the backlog is enqueued and drains it with those plans. Each state gets a database of
+its own, so no drain inherits another's dead rows; the rates should agree within 10 %. Wall-clock
 rates on a shared machine move with its load, so two figures that do not are reported beside
 them: buffers touched per job (this database's, all statements) and the CPU time its
 Postgres backends used per job (psutil: only when Postgres runs on this machine).
