@@ -429,14 +429,19 @@ def test_hot_statements_find_rows_in_bounded_buffers(database_url: str, stats: s
         without_autovacuum(conn)
         ld = load(conn, stats)
         results = measure(conn, ld)
+    assert_bounded(results, f"statistics: {stats}")
+
+
+def assert_bounded(results: list[Measured], situation: str) -> None:
+    """Print every statement's buffers; fail naming those beyond BUFFERS_PER_ROW a row."""
     report = "\n".join(
         f"{m.statement:28} {m.plan_kind:7} {m.buffers:6} buffers {m.rows:5} rows "
         f"{m.per_row:7.1f}/row  {'; '.join(m.scans)}"
         for m in results
     )
-    print(f"\nstatistics: {stats}\n{report}")
+    print(f"\n{situation}\n{report}")
     over = [m for m in results if m.buffers > BUFFERS_PER_ROW * max(m.rows, 1)]
-    assert not over, f"statistics {stats}: scans beyond {BUFFERS_PER_ROW} buffers a row:\n" + (
+    assert not over, f"{situation}: scans beyond {BUFFERS_PER_ROW} buffers a row:\n" + (
         "\n".join(f"{m.statement} ({m.plan_kind}): {m.buffers} for {m.rows}" for m in over)
     )
 
@@ -519,16 +524,7 @@ def test_plans_built_on_a_quiet_table_hold_once_it_fills(
                 )
             buffers, scans = finding_buffers(plan["Plan"])
             results.append(Measured(name, "generic", rows, buffers, scans))
-    report = "\n".join(
-        f"{m.statement:28} {m.buffers:6} buffers {m.rows:5} rows {m.per_row:7.1f}/row  "
-        f"{'; '.join(m.scans)}"
-        for m in results
-    )
-    print(f"\nplanned on {quiet_rows} jobs of each state, run on a full queue\n{report}")
-    over = [m for m in results if m.buffers > BUFFERS_PER_ROW * max(m.rows, 1)]
-    assert not over, f"plans built on a quiet table: beyond {BUFFERS_PER_ROW} a row:\n" + (
-        "\n".join(f"{m.statement}: {m.buffers} for {m.rows}" for m in over)
-    )
+    assert_bounded(results, f"planned on {quiet_rows} jobs of each state, run on a full queue")
 
 
 def test_plans_that_read_a_table_in_full_are_never_compiled(database_url: str) -> None:
