@@ -333,7 +333,7 @@ def format_sweep(report: dict[str, Any]) -> str:
 
 def _fraction(key: str, value: float, ceil: scenarios.Figures) -> str:
     if key == "stale_stats_slowest_vs_fastest":
-        return f"{value:.0%}: slowest drain rate of the three statistics states vs fastest"
+        return f"{value:.0%}: slowest drain rate of the four planner states vs fastest"
     if key == "enqueue_single_vs_raw":
         return f"{value:.0%} of raw 1-INSERT commits/s, slices alternated with them"
     if key == "enqueue_async_vs_sync":
