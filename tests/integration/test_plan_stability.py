@@ -10,6 +10,10 @@ as planned for its parameter values (a custom plan) and as psycopg runs it once 
 rows, not of writing them) must stay within BUFFERS_PER_ROW per row the statement is about:
 a scan of the queue or of the running set costs hundreds, a primary-key lookup a few.
 No timing is involved: buffers are counted, not milliseconds.
+
+A session keeps the plan of each statement it prepared: plans made while the hot table held
+nothing or a page of jobs (a process started on a quiet queue) are run on the full one too,
+under the planner settings of the pools' and the coordinator's sessions (PREPARED_PLANS).
 """
 
 from __future__ import annotations
