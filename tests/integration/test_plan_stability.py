@@ -365,17 +365,35 @@ def explain(conn: psycopg.Connection[Any], query: str, params: dict[str, Any], k
                 ).fetchone()[0][0]  # type: ignore[index]
             text, values = generic(query, params)
             conn.execute("SET LOCAL plan_cache_mode = force_generic_plan")
-            conn.execute(f"PREPARE hot AS {text}")
-            types = conn.execute(
-                "SELECT parameter_types::text[] FROM pg_prepared_statements WHERE name = 'hot'"
-            ).fetchone()[0]  # type: ignore[index]
-            cur = psycopg.ClientCursor(conn)
-            plan = cur.execute(
-                f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE hot{arguments(types)}", values
-            ).fetchone()[0][0]  # type: ignore[index]
-            return plan
+            types = prepare(conn, "hot", text)
+            return execute(conn, "hot", types, values, explained=True)
     finally:
         conn.execute("DEALLOCATE ALL")
+
+
+def prepare(conn: psycopg.Connection[Any], name: str, text: str) -> list[str]:
+    """PREPARE `text` as `name`: its parameter types, as Postgres inferred them."""
+    conn.execute(f"PREPARE {name} AS {text}")
+    row = conn.execute(
+        "SELECT parameter_types::text[] FROM pg_prepared_statements WHERE name = %s", (name,)
+    ).fetchone()
+    assert row is not None
+    return list(row[0])
+
+
+def execute(
+    conn: psycopg.Connection[Any],
+    name: str,
+    types: list[str],
+    values: list[Any],
+    explained: bool = False,
+) -> Any:
+    """EXECUTE prepared statement `name` (a client-side cursor: a cast placeholder per
+    parameter); `explained`: under EXPLAIN ANALYZE, its plan as JSON."""
+    args = f"({', '.join(f'%s::{t}' for t in types)})" if types else ""
+    prefix = "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " if explained else ""
+    cur = psycopg.ClientCursor(conn).execute(f"{prefix}EXECUTE {name}{args}", values)
+    return cur.fetchone()[0][0] if explained else None  # type: ignore[index]
 
 
 def scans_of_hot_table(node: dict[str, Any]) -> Iterator[dict[str, Any]]:
@@ -482,20 +500,11 @@ def prepared_on_quiet_table(
     prepared = []
     for i, (_, query, params, _) in enumerate(hot_statements(fake)):
         text, values = generic(query, params)
-        conn.execute(f"PREPARE hot_{i} AS {text}")
-        types = conn.execute(
-            "SELECT parameter_types::text[] FROM pg_prepared_statements WHERE name = %s",
-            (f"hot_{i}",),
-        ).fetchone()[0]  # type: ignore[index]
+        types = prepare(conn, f"hot_{i}", text)
         with conn.transaction(force_rollback=True):
-            psycopg.ClientCursor(conn).execute(f"EXECUTE hot_{i}{arguments(types)}", values)
+            execute(conn, f"hot_{i}", types, values)
         prepared.append((f"hot_{i}", types))
     return prepared
-
-
-def arguments(types: list[str]) -> str:
-    """EXECUTE's argument list for a client-side cursor: a cast placeholder per parameter."""
-    return f"({', '.join(f'%s::{t}' for t in types)})" if types else ""
 
 
 @pytest.mark.parametrize("quiet_rows", [0, 3])
@@ -517,15 +526,7 @@ def test_plans_built_on_a_quiet_table_hold_once_it_fills(
         ):
             _, values = generic(query, params)
             with conn.transaction(force_rollback=True):
-                plan = (
-                    psycopg.ClientCursor(conn)
-                    .execute(
-                        f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE {statement}"
-                        + arguments(types),
-                        values,
-                    )
-                    .fetchone()[0][0]  # type: ignore[index]
-                )
+                plan = execute(conn, statement, types, values, explained=True)
             buffers, scans = finding_buffers(plan["Plan"])
             results.append(Measured(name, "generic", rows, buffers, scans))
     assert_bounded(results, f"planned on {quiet_rows} jobs of each state, run on a full queue")

@@ -117,14 +117,13 @@ def _quiet_start(env: BenchEnvironment, processes: int, concurrency: int) -> Non
     the backlog's alone."""
     assert env.app is not None
     env.start_worker(processes, concurrency, 0.0)
-    with Sampler(env) as sampler:
-        for n in range(1, QUIET_JOBS + 1):
-            env.app.enqueue(JOB, {})
-            deadline = time.perf_counter() + 60
-            while sampler.count("SELECT count(*) FROM hivejobs_archive") < n:
-                if time.perf_counter() > deadline:
-                    raise RuntimeError(f"stale-stats quiet: job {n} not done; see {env.workdir}")
-                time.sleep(0.005)  # polling a count in another process
+    for n in range(1, QUIET_JOBS + 1):
+        env.app.enqueue(JOB, {})
+        deadline = time.perf_counter() + 60
+        while env.sql("SELECT count(*) FROM hivejobs_archive")[0][0] < n:
+            if time.perf_counter() > deadline:
+                raise RuntimeError(f"stale-stats quiet: job {n} not done; see {env.workdir}")
+            time.sleep(0.005)  # polling a count in another process
     env.app.pause(JOB)
     env.sql("DELETE FROM hivejobs_archive")
 
