@@ -14,7 +14,7 @@ from hivejobs import App
 from hivejobs.coordinator.compactor import Compactor
 from hivejobs.coordinator.elector import Elector
 from hivejobs.coordinator.gauges import Gauges
-from hivejobs.coordinator.reconciler import Reconciler
+from hivejobs.coordinator.reconciler import MSG_KEY_ACCEPTED, MSG_KEY_REFUSED, Reconciler
 from hivejobs.coordinator.rescuer import Rescuer
 from hivejobs.records import Lease
 from hivejobs.store import new_worker_id
@@ -108,6 +108,41 @@ def test_reconciler_leaves_ids_queued_within_the_grace(
     sql(database_url, "UPDATE hivejobs_job SET queued_at = now() - interval '1 minute'")
     assert reconciler.run_once(leader(app)).pushed == 1
     assert app.broker.redis.lrange(key, 0, -1) == [job_id.encode()]
+
+
+def test_a_refused_key_is_logged_when_it_goes_bad_and_when_redis_accepts_it_again(
+    make_app: Callable[..., App], database_url: str
+) -> None:
+    """A key of the wrong type is news once, and so is its healing; a pass that did not read
+    the key (its queue has no queued row left) says nothing about it."""
+    app = make(make_app(), database_url)
+    app.broker.set_boot_marker("x")
+    key = app.broker.queue_key("thing", 0)
+    reconciler = Reconciler(app.store, app.broker)
+
+    def lost_job() -> str:
+        job_id = app.enqueue("thing", {"n": 1})
+        assert app.flush()
+        app.broker.redis.delete(key)
+        sql(database_url, "UPDATE hivejobs_job SET queued_at = now() - interval '1 minute'")
+        return job_id
+
+    def one_pass() -> list[str]:
+        with logged() as lines:
+            reconciler.run_once(leader(app))
+        return [message for _, message in lines]
+
+    app.enqueue("thing", {"n": 2}, priority=5)  # a list the passes go on reading
+    stuck = lost_job()
+    app.broker.redis.set(key, "not a list")
+    assert one_pass().count(MSG_KEY_REFUSED) == 1
+    assert MSG_KEY_REFUSED not in one_pass()  # still refused: logged once
+    assert app.cancel(stuck)
+    assert MSG_KEY_ACCEPTED not in one_pass()  # no queued row: the key was not read
+    lost_job()  # deletes the wrong-typed key, as an operator would
+    assert MSG_KEY_ACCEPTED in one_pass()
+    assert app.broker.redis.llen(key) == 1
+    assert app.broker.redis.llen(app.broker.queue_key("thing", 5)) == 1  # never pushed twice
 
 
 def test_reconciler_restores_everything_after_a_flush(
@@ -226,13 +261,15 @@ def test_first_start_without_marker_does_not_push_ids_twice(
 
 
 @contextmanager
-def log_levels() -> Iterator[list[str]]:
-    """The level of each line hivejobs logs meanwhile (it is silent unless enabled)."""
-    levels: list[str] = []
+def logged() -> Iterator[list[tuple[str, str]]]:
+    """(level, message) of each line hivejobs logs meanwhile (it is silent unless enabled)."""
+    lines: list[tuple[str, str]] = []
     logger.enable("hivejobs")
-    sink = logger.add(lambda m: levels.append(m.record["level"].name), level="DEBUG")
+    sink = logger.add(
+        lambda m: lines.append((m.record["level"].name, m.record["message"])), level="DEBUG"
+    )
     try:
-        yield levels
+        yield lines
     finally:
         logger.remove(sink)
         logger.disable("hivejobs")
@@ -248,17 +285,18 @@ def test_first_start_is_not_a_flush_but_a_later_missing_marker_is(
     assert app.flush()
     key = app.broker.queue_key("thing", 0)
     assert app.broker.redis.lpop(key) == job_id.encode()
-    with log_levels() as levels:
+    with logged() as lines:
         result = Reconciler(app.store, app.broker).run_once(leader(app))
     assert (result.full_restore, result.pushed) == (True, 1)
+    levels = {level for level, _ in lines}
     assert "INFO" in levels and "WARNING" not in levels
     # The marker was set and Postgres remembers it: a Redis that lost it was flushed.
     app.broker.redis.delete(key, app.broker.boot_key)
-    with log_levels() as levels:
+    with logged() as lines:
         result = Reconciler(app.store, app.broker).run_once(leader(app))
     assert (result.full_restore, result.pushed) == (True, 1)
     assert app.broker.redis.lrange(key, 0, -1) == [job_id.encode()]
-    assert "WARNING" in levels
+    assert "WARNING" in {level for level, _ in lines}
 
 
 def test_compactor_gives_a_drained_hot_table_its_space_back(
