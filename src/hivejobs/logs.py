@@ -8,6 +8,7 @@ not write goes in fields.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import sys
 from typing import TYPE_CHECKING
@@ -29,6 +30,7 @@ _SHOWN_ELSEWHERE = frozenset({"process", "worker_id", "hj_fields"})
 # The loguru handlers this process added (never anybody else's: a host app's sinks stay).
 _OUR_HANDLERS: list[int] = []
 _LEVELS = ("TRACE", "DEBUG", "INFO", "SUCCESS", "WARNING", "ERROR", "CRITICAL")
+MSG_LIBRARY = "a library logged"
 
 
 def _stderr_sink(message: str) -> None:
@@ -73,6 +75,48 @@ def setup_logging(process: str) -> None:
             colorize=False if serialize else _is_tty(),
         )
     )
+    _route_library_logs(level)
+
+
+class _LibraryLogs(logging.Handler):
+    """Lines the libraries we use log through the standard `logging` module (psycopg's pool
+    says so when it cannot connect or drops a broken connection) leave through our sink like
+    ours: in the process's format (a JSON line among JSON lines), with the process column,
+    scrubbed of known passwords. Without it Python's last-resort handler printed them as bare
+    text on stderr. Their text is not ours: it goes in a field."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            logger.opt(exception=record.exc_info or None).log(
+                _loguru_level(record.levelno),
+                MSG_LIBRARY,
+                library=record.name,
+                text=record.getMessage(),
+            )
+        except Exception:  # a record whose arguments do not fit its format, say
+            self.handleError(record)
+
+
+_LIBRARY_LOGS = _LibraryLogs()
+
+
+def _route_library_logs(level: str) -> None:
+    """Route the standard library's root logger to our sink from WARNING up (their INFO is a
+    line per connection checkout), unless the process's own code set up `logging`: then its
+    handlers have them, as it chose."""
+    root = logging.getLogger()
+    if any(handler is not _LIBRARY_LOGS for handler in root.handlers):
+        return
+    _LIBRARY_LOGS.setLevel(max(logging.WARNING, logging.getLevelNamesMapping().get(level, 0)))
+    if _LIBRARY_LOGS not in root.handlers:
+        root.addHandler(_LIBRARY_LOGS)
+
+
+def _loguru_level(levelno: int) -> str:
+    for name, number in (("CRITICAL", 50), ("ERROR", 40), ("WARNING", 30), ("INFO", 20)):
+        if levelno >= number:
+            return name
+    return "DEBUG"
 
 
 def _text_format(record: Record) -> str:

@@ -5,6 +5,7 @@ Runs against a Postgres cluster of the test's own (the shared server is never to
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sys
@@ -16,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from hivejobs import App, HivejobsError
+from hivejobs.logs import MSG_LIBRARY
 from tests.harness import (
     FAST_SETTINGS,
     REDIS_URL,
@@ -54,6 +56,8 @@ def test_postgres_restart_crash_and_killed_connections(
             "HJ_TYPES": "alo",
             "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)]),
             "HIVEJOBS_TESTING": "1",
+            # A log shipper's format: psycopg's pool logs through `logging` in these faults.
+            "HIVEJOBS_LOG_FORMAT": "json",
         }
     )
     env.update({"HIVEJOBS_" + k.upper(): str(v) for k, v in settings.items()})
@@ -131,6 +135,9 @@ def test_postgres_restart_crash_and_killed_connections(
         assert inst.proc.poll() is None and "child died" not in inst.log_text()
         inst.signal_group(signal.SIGTERM)
         assert inst.wait(20) == 0
+        records = [json.loads(line)["record"] for line in inst.log_text().splitlines()]
+        library = [r["extra"] for r in records if r["message"] == MSG_LIBRARY]
+        assert library and all(r["library"].startswith("psycopg") for r in library)
     finally:
         inst.stop()
         app_log = inst.log_text()
