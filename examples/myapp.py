@@ -36,4 +36,4 @@ def flaky(ctx: JobContext, payload: dict[str, int]) -> str:
     """Fails its first attempt, then succeeds: shows retries with a chosen delay."""
     if ctx.attempt == 1:
         raise Retry(delay=0.5)
-    return "ok on attempt %d" % ctx.attempt
+    return f"ok on attempt {ctx.attempt}"

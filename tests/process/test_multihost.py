@@ -66,7 +66,9 @@ def test_delayed_round_then_interrupt_mid_round_leaves_nothing(
             sys.executable,
             str(SCRIPT),
             *("--instances", "2", "--links", str(RTT_MS), "--repeats", "2"),
-            *("--jobs", "300", "--pickup-jobs", "40", "--pickup-rate", "100"),
+            # 40 pickup jobs at 10/s: each round lasts 4 s more than its drain, so that the
+            # SIGINT below lands inside round 2 even when this test is starved of CPU.
+            *("--jobs", "300", "--pickup-jobs", "40", "--pickup-rate", "10"),
             *("--lease-ttl-s", "2", "--lease-renew-s", "0.5"),
         ],
         stdout=subprocess.DEVNULL,
@@ -97,7 +99,12 @@ def test_delayed_round_then_interrupt_mid_round_leaves_nothing(
         proxies = children_running(proc.pid, "delayproxy.py")
         assert len(proxies) == 2
         proc.send_signal(signal.SIGINT)
-        assert proc.wait(45) != 0
+        code = proc.wait(45)
+        text = err.read_text()
+        assert "repeat 2/2" in text and text.count('{"redis_rtt_ms"') == 1, (
+            "round 2 ended before the signal: " + text[-2000:]
+        )
+        assert code != 0, text[-2000:]
     finally:
         if proc.poll() is None:
             proc.kill()
