@@ -418,8 +418,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         report(argv[1])
         return {}
     args = parse_args(argv)
-    # SIGTERM ends the run as Ctrl-C does: through every `finally` below.
-    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    # SIGTERM ends the run as Ctrl-C does: through every `finally` below. SIGINT is set too:
+    # a run started in the background of a script (`cmd &`) inherits it ignored.
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.default_int_handler)
     run_id = uuid.uuid4().hex[:6]
     rounds: list[dict[str, Any]] = []
     network = (
