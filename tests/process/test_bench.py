@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import uuid
 from pathlib import Path
 from typing import NamedTuple
 
+import psycopg
 import pytest
 import redis
 
@@ -19,7 +22,7 @@ from hivejobs.bench.cost import DrainCost
 from hivejobs.bench.environment import BenchEnvironment
 from hivejobs.cli import main
 from hivejobs.worker.fetcher import PREFETCH, UNWRITTEN_PER_RUNNER
-from tests.harness import REDIS_URL, ROOT, sql, wait_until
+from tests.harness import REDIS_URL, ROOT, alive, sql, wait_until
 
 
 class BenchRun(NamedTuple):
@@ -129,6 +132,64 @@ def test_small_bench_writes_json_and_leaves_nothing_behind(admin_url: str, tmp_p
     assert list(client.scan_iter(match=run_id.prefix + "*")) == []
     assert client.get(user_key) == b"kept"
     client.delete(user_key)
+
+
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_bench_stopped_mid_drain_stops_its_worker_and_leaves_nothing(
+    admin_url: str, tmp_path: Path, stop: signal.Signals
+) -> None:
+    """SIGTERM (a cancelled CI job, `timeout`) and Ctrl-C end a bench through its cleanup,
+    also when a script started it in the background (`trap '' INT` here: SIGINT inherited
+    ignored, as for `cmd &`). Killed outright it left its worker draining, and its database,
+    Redis keys and temp dir behind."""
+    server = admin_url.rsplit("/", 1)[0] + "/postgres"
+    (tmp_path / "tmp").mkdir()
+    err = tmp_path / "stderr"
+    bench = [sys.executable, "-m", "hivejobs", "bench", "--scenarios", "throughput"]
+    bench += ["--jobs", "200000", "--repeats", "1", "--work-ms", "1"]
+    bench += ["--database-url", server, "--redis-url", REDIS_URL]
+    proc = subprocess.Popen(
+        ["sh", "-c", 'trap "" INT; exec "$@"', "sh", *bench],
+        cwd=ROOT,
+        env=dict(os.environ, TMPDIR=str(tmp_path / "tmp")),
+        stdout=subprocess.DEVNULL,
+        stderr=err.open("wb"),
+    )
+    try:
+        run_id = wait_until(
+            lambda: "dbname=hivejobs_bench_" in err.read_text() and bench_run_id(err.read_text()),
+            what="the bench's sandbox",
+        )
+        database = admin_url.rsplit("/", 1)[0] + "/" + run_id.db
+        worker = wait_until(
+            lambda: pids if len(pids := worker_pids(database)) >= 5 else None,
+            timeout=60,
+            what="the bench's worker: supervisor, 3 pools, coordinator",
+        )
+        proc.send_signal(stop)
+        assert proc.wait(60) == 130, err.read_text()[-2000:]
+    finally:
+        if proc.poll() is None:  # the test failed first: its cleanup, as asked above
+            proc.terminate()
+            proc.wait(60)
+    assert {p for p in worker if alive(p)} == set()
+    assert sql(admin_url, "SELECT 1 FROM pg_database WHERE datname = %s", (run_id.db,)) == []
+    assert list(redis.Redis.from_url(REDIS_URL).scan_iter(match=run_id.prefix + "*")) == []
+    assert list((tmp_path / "tmp").iterdir()) == []
+
+
+def worker_pids(database_url: str) -> set[int]:
+    """The bench worker's processes: those its database knows (pools, coordinator) and their
+    parent, the supervisor."""
+    try:
+        pids = {int(r[0]) for r in sql(database_url, "SELECT pid FROM hivejobs_worker")}
+    except psycopg.Error:  # the database is there, its tables not yet
+        return set()
+    return pids | {parent_pid(p) for p in pids}
+
+
+def parent_pid(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1].split()[1])
 
 
 def test_bench_queries_share_one_session_closed_at_cleanup(admin_url: str) -> None:

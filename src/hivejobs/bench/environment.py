@@ -1,7 +1,7 @@
 """The bench's own sandbox: a fresh database and Redis prefix, a real `hivejobs run`, cleanup.
 
 Never touches a user's data: everything lives in `hivejobs_bench_<random>` and under a
-`hivejobs-bench:<random>:` Redis prefix, both removed at the end (also on Ctrl-C).
+`hivejobs-bench:<random>:` Redis prefix, both removed at the end (also on Ctrl-C or SIGTERM).
 """
 
 from __future__ import annotations
@@ -12,9 +12,12 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 import redis
@@ -23,6 +26,9 @@ from hivejobs.app import App
 from hivejobs.config import redact_url, scrub_known, with_database
 from hivejobs.errors import ConnectionFailed, HivejobsError
 from hivejobs.store import Conn, connect
+
+_Handler = Callable[[int, FrameType | None], Any] | int | None
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 class BenchEnvironment:
@@ -48,8 +54,13 @@ class BenchEnvironment:
         self.latencies_ms: list[float] = []
         self.sql_calls = 0  # statements run by sql(): the bench's own, left out of costs
         self._conn: Conn | None = None  # sql()'s connection, see the class docstring
+        self._signals: dict[int, _Handler] = {}  # the handlers __enter__ replaced
 
     def __enter__(self) -> BenchEnvironment:
+        # Ctrl-C and SIGTERM (a cancelled CI job, `timeout`) end the bench through __exit__,
+        # even when it was started with SIGINT ignored (a script's background job): killed
+        # outright, it left its worker running and its database, keys and temp dir behind.
+        self._signals = _set_stop_signals(signal.default_int_handler)
         try:
             # Both servers answer (a wrong Redis password fails here) before anything is made.
             self._ping_redis()
@@ -79,7 +90,15 @@ class BenchEnvironment:
 
     def _cleanup(self) -> list[str]:
         """Every step runs even when an earlier one fails (a Redis that refuses us must not
-        leave the database and the temp dir behind); returns what failed."""
+        leave the database and the temp dir behind), and a second Ctrl-C or SIGTERM does not
+        cut them short; returns what failed."""
+        _set_stop_signals(signal.SIG_IGN)
+        try:
+            return self._cleanup_steps()
+        finally:
+            _restore_signals(self._signals)
+
+    def _cleanup_steps(self) -> list[str]:
         steps = [
             ("stop the worker", self.stop_worker),
             ("close the app", self._close_app),
@@ -232,3 +251,17 @@ class BenchEnvironment:
         for path in self.workdir.glob("latency.*"):
             values += [int(v) for v in path.read_text().split()]
         return values
+
+
+def _set_stop_signals(handler: _Handler) -> dict[int, _Handler]:
+    """Set SIGINT's and SIGTERM's handler; returns the ones they had. Only the main thread may
+    (a bench run from another thread keeps its process's handlers)."""
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    return {sig: signal.signal(sig, handler) for sig in STOP_SIGNALS}
+
+
+def _restore_signals(previous: dict[int, _Handler]) -> None:
+    for sig, handler in previous.items():
+        if handler is not None:  # None: set outside Python, nothing to put back
+            signal.signal(sig, handler)
