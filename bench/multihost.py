@@ -48,7 +48,7 @@ for path in (ROOT, ROOT / "src"):
 from bench.netns import Network, Proxies, reap  # noqa: E402
 from psycopg.conninfo import conninfo_to_dict, make_conninfo  # noqa: E402
 
-from hivejobs.bench.environment import BenchEnvironment  # noqa: E402
+from hivejobs.bench.environment import BenchEnvironment, set_stop_signals  # noqa: E402
 from hivejobs.bench.percentiles import percentiles  # noqa: E402
 
 JOB = "bench_noop"
@@ -296,20 +296,13 @@ def run_round(
     finally:
         ending = sys.exc_info()[0] is not None
         if ending:
-            hold_signals()
+            set_stop_signals(signal.SIG_IGN)  # a second Ctrl-C must not cut the cleanup short
         if fleet:
             # Ending on an error or a signal: no graceful shutdown, the database goes anyway.
             fleet.close(signal.SIGKILL if ending else signal.SIGTERM)
         if proxies:
             proxies.close()
         reset(env)
-
-
-def hold_signals() -> None:
-    """Once a run is ending on an error or a signal: a second Ctrl-C must not cut the
-    cleanup short (namespaces, instances and the database would stay behind)."""
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, signal.SIG_IGN)
 
 
 def medians(rounds: list[dict[str, Any]], links: list[str]) -> dict[str, dict[str, float]]:
@@ -418,10 +411,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         report(argv[1])
         return {}
     args = parse_args(argv)
-    # SIGTERM ends the run as Ctrl-C does: through every `finally` below. SIGINT is set too:
-    # a run started in the background of a script (`cmd &`) inherits it ignored.
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, signal.default_int_handler)
+    # SIGTERM ends the run as Ctrl-C does, through every `finally` below; SIGINT too when the
+    # run was started with it ignored (a script's background job).
+    set_stop_signals(signal.default_int_handler)
     run_id = uuid.uuid4().hex[:6]
     rounds: list[dict[str, Any]] = []
     network = (
@@ -452,7 +444,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         error = f"{type(exc).__name__}: {exc}"
         raise
     finally:
-        hold_signals()
+        set_stop_signals(signal.SIG_IGN)
         failed = network.close() if network else []
         for line in failed:
             print(f"multihost: could not clean up: {line}", file=sys.stderr)

@@ -222,6 +222,17 @@ def alive(pid: int) -> bool:
     return _alive(pid)
 
 
+def worker_processes(database_url: str) -> set[int]:
+    """A worker's processes, from the database they work on: those it knows (pools and the
+    coordinator, in hivejobs_worker) and their parent, the supervisor. Empty while the
+    database or its tables are not there yet."""
+    try:
+        pids = {int(r[0]) for r in sql(database_url, "SELECT pid FROM hivejobs_worker")}
+    except psycopg.Error:
+        return set()
+    return pids | {_parent(p) for p in pids}
+
+
 def free_port() -> int:
     import socket
 

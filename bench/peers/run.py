@@ -447,6 +447,11 @@ def main() -> int:
         help=f"a Postgres URL whose role may create databases (env PEERS_PG_URL; default {PG_URL})",
     )
     args = p.parse_args()
+    # SIGTERM (a cancelled job, `timeout`) ends the run as Ctrl-C does, through the `finally`
+    # that stops a driver's workers and drops its database; SIGINT too when the run was
+    # started with it ignored (a script's background job).
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.default_int_handler)
     if args.redis_db is not None and not 1 <= args.redis_db <= 15:
         p.error("--redis-db must be 1-15 (db 0 is never used)")
     servers = Servers(args.redis_url, args.pg_url, args.redis_db)

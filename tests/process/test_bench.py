@@ -14,7 +14,6 @@ import uuid
 from pathlib import Path
 from typing import NamedTuple
 
-import psycopg
 import pytest
 import redis
 
@@ -22,7 +21,7 @@ from hivejobs.bench.cost import DrainCost
 from hivejobs.bench.environment import BenchEnvironment
 from hivejobs.cli import main
 from hivejobs.worker.fetcher import PREFETCH, UNWRITTEN_PER_RUNNER
-from tests.harness import REDIS_URL, ROOT, alive, sql, wait_until
+from tests.harness import REDIS_URL, ROOT, alive, sql, wait_until, worker_processes
 
 
 class BenchRun(NamedTuple):
@@ -162,7 +161,7 @@ def test_a_bench_stopped_mid_drain_stops_its_worker_and_leaves_nothing(
         )
         database = admin_url.rsplit("/", 1)[0] + "/" + run_id.db
         worker = wait_until(
-            lambda: pids if len(pids := worker_pids(database)) >= 5 else None,
+            lambda: pids if len(pids := worker_processes(database)) >= 5 else None,
             timeout=60,
             what="the bench's worker: supervisor, 3 pools, coordinator",
         )
@@ -176,20 +175,6 @@ def test_a_bench_stopped_mid_drain_stops_its_worker_and_leaves_nothing(
     assert sql(admin_url, "SELECT 1 FROM pg_database WHERE datname = %s", (run_id.db,)) == []
     assert list(redis.Redis.from_url(REDIS_URL).scan_iter(match=run_id.prefix + "*")) == []
     assert list((tmp_path / "tmp").iterdir()) == []
-
-
-def worker_pids(database_url: str) -> set[int]:
-    """The bench worker's processes: those its database knows (pools, coordinator) and their
-    parent, the supervisor."""
-    try:
-        pids = {int(r[0]) for r in sql(database_url, "SELECT pid FROM hivejobs_worker")}
-    except psycopg.Error:  # the database is there, its tables not yet
-        return set()
-    return pids | {parent_pid(p) for p in pids}
-
-
-def parent_pid(pid: int) -> int:
-    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1].split()[1])
 
 
 def test_bench_queries_share_one_session_closed_at_cleanup(admin_url: str) -> None:

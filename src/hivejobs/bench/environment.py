@@ -60,7 +60,7 @@ class BenchEnvironment:
         # Ctrl-C and SIGTERM (a cancelled CI job, `timeout`) end the bench through __exit__,
         # even when it was started with SIGINT ignored (a script's background job): killed
         # outright, it left its worker running and its database, keys and temp dir behind.
-        self._signals = _set_stop_signals(signal.default_int_handler)
+        self._signals = set_stop_signals(signal.default_int_handler)
         try:
             # Both servers answer (a wrong Redis password fails here) before anything is made.
             self._ping_redis()
@@ -92,11 +92,11 @@ class BenchEnvironment:
         """Every step runs even when an earlier one fails (a Redis that refuses us must not
         leave the database and the temp dir behind), and a second Ctrl-C or SIGTERM does not
         cut them short; returns what failed."""
-        _set_stop_signals(signal.SIG_IGN)
+        set_stop_signals(signal.SIG_IGN)
         try:
             return self._cleanup_steps()
         finally:
-            _restore_signals(self._signals)
+            restore_signals(self._signals)
 
     def _cleanup_steps(self) -> list[str]:
         steps = [
@@ -253,15 +253,17 @@ class BenchEnvironment:
         return values
 
 
-def _set_stop_signals(handler: _Handler) -> dict[int, _Handler]:
-    """Set SIGINT's and SIGTERM's handler; returns the ones they had. Only the main thread may
-    (a bench run from another thread keeps its process's handlers)."""
+def set_stop_signals(handler: _Handler) -> dict[int, _Handler]:
+    """Set SIGINT's and SIGTERM's handler; returns the ones they had. `default_int_handler`:
+    either ends a run through its `finally` blocks, as Ctrl-C does; `SIG_IGN`: cleanup that
+    a second signal must not cut short. Only the main thread may (a bench run from another
+    thread keeps its process's handlers)."""
     if threading.current_thread() is not threading.main_thread():
         return {}
     return {sig: signal.signal(sig, handler) for sig in STOP_SIGNALS}
 
 
-def _restore_signals(previous: dict[int, _Handler]) -> None:
+def restore_signals(previous: dict[int, _Handler]) -> None:
     for sig, handler in previous.items():
         if handler is not None:  # None: set outside Python, nothing to put back
             signal.signal(sig, handler)
