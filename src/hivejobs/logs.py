@@ -82,8 +82,8 @@ class _LibraryLogs(logging.Handler):
     """Lines the libraries we use log through the standard `logging` module (psycopg's pool
     says so when it cannot connect or drops a broken connection) leave through our sink like
     ours: in the process's format (a JSON line among JSON lines), with the process column,
-    scrubbed of known passwords. Without it Python's last-resort handler printed them as bare
-    text on stderr. Their text is not ours: it goes in a field."""
+    scrubbed of known passwords. Python's own last-resort handler printed them as bare text
+    on stderr. Their text is not ours: it goes in a field."""
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
@@ -101,15 +101,12 @@ _LIBRARY_LOGS = _LibraryLogs()
 
 
 def _route_library_logs(level: str) -> None:
-    """Route the standard library's root logger to our sink from WARNING up (their INFO is a
-    line per connection checkout), unless the process's own code set up `logging`: then its
-    handlers have them, as it chose."""
-    root = logging.getLogger()
-    if any(handler is not _LIBRARY_LOGS for handler in root.handlers):
-        return
+    """Our sink becomes the standard library's handler of last resort: it gets what a library
+    logs from WARNING up (their INFO is a line per connection checkout) only while no handler
+    is configured, so an app that sets up `logging` (`basicConfig` at import, even after this)
+    keeps every line to its own handlers."""
     _LIBRARY_LOGS.setLevel(max(logging.WARNING, logging.getLevelNamesMapping().get(level, 0)))
-    if _LIBRARY_LOGS not in root.handlers:
-        root.addHandler(_LIBRARY_LOGS)
+    logging.lastResort = _LIBRARY_LOGS
 
 
 def _loguru_level(levelno: int) -> str:
