@@ -468,12 +468,14 @@ def test_missing_database_says_to_run_migrate(fresh_db_url: str) -> None:
 def test_schema_missing_then_migrate_via_cli_is_idempotent(
     admin_url: str,
     fresh_db_url: str,
+    redis_prefix: str,
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     name = fresh_db_url.rsplit("/", 1)[1]
     sql(admin_url, f'CREATE DATABASE "{name}"')
-    app = App(database_url=fresh_db_url, redis_url=REDIS_URL)
+    # The test's own prefix: the job enqueued at the end is pushed to Redis.
+    app = App(database_url=fresh_db_url, redis_url=REDIS_URL, prefix=redis_prefix)
     app.job("resize")(lambda ctx, payload: None)
     with pytest.raises(SchemaMissing) as info:
         app.enqueue("resize", GOOD)
