@@ -120,7 +120,7 @@ def _quiet_start(env: BenchEnvironment, processes: int, concurrency: int) -> Non
     for n in range(1, QUIET_JOBS + 1):
         env.app.enqueue(JOB, {})
         deadline = time.perf_counter() + 60
-        while env.sql("SELECT count(*) FROM hivejobs_archive")[0][0] < n:
+        while env.archived() < n:
             if time.perf_counter() > deadline:
                 raise RuntimeError(f"stale-stats quiet: job {n} not done; see {env.workdir}")
             time.sleep(0.005)  # polling a count in another process

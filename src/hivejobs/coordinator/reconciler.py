@@ -27,7 +27,7 @@ from loguru import logger
 from hivejobs.broker import Broker, KeyRefused
 from hivejobs.failpoints import failpoint
 from hivejobs.logs import error_fields
-from hivejobs.records import PRIORITIES, Lease, Push
+from hivejobs.records import Lease, Push
 from hivejobs.store import Store
 
 BATCH = 10_000
@@ -87,7 +87,7 @@ class Reconciler:
         if not oldest:
             return {}
         heads, refused = self.broker.queue_heads(oldest, HEAD_IDS)
-        self._note_refused(refused, asked=oldest)
+        self._note_refused(refused, answered=heads)
         queued_at = self.store.queued_at_of([i for ids in heads.values() for i in ids])
         grace = timedelta(seconds=self.grace_s)
         lagging: dict[tuple[str, int], datetime | None] = {}
@@ -103,22 +103,22 @@ class Reconciler:
 
     def _lengths(self, names: set[str]) -> dict[tuple[str, int], int]:
         lengths, refused = self.broker.queue_lengths(names)
-        self._note_refused(refused, asked={(n, p) for n in names for p in PRIORITIES})
+        self._note_refused(refused, answered=lengths)
         return lengths
 
     def _note_refused(
-        self, refused: Mapping[str, Exception], asked: Iterable[tuple[str, int]]
+        self, refused: Mapping[str, Exception], answered: Iterable[tuple[str, int]]
     ) -> None:
-        """Log a key when Redis starts refusing it and when it accepts it again. Only the
-        keys `asked` this pass are news: a refused key whose queue was not read (no queued
-        row left) is still refused as far as anyone knows."""
-        asked_keys = {self.broker.queue_key(n, p) for n, p in asked}
+        """Log a key when Redis starts refusing it and when it accepts it again. Only a key
+        Redis `answered` for this pass is news: a refused key whose queue was not read (no
+        queued row left) is still refused as far as anyone knows."""
+        answered_keys = {self.broker.queue_key(n, p) for n, p in answered}
         for key, exc in refused.items():
             if key not in self.refused:
                 logger.error(MSG_KEY_REFUSED, key=key, **error_fields(exc))
-        for key in (self.refused & asked_keys) - set(refused):
+        for key in self.refused & answered_keys:
             logger.info(MSG_KEY_ACCEPTED, key=key)
-        self.refused = (self.refused - asked_keys) | set(refused)
+        self.refused = (self.refused - answered_keys) | set(refused)
 
     def _push(self, entries: list[Push]) -> int:
         """Push one list's ids; a list Redis refuses fails alone (its rows were re-stamped
