@@ -133,19 +133,43 @@ def test_a_freed_slot_wakes_the_waiters_only_when_one_of_them_can_act() -> None:
         assert slots.wanted()  # the shutdown waits for the running ones
 
 
+def refuse(neighbour: ClaimedJob) -> None:
+    raise AssertionError(f"{neighbour.id} handed back: no neighbour was waiting")
+
+
+def test_a_suspect_hands_back_the_claims_no_runner_took() -> None:
+    """One runner: the suspect's own runner is the only one that can hand its waiting
+    neighbour back; the neighbour's release, once written, leaves the suspect alone."""
+    slots = Slots(threading.Event(), 1, room_open=lambda: True)
+    held = {"s": 1, "n": 1}
+    given: list[str] = []
+
+    def give_way(neighbour: ClaimedJob) -> None:
+        given.append(neighbour.id)
+        del held[neighbour.id]  # as the completer's forget, once the release is written
+
+    slots.hand_over([job("s", lost=1), job("n")])
+    with slots.take() as suspect:
+        assert suspect is not None
+        with slots.turn(suspect, held, give_way) as may:
+            assert may
+    assert given == ["n"]
+    assert slots.reserved == 0
+
+
 def test_a_suspect_runs_alone_and_others_wait_meanwhile() -> None:
     draining = threading.Event()
     slots = Slots(draining, 2, room_open=lambda: True)
-    with slots.turn(job("s", lost=1), held={"s"}) as suspect_may:
+    with slots.turn(job("s", lost=1), held={"s"}, give_way=refuse) as suspect_may:
         assert suspect_may  # it holds no other claim
-        with slots.turn(job("n"), held={"s", "n"}) as neighbour_may:
+        with slots.turn(job("n"), held={"s", "n"}, give_way=refuse) as neighbour_may:
             assert not neighbour_may  # no job starts beside a suspect
-        with slots.turn(job("s2", lost=1), held={"s", "s2"}) as second_may:
+        with slots.turn(job("s2", lost=1), held={"s", "s2"}, give_way=refuse) as second_may:
             assert not second_may  # one suspect at a time
-    with slots.turn(job("n"), held={"n"}) as after:
+    with slots.turn(job("n"), held={"n"}, give_way=refuse) as after:
         assert after
     draining.set()
-    with slots.turn(job("n"), held={"n"}) as stopping:
+    with slots.turn(job("n"), held={"n"}, give_way=refuse) as stopping:
         assert not stopping
 
 

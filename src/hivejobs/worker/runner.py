@@ -105,7 +105,7 @@ class Runners:
 
     def _run_one(self, job: ClaimedJob) -> None:
         if not self._draining.is_set():
-            with self.slots.turn(job, self.fetcher.claims.held) as may_start:
+            with self.slots.turn(job, self.fetcher.claims.held, self._hand_back) as may_start:
                 if may_start:
                     self._run_started(job)
                     return

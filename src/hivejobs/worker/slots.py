@@ -93,7 +93,8 @@ class Slots:
             except queue.Empty:
                 return
             if job is None:
-                continue
+                self._work.put(None)  # a runner's end (close()): not the drain's to take
+                return
             try:
                 yield job
             finally:
@@ -156,7 +157,12 @@ class Slots:
     # -- quarantine ----------------------------------------------------------------------
 
     @contextmanager
-    def turn(self, job: ClaimedJob, held: Collection[str]) -> Iterator[bool]:
+    def turn(
+        self,
+        job: ClaimedJob,
+        held: Collection[str],
+        give_way: Callable[[ClaimedJob], None],
+    ) -> Iterator[bool]:
         """Whether `job` may start now (False: hand it back, uncounted).
 
         A job whose process died before (`lost`) runs alone, so a poison pill cannot take
@@ -164,6 +170,8 @@ class Slots:
         suspect at a time; it waits until this process holds no other claim in Postgres
         (`held`, the fetcher's map, read under `cond`): neighbours give way and their
         release must be committed, so that a death now is charged to the suspect alone.
+        The suspect's runner hands back the neighbours no runner took yet (`give_way`): in a
+        pool of one runner it is the only runner there is, and nobody else would.
         """
         if job.lost == 0:
             with self.cond:
@@ -174,17 +182,25 @@ class Slots:
             yield False  # another suspect runs: give way
             return
         try:
-            yield self._alone(job.id, held)
+            yield self._alone(job.id, held, give_way)
         finally:
             with self.cond:
                 self.isolating = False
                 self.cond.notify_all()
             self._isolation.release()
 
-    def _alone(self, suspect_id: str, held: Collection[str]) -> bool:
+    def _alone(
+        self, suspect_id: str, held: Collection[str], give_way: Callable[[ClaimedJob], None]
+    ) -> bool:
         with self.cond:
-            self.isolating = True
-            while not self._draining.is_set():
+            self.isolating = True  # the fetcher claims nothing more meanwhile (claim room)
+        while not self._draining.is_set():
+            # Outside `cond`: handing back submits to the completer. A claim the fetcher had
+            # in flight when isolation began lands in the queue later: the next turn of
+            # this loop hands it back.
+            for waiting in self.drain():
+                give_way(waiting)
+            with self.cond:
                 others = [
                     i
                     for i in held
@@ -193,4 +209,4 @@ class Slots:
                 if not others:
                     return True
                 self.cond.wait(0.1)
-            return False
+        return False
