@@ -16,7 +16,7 @@ Link "0" is the same path with no delay: the proxy's own cost. The round trips e
 really had are measured from inside a namespace (Redis PING, Postgres `SELECT 1`, the probe
 also under SCHED_FIFO) before the instances start, and reported beside the nominal RTT.
 
-The job body is `hivejobs.benchapp:bench_noop` (no work, empty payload, or {"t": ...} for
+The job body is `hivejobs.bench.benchapp:bench_noop` (no work, empty payload, or {"t": ...} for
 pickup), `--processes` x `--concurrency` per instance; the clients that enqueue run on the
 host (loopback to the servers, as a web app next to the database). Lease settings are the
 production defaults unless --lease-ttl-s / --lease-renew-s say otherwise. Everything made
@@ -105,7 +105,7 @@ class Fleet:
                 "HIVEJOBS_LOG_LEVEL": os.environ.get("HIVEJOBS_LOG_LEVEL", "WARNING"),
                 "PYTHONPATH": str(ROOT / "src"),
             }
-            cmd = [sys.executable, "-m", "hivejobs", "run", "hivejobs.benchapp:app"]
+            cmd = [sys.executable, "-m", "hivejobs", "run", "hivejobs.bench.benchapp:app"]
             cmd += ["--shutdown-timeout", "5"]
             if network:  # `ip netns exec` execs the command: the pid stays the instance's
                 cmd = ["ip", "netns", "exec", network.namespaces[i], *cmd]
@@ -449,7 +449,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         for line in failed:
             print(f"multihost: could not clean up: {line}", file=sys.stderr)
         result = {
-            "job_body": f"hivejobs.benchapp:{JOB}, no work",
+            "job_body": f"hivejobs.bench.benchapp:{JOB}, no work",
             "options": {k: v for k, v in vars(args).items() if not k.endswith("_url")},
             "delay": "userspace proxy bench/delayproxy.py (no netem in this kernel)",
             "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(started)),

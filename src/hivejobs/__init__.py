@@ -6,9 +6,8 @@ lines are disabled here, and `hivejobs` commands (or the host app) enable them.
 
 from loguru import logger
 
-from hivejobs.app import App
 from hivejobs.chains import Chain, ChainInfo, JobRef
-from hivejobs.context import JobContext
+from hivejobs.client.app import App
 from hivejobs.errors import (
     ChainInvalid,
     ChainNotFound,
@@ -33,6 +32,7 @@ from hivejobs.errors import (
 )
 from hivejobs.jobtypes import Backoff, Fail, Retry
 from hivejobs.records import JobInfo, JobState
+from hivejobs.worker.context import JobContext
 
 logger.disable("hivejobs")
 

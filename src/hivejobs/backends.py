@@ -4,7 +4,7 @@
    REDIS_URL (what Heroku-style platforms set): `configured_urls`. Both given: used as they
    are, never probed (`explicit_urls`); the caller fails loudly if they do not answer.
 2. local: the defaults (127.0.0.1:5432 and :6379) if both answer a handshake.
-3. embedded: servers of `hivejobs dev` (hivejobs.dev.embedded), unless HIVEJOBS_EMBEDDED=0.
+3. embedded: servers of `hivejobs dev` (hivejobs.embedded), unless HIVEJOBS_EMBEDDED=0.
 
 `Settings` (config.py), `App.resolve_backends`, `hivejobs dev` and `hivejobs bench` all ask
 here. Imports nothing of ours but errors and the embedded servers' process helpers; the
@@ -24,7 +24,10 @@ import psycopg
 from loguru import logger
 from psycopg.conninfo import conninfo_to_dict
 
-from hivejobs.dev.embedded.process import (
+from hivejobs.config import DEFAULT_DATABASE_URL as DEFAULT_DATABASE_URL
+from hivejobs.config import DEFAULT_REDIS_URL as DEFAULT_REDIS_URL
+from hivejobs.config import configured_urls, explicit_urls
+from hivejobs.embedded.process import (
     HOST,
     INSTALL_HINT,
     PROBE_TIMEOUT_S,
@@ -34,30 +37,7 @@ from hivejobs.dev.embedded.process import (
 from hivejobs.errors import ConfigError
 
 if TYPE_CHECKING:
-    from hivejobs.dev.embedded.servers import EmbeddedServers
-
-DEFAULT_DATABASE_URL = "postgresql://127.0.0.1:5432/hivejobs"
-DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
-
-
-def configured_urls(
-    database_url: str | None = None, redis_url: str | None = None
-) -> tuple[str | None, str | None]:
-    """The one URL precedence rule: arguments, then HIVEJOBS_DATABASE_URL / HIVEJOBS_REDIS_URL,
-    then DATABASE_URL / REDIS_URL (what Heroku-style platforms set). None when unset."""
-    env = os.environ
-    db = database_url or env.get("HIVEJOBS_DATABASE_URL") or env.get("DATABASE_URL")
-    rd = redis_url or env.get("HIVEJOBS_REDIS_URL") or env.get("REDIS_URL")
-    return db or None, rd or None
-
-
-def explicit_urls(
-    database_url: str | None = None, redis_url: str | None = None
-) -> tuple[str, str] | None:
-    """Both URLs when both are configured (then nothing is probed or started), else None."""
-    db, rd = configured_urls(database_url, redis_url)
-    return (db, rd) if db and rd else None
-
+    from hivejobs.embedded.servers import EmbeddedServers
 
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
@@ -172,7 +152,7 @@ def choose_backends(
             f" 127.0.0.1:6379, or unset HIVEJOBS_EMBEDDED=0 and {INSTALL_HINT} for embedded"
             " servers"
         )
-    from hivejobs.dev.embedded import servers as embedded
+    from hivejobs.embedded import servers as embedded
 
     try:
         servers = embedded.start_embedded(data_dir)

@@ -2,8 +2,8 @@
 (up to a maximum) each time round and hands it to `write` as one batch.
 
 Shared by the pool's Completer (finished attempts, one Postgres transaction per batch) and
-the enqueuer's Pusher in broker.py (ids, one Redis pipeline per batch). Imports nothing of
-ours: broker.py may only import records, errors and config besides it.
+the enqueuer's Pusher in broker/ (ids, one Redis pipeline per batch). Imports nothing of
+ours: broker/ may only import records, errors and config besides it.
 """
 
 from __future__ import annotations

@@ -18,17 +18,13 @@ import msgspec
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from redis.connection import parse_url as _redis_parse_url
 
-# The defaults live with the backend choice; imported from here too (examples do).
-from hivejobs.backends import DEFAULT_DATABASE_URL as DEFAULT_DATABASE_URL
-from hivejobs.backends import DEFAULT_REDIS_URL as DEFAULT_REDIS_URL
-from hivejobs.backends import configured_urls, explicit_urls
 from hivejobs.errors import ConfigError
 
 DEFAULT_PREFIX = "hivejobs:"
 # fullmatch, not `$`: `$` also matches before a trailing newline.
 PREFIX_RE = re.compile(r"[A-Za-z0-9_.\-:]{1,64}")
 # redis(s)+sentinel://host:port,host:port/mastername and redis(s)+cluster://host:port,...
-# are opened by broker_client.py with redis-py's Sentinel and RedisCluster.
+# are opened by broker/clients.py with redis-py's Sentinel and RedisCluster.
 REDIS_SCHEMES: tuple[str, ...] = ("redis", "rediss", "unix", "redis+sentinel", "rediss+sentinel")
 REDIS_SCHEMES += ("redis+cluster", "rediss+cluster")
 POSTGRES_SCHEMES = ("postgresql", "postgres")
@@ -43,6 +39,30 @@ Count = Annotated[int, msgspec.Meta(ge=1)]
 _redis_py_parse_url = cast(Callable[[str], dict[str, Any]], _redis_parse_url)
 # Room for an error's head, the truncation note and its tail.
 MIN_RESULT_BYTES = 1024
+
+
+# The URLs every process starts from; backends.choose_backends probes and falls back.
+DEFAULT_DATABASE_URL = "postgresql://127.0.0.1:5432/hivejobs"
+DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+
+
+def configured_urls(
+    database_url: str | None = None, redis_url: str | None = None
+) -> tuple[str | None, str | None]:
+    """The one URL precedence rule: arguments, then HIVEJOBS_DATABASE_URL / HIVEJOBS_REDIS_URL,
+    then DATABASE_URL / REDIS_URL (what Heroku-style platforms set). None when unset."""
+    env = os.environ
+    db = database_url or env.get("HIVEJOBS_DATABASE_URL") or env.get("DATABASE_URL")
+    rd = redis_url or env.get("HIVEJOBS_REDIS_URL") or env.get("REDIS_URL")
+    return db or None, rd or None
+
+
+def explicit_urls(
+    database_url: str | None = None, redis_url: str | None = None
+) -> tuple[str, str] | None:
+    """Both URLs when both are configured (then nothing is probed or started), else None."""
+    db, rd = configured_urls(database_url, redis_url)
+    return (db, rd) if db and rd else None
 
 
 class Settings(msgspec.Struct, kw_only=True):
@@ -322,7 +342,7 @@ def _redact_postgres(url: str) -> str:
 
 
 class RedisUrl(msgspec.Struct, frozen=True, kw_only=True):
-    """A Redis URL taken apart: what broker_client.py opens and what redact_url() shows.
+    """A Redis URL taken apart: what broker/clients.py opens and what redact_url() shows.
     The hosts of a +sentinel / +cluster URL and a sentinel's master name are ours to read;
     the rest (user, password, db, query) is redis-py's, read as for the first host alone."""
 

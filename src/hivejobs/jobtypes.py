@@ -135,8 +135,9 @@ class JobType:
     unique: Unique | None = None
     retention_s: float | None = None  # archive retention of its finished jobs (None: global)
     limits: Limits | None = None  # fleet-wide limits (issue 12, flow.py)
-    max_rss_mb: float | None = None  # recycle its pool processes above this (memory.py)
-    pool: str | None = None  # a pool process shared with other types (pools.py); None: its own
+    max_rss_mb: float | None = None  # recycle its pool processes above this (worker/memory.py)
+    # A pool process shared with other types (worker/placement.py); None: its own.
+    pool: str | None = None
 
     def info(self) -> JobTypeInfo:
         return JobTypeInfo(

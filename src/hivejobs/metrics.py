@@ -9,7 +9,7 @@ bound), and any process can render it. A Redis flush resets the counters, which 
 rate() treats as a counter reset; queue depth and in-flight gauges are read from Postgres,
 the truth, at scrape time.
 
-Hash fields of ``{prefix}metrics`` (see broker.py): ``c:<counter>:<type>`` counts, and
+Hash fields of ``{prefix}metrics`` (see broker/): ``c:<counter>:<type>`` counts, and
 ``h:<histogram>:<type>:<bucket index>`` / ``hs:<histogram>:<type>`` (sum) for histograms.
 Type names cannot hold ':' (app.NAME_RE), so fields split unambiguously. Never raises into a
 job's path: a Redis error keeps the increments for the next flush.
@@ -21,7 +21,6 @@ import threading
 import time
 from collections import defaultdict
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
 
 import redis
 from loguru import logger
@@ -29,9 +28,6 @@ from loguru import logger
 from hivejobs.broker import Broker
 from hivejobs.logs import error_fields
 from hivejobs.records import ClaimedJob, Completion
-
-if TYPE_CHECKING:
-    from hivejobs.app import App
 
 BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
 THROUGHPUT_TTL_S = 2 * 3600
@@ -168,8 +164,8 @@ def bump(broker: Broker, counter: str, names: Iterable[str], outcome: str | None
         logger.warning("metrics not recorded", counter=counter, **error_fields(exc))
 
 
-def record_callback(app: App, name: str, outcome: str) -> None:
+def record_callback(broker: Broker, name: str, outcome: str) -> None:
     """A callback's outcome, counted as the pool counts a finished attempt."""
     counter = {"retry": "retried"}.get(outcome, outcome)
     final = outcome if outcome in ("succeeded", "failed") else None
-    bump(app.broker, counter, [name], final)
+    bump(broker, counter, [name], final)

@@ -16,7 +16,7 @@ import pytest
 from hivejobs import App, JobContext
 from hivejobs.store import new_worker_id
 from hivejobs.worker.fetcher import CLAIM_AHEAD_S, PREFETCH, UNWRITTEN_PER_RUNNER
-from hivejobs.worker.pool import Pool
+from hivejobs.worker.process import Pool
 from hivejobs.worker.slots import Running
 from tests.harness import wait_until
 from tests.integration.test_lifecycle import FAST, start_pool_thread, stop_pool_thread

@@ -11,7 +11,7 @@ from hivejobs import App
 from hivejobs.flow import SLOT_POLL_S, Flow, Limits
 from hivejobs.records import ClaimedJob, Completion
 from hivejobs.store import new_worker_id
-from hivejobs.store.upkeep import prune_archive
+from hivejobs.store.archive import prune_archive
 from tests.harness import sql, wait_until
 
 # A bucket of 5 that refills once an hour: over a test, each customer may start 5 jobs and

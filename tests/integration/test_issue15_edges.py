@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-import hivejobs.chains.api as chains_api
+import hivejobs.client.chains as chains_api
 from hivejobs import App, Chain, ChainStopPending, InvalidArgument
-from hivejobs.capture import capturing
 from hivejobs.coordinator.gauges import Gauges
+from hivejobs.worker.capture import capturing
 from tests.harness import ROOT, sql
 
 

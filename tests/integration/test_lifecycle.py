@@ -29,7 +29,7 @@ from hivejobs import (
 from hivejobs.coordinator.promoter import Promoter, PromoteResult
 from hivejobs.records import Lease
 from hivejobs.store import new_worker_id
-from hivejobs.worker.pool import Pool
+from hivejobs.worker.process import Pool
 from tests.harness import wait_until
 
 # A short blocking pop, so that a stopped pool's fetcher lets go quickly.

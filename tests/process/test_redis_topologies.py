@@ -17,7 +17,7 @@ import pytest
 import redis
 
 from hivejobs import App, Chain
-from hivejobs.broker_client import sync_client
+from hivejobs.broker.clients import sync_client
 from tests.harness import (
     Instance,
     fleet_app,

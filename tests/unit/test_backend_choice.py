@@ -15,10 +15,10 @@ import redis
 from hivejobs import backends
 from hivejobs.backends import BackendUnavailable, choose_backends
 from hivejobs.config import redact_url
-from hivejobs.dev.embedded import servers
-from hivejobs.dev.embedded.postgres import ROOT_CACHE
-from hivejobs.dev.embedded.process import redis_handshake
-from hivejobs.dev.embedded.servers import stop_embedded
+from hivejobs.embedded import servers
+from hivejobs.embedded.postgres import ROOT_CACHE
+from hivejobs.embedded.process import redis_handshake
+from hivejobs.embedded.servers import stop_embedded
 
 pytestmark = pytest.mark.timeout(60)
 

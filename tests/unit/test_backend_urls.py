@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from hivejobs.broker_client import Target
+from hivejobs.broker.clients import Target
 from hivejobs.config import parse_redis_url, redact_url, settings_from_env, url_secrets
 from hivejobs.errors import ConfigError
 from hivejobs.store.pooling import connect_kwargs, local_settings_sql, pooler_refused

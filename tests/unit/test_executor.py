@@ -8,9 +8,9 @@ from collections.abc import Callable
 import pytest
 
 from hivejobs import App, Interrupted, JobContext, Retry
-from hivejobs.context import JobContext as Ctx
 from hivejobs.jobtypes import Fail
 from hivejobs.records import ClaimedJob, Delivery
+from hivejobs.worker.context import JobContext as Ctx
 from hivejobs.worker.executor import execute
 
 

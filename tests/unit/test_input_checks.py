@@ -215,7 +215,7 @@ from loguru import logger
 seen = []
 logger.add(lambda message: seen.append(str(message)), level="DEBUG", format="{message} {extra}")
 import hivejobs
-from hivejobs.app import App
+from hivejobs.client.app import App
 app = App(database_url="postgresql://127.0.0.1:1/x", redis_url="redis://:Zq9MarkerPw@127.0.0.1:1/0")
 app._push("resize", 0, ["a"])  # Redis is down: logs a warning
 assert seen == [], seen  # imported as a library: silent

@@ -6,8 +6,8 @@ import pytest
 
 from hivejobs import App, InvalidJobType, JobContext
 from hivejobs.broker import ControlMessage
-from hivejobs.pools import footprint, pool_groups, store_size
 from hivejobs.worker.liveness import restart_applies
+from hivejobs.worker.placement import footprint, pool_groups, store_size
 
 
 def handler(ctx: JobContext, payload: object) -> None:

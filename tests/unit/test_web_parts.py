@@ -13,13 +13,13 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from hivejobs.broker import Broker
 from hivejobs.config import Settings
-from hivejobs.exposition import render_counters
 from hivejobs.metrics import BUCKETS, Recorder, _bucket
 from hivejobs.records import ChainJobState, ChainJobStatus, ClaimedJob, Completion, WorkerInfo
 from hivejobs.store.dashboard import EPOCH, FAR_FUTURE, decode_cursor, encode_cursor
 from hivejobs.web.auth import Tokens, bearer, parse_tokens
 from hivejobs.web.render import dag, esc
 from hivejobs.web.schemas import LeaderOut, WorkerOut
+from hivejobs.worker.metrics_server import render_counters
 
 
 def test_token_roles() -> None:

@@ -2,6 +2,9 @@
 
 Runs the chosen scenarios `--repeats` times and reports medians next to this machine's
 ceilings measured in the same run. Speed lives here and in bench/, never in unit tests.
+
+Layer: the top (with web, dev, testing; under cli): may import anything below; nothing
+but the CLI imports it.
 """
 
 from __future__ import annotations

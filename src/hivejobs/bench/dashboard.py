@@ -102,7 +102,15 @@ def measure(env: BenchEnvironment, repeats: int) -> list[PageTime]:
             "HIVEJOBS_LOG_LEVEL": "WARNING",
         }
     )
-    cmd = [sys.executable, "-m", "hivejobs", "serve", "hivejobs.benchapp:app", "--port", str(port)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "hivejobs",
+        "serve",
+        "hivejobs.bench.benchapp:app",
+        "--port",
+        str(port),
+    ]
     proc = subprocess.Popen(cmd, env=proc_env)
     headers = {"Authorization": f"Bearer {TOKEN}"}
     client = httpx.Client(base_url=f"http://127.0.0.1:{port}", headers=headers, timeout=30)

@@ -22,7 +22,7 @@ from typing import Any
 
 import redis
 
-from hivejobs.app import App
+from hivejobs.client.app import App
 from hivejobs.config import redact_url, scrub_known, with_database
 from hivejobs.errors import ConnectionFailed, HivejobsError
 from hivejobs.store import Conn, connect
@@ -72,7 +72,7 @@ class BenchEnvironment:
                 database_url=self.database_url, redis_url=self.redis_url, prefix=self.prefix
             )
             self.app.migrate()
-            from hivejobs import benchapp
+            from hivejobs.bench import benchapp
 
             # The bench enqueues through the worker's job type, declared as the worker would.
             self.app.types = dict(benchapp.app.types)
@@ -192,7 +192,7 @@ class BenchEnvironment:
                 "-m",
                 "hivejobs",
                 "run",
-                "hivejobs.benchapp:app",
+                "hivejobs.bench.benchapp:app",
                 "--shutdown-timeout",
                 "5",
             ],

@@ -5,6 +5,9 @@ acquires or renews the lease, the heartbeat is written, and while the lease is h
 service whose interval has passed runs one pass (coordinator/service.py). The tick's sleep
 is the dispatcher's wait (coordinator/dispatcher.py), which pushes transactional enqueues
 as they commit and wakes the traverser when a chain try ends.
+
+Layer: under worker/ (which runs it in a process of its own); may import chains, jobtypes,
+flow, store, broker and the bottom modules, never worker, client or anything above.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ from loguru import logger
 
 from hivejobs.records import Lease
 from hivejobs.store import Store
-from hivejobs.store.upkeep import nonzero_gauge_types
+from hivejobs.store.archive import nonzero_gauge_types
 
 # The queue depth is a count of every queued row (7 ms at 20,000 queued under load, 50 ms
 # at 200,000): after counting N rows, the next count waits N / ROWS_PER_SECOND_OF_AGE s when

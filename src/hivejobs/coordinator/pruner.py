@@ -1,7 +1,7 @@
 """Archive retention that keeps up: the leader deletes expired archive rows in batches of
 10,000 in a thread of its own until none is left, instead of one batch a minute (which
 capped retention at 167 jobs/s sustained). Each batch also drops passed unique windows and
-the limit_by token buckets that have refilled to full (store/upkeep.py prune_archive).
+the limit_by token buckets that have refilled to full (store/archive.py prune_archive).
 
 Runs only while this coordinator holds the lease; never touches live jobs (hivejobs_job).
 """
@@ -19,7 +19,7 @@ from loguru import logger
 from hivejobs.logs import error_fields
 from hivejobs.records import Lease
 from hivejobs.store import Store
-from hivejobs.store.upkeep import PRUNE_BATCH, prune_archive
+from hivejobs.store.archive import PRUNE_BATCH, prune_archive
 
 # A pass runs until the archive is caught up: a short interval only matters when a pass
 # ended early (lease lost, or the max_run_s cap while far behind).

@@ -1,4 +1,6 @@
-"""`hivejobs dev`: the command (``command``) and the embedded servers it starts (``embedded``).
+"""`hivejobs dev`: one command that starts the embedded servers (hivejobs.embedded) and a
+worker against them, for a newcomer with only Python.
 
-Nothing is imported here: `hivejobs.dev.embedded.process` is loaded by the supervisor too.
+The top layer: may import anything below; nothing in the runtime imports it (the embedded
+servers it starts live in hivejobs.embedded, which the backend choice uses too).
 """

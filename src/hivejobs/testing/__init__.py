@@ -12,6 +12,9 @@ Three ways, from cheapest to closest to production:
 
 The pytest plugin (hivejobs.testing.plugin) gives each test its own migrated database and
 Redis prefix. Nothing here is used by `hivejobs run`; it never speaks to a live worker.
+
+Layer: the top (with web, bench, dev): may import client, worker and everything below;
+the runtime never imports it.
 """
 
 from __future__ import annotations
@@ -26,13 +29,13 @@ from typing import Literal
 
 import msgspec
 
-from hivejobs.app import App
-from hivejobs.context import JobContext
+from hivejobs.client.app import App
 from hivejobs.errors import DrainIncomplete, UnknownJobType
 from hivejobs.jobtypes import JobType
 from hivejobs.records import PRIORITIES, ClaimedJob, Completion, Outcome
 from hivejobs.serialization import decode_json
 from hivejobs.store import new_worker_id
+from hivejobs.worker.context import JobContext
 from hivejobs.worker.executor import execute
 
 __all__ = ["DrainResult", "JobRun", "drain", "inline", "run_job"]

@@ -18,7 +18,7 @@ import psycopg
 import pytest
 import redis
 
-from hivejobs.app import App
+from hivejobs.client.app import App
 from hivejobs.config import DEFAULT_DATABASE_URL, DEFAULT_REDIS_URL, remember_secrets
 
 _RUN = uuid.uuid4().hex[:8]

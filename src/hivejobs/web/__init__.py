@@ -5,6 +5,9 @@
 
 Needs the `web` extra (`pip install hivejobs[web]`); importing this package does not (the CLI
 builds its parser from web/options.py without Litestar installed).
+
+Layer: the top (with bench, dev, testing; under cli): may import client and everything
+below it; nothing but the CLI imports it.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from litestar import Litestar
 
-    from hivejobs.app import App
+    from hivejobs.client.app import App
 
 
 def create_app(

@@ -15,9 +15,9 @@ from litestar import Response, delete, get, post, put
 from litestar.datastructures import State
 from litestar.params import Parameter, QueryParameter
 
-from hivejobs.app import App
 from hivejobs.chains import Chain
 from hivejobs.chains.builder import ChainFile
+from hivejobs.client.app import App
 from hivejobs.errors import ChainAlreadyFinished, HivejobsError, JobAlreadyFinished, JobNotFound
 from hivejobs.records import JobInfo
 from hivejobs.store.dashboard import DashboardStore, ListName

@@ -21,7 +21,7 @@ from litestar.openapi import OpenAPIConfig
 from litestar.openapi.plugins import SwaggerRenderPlugin
 from loguru import logger
 
-from hivejobs.app import App
+from hivejobs.client.app import App
 from hivejobs.web import api, dashboard, errors, fleet, flow
 from hivejobs.web.auth import COOKIE, Tokens, bearer
 

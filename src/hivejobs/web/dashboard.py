@@ -16,7 +16,7 @@ from litestar.enums import RequestEncodingType
 from litestar.params import Body, Parameter, QueryParameter
 from litestar.response import Redirect
 
-from hivejobs.app import App
+from hivejobs.client.app import App
 from hivejobs.errors import JobNotFound
 from hivejobs.store.dashboard import DashboardStore, JobRow, ListName
 from hivejobs.store.flow import FlowSettings, FlowStore

@@ -14,14 +14,14 @@ from litestar.datastructures import State
 from litestar.params import Parameter
 from litestar.response import Response as LitestarResponse
 
-from hivejobs.app import App
-from hivejobs.exposition import CONTENT_TYPE, render
+from hivejobs.client.app import App
 from hivejobs.store.dashboard import DashboardStore
 from hivejobs.store.flow import FlowStore
 from hivejobs.web.api import PUBLIC, hj
 from hivejobs.web.errors import ERROR_RESPONSES
 from hivejobs.web.schemas import Health, JobTypeOut, LeaderOut, ThroughputOut, WorkerOut, WorkersOut
 from hivejobs.web.threads import threaded
+from hivejobs.worker.metrics_server import CONTENT_TYPE, render
 
 
 @get(

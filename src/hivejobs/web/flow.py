@@ -12,7 +12,7 @@ import msgspec
 from litestar import delete, get, post, put
 from litestar.datastructures import State
 
-from hivejobs.app import App
+from hivejobs.client.app import App
 from hivejobs.web.api import ADMIN, Name, hj
 from hivejobs.web.errors import ERROR_RESPONSES
 from hivejobs.web.schemas import FlowChangeOut, ScaleBody, TypeFlowOut

@@ -30,7 +30,7 @@ def is_loopback(host: str) -> bool:
 
 
 def serve_main(args: argparse.Namespace) -> int:
-    from hivejobs.app import App, load_app
+    from hivejobs.client.app import App, load_app
     from hivejobs.errors import UsageError
 
     try:

@@ -1,7 +1,7 @@
 """The worker side of `hivejobs run`: the supervisor and the pool processes it forks.
 
   supervisor.py  fork one process per pool (and the coordinator), restart, shut down
-  pool.py        a pool process's composition root: builds the roles below, runs, stops
+  process.py     a pool process's composition root: builds the roles below, runs, stops
   fetcher.py     pop ids, claim them in Postgres, prefetch; the claims this process holds
   slots.py       runner slots: reservation, the attempts running, quarantine of suspects
   runner.py      runner threads: take a reserved claim, execute it, hand over the result
@@ -11,6 +11,17 @@
   liveness.py    heartbeat, release of untracked claims, control messages
   shutdown.py    the stop state, and the drain by a deadline that reports what it suspended
   exits.py       ChildExit: every exit code of a child, and what the supervisor does
+  context.py     JobContext: a handler's view of its job (re-exported by `hivejobs`)
+  async_handlers.py  `async def` handlers on the runner's event loop
+  capture.py     a job's stdout/stderr and log lines, kept with its attempt
+  memory.py      the pool process's RSS cap
+  placement.py   which job types run in which process (`pool=`), connection footprint
+  banner.py      the start-up banner of `hivejobs run`
+  reload.py      `hivejobs run --reload`: restart on source changes
+  metrics_server.py  Prometheus exposition and the `--metrics-port` HTTP server
+
+May import coordinator, chains and everything below (jobtypes, flow, store, broker, records,
+errors, config); never client, cli, web, bench, dev or testing (the App it serves is passed in).
 
 This package's `__init__` imports nothing, so that light modules (reload.py, testing)
 can import one of its modules without loading the others.

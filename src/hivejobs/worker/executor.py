@@ -13,17 +13,17 @@ import traceback
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from hivejobs.async_handlers import call_handler
-from hivejobs.capture import uncaptured
 from hivejobs.errors import HivejobsError, Interrupted, PayloadInvalid, ResultTooLarge
 from hivejobs.records import ClaimedJob, Completion, Outcome
 from hivejobs.serialization import encode_result, storable_text
+from hivejobs.worker.async_handlers import call_handler
+from hivejobs.worker.capture import uncaptured
 
 if TYPE_CHECKING:
     from loguru import Logger
 
-    from hivejobs.context import JobContext
     from hivejobs.jobtypes import JobType
+    from hivejobs.worker.context import JobContext
 
 MSG_STARTED = "{job_type}[{job_id}] started"
 MSG_SUCCEEDED = "{job_type}[{job_id}] succeeded in {elapsed_s:.3f} s"

@@ -2,7 +2,7 @@
 Postgres says it holds but it no longer tracks, and the control messages of the fleet.
 
 One heartbeat per process (not per job) on the database clock (R5): one statement for the
-worker rows of all its lanes (one row per job type it runs, see pools.py). A process one of
+worker rows of all its lanes (one row per job type it runs, see placement.py). A process one of
 whose worker rows is gone was declared dead and its claims rescued: it exits rather than run
 on fenced.
 """

@@ -14,11 +14,9 @@ import time
 import psycopg
 from loguru import logger
 
-from hivejobs.app import App
 from hivejobs.broker import Broker
-from hivejobs.capture import Captured, capturing
+from hivejobs.client.app import App
 from hivejobs.config import Settings
-from hivejobs.context import JobContext
 from hivejobs.failpoints import failpoint
 from hivejobs.jobtypes import JobType
 from hivejobs.logs import error_fields
@@ -26,7 +24,9 @@ from hivejobs.metrics import Recorder
 from hivejobs.records import ClaimedJob, Completion
 from hivejobs.store import Store
 from hivejobs.store.chains import ChainStore, looks_like_try_id
+from hivejobs.worker.capture import Captured, capturing
 from hivejobs.worker.completer import Completer
+from hivejobs.worker.context import JobContext
 from hivejobs.worker.executor import execute, interrupted
 from hivejobs.worker.exits import fatal_on_error
 from hivejobs.worker.fetcher import Fetcher

@@ -12,6 +12,7 @@ from __future__ import annotations
 import signal
 import threading
 import time
+from collections.abc import Callable
 from enum import Enum
 from typing import TYPE_CHECKING
 
@@ -29,7 +30,6 @@ if TYPE_CHECKING:
     from loguru import Logger
 
     from hivejobs.worker.fetcher import Fetcher
-    from hivejobs.worker.watchdog import Watchdog
 
 
 class StopReason(Enum):
@@ -38,7 +38,7 @@ class StopReason(Enum):
     SIGNAL = "signal"  # SIGTERM or SIGINT (from the supervisor, or Heroku to every process)
     TIMED_OUT = "timed out job"  # the watchdog failed an attempt: recycle the process
     POOL_RESTART = "pool restart requested"  # `hivejobs restart --pool`: recycle this pool
-    MEMORY_CAP = "memory cap"  # max_rss_mb passed (memory.py): recycle the process
+    MEMORY_CAP = "memory cap"  # max_rss_mb passed (worker/memory.py): recycle the process
     RELOAD = "restart requested"  # `hivejobs restart`: the supervisor re-execs for new code
 
 
@@ -107,7 +107,7 @@ class Shutdown:
         slots: Slots,
         fetcher: Fetcher,
         completer: Completer,
-        watchdog: Watchdog,
+        check_timeouts: Callable[[], None],
         log: Logger,
     ) -> None:
         self.settings = settings
@@ -115,7 +115,7 @@ class Shutdown:
         self.slots = slots
         self.fetcher = fetcher
         self.completer = completer
-        self.watchdog = watchdog
+        self.check_timeouts = check_timeouts  # the lane's Watchdog.check
         self.log = log
         self._handed_back = 0
 
@@ -155,7 +155,7 @@ class Shutdown:
                     return
                 self.slots.cond.wait(0.1)
             if watch:
-                self.watchdog.check()
+                self.check_timeouts()
 
     def _hand_back_unstarted(self) -> None:
         """Claimed jobs that never started go back to the queue, attempt uncounted."""

@@ -14,8 +14,8 @@ from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from hivejobs.context import JobContext
 from hivejobs.records import ClaimedJob
+from hivejobs.worker.context import JobContext
 
 
 @dataclass

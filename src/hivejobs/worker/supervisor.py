@@ -1,7 +1,7 @@
 """`hivejobs run MODULE:APP`: fork one process per pool (and one coordinator), restart crashed
 children with backoff, and shut down on SIGTERM without losing work.
 
-A pool is one job type, or the types sharing a `pool=` name (pools.py), each of which has a
+A pool is one job type, or the types sharing a `pool=` name (placement.py), each of which has a
 worker row of its own in the pool's process.
 
 Holds no Postgres or Redis connection while it forks (children open their own). When a child
@@ -26,20 +26,20 @@ import redis
 from loguru import logger
 from setproctitle import setproctitle
 
-from hivejobs.app import App
-from hivejobs.banner import banner
 from hivejobs.broker import Broker
+from hivejobs.client.app import App
 from hivejobs.config import Settings
 from hivejobs.coordinator.rescuer import rescue_isolated
-from hivejobs.dev.embedded.process import parent_death_preexec
+from hivejobs.embedded.process import parent_death_preexec
 from hivejobs.logs import emit_banner, error_fields, setup_logging
 from hivejobs.metrics import bump
 from hivejobs.payload_schema import declare_schemas
-from hivejobs.pools import footprint, pool_groups
 from hivejobs.store import Store, new_worker_id
+from hivejobs.store.archive import set_type_retentions
 from hivejobs.store.schedules import ScheduleStore
-from hivejobs.store.upkeep import set_type_retentions
+from hivejobs.worker.banner import banner
 from hivejobs.worker.exits import ChildExit
+from hivejobs.worker.placement import footprint, pool_groups
 
 RESTART_BACKOFF_MAX_S = 30.0
 WAITING_EVERY_S = 5.0  # how often a stopping supervisor says what it still waits for
@@ -129,7 +129,11 @@ class Supervisor:
             broker.ping()
         finally:
             broker.close()
-        emit_banner(*banner(self.app, self.app_spec, self.settings, self.coordinator, self.watch))
+        emit_banner(
+            *banner(
+                self.app.types.values(), self.app_spec, self.settings, self.coordinator, self.watch
+            )
+        )
         size = footprint(self.groups, self.coordinator)
         if not self.app.types:
             logger.warning("no job types registered in the app: only the coordinator runs")
@@ -233,7 +237,7 @@ class Supervisor:
         setproctitle(f"hivejobs {child.title} {self.app_spec}")
         setup_logging(child.title)
         if child.role == "watcher":
-            from hivejobs.reload import watch_for_changes
+            from hivejobs.worker.reload import watch_for_changes
 
             return watch_for_changes(self.watch)
         if child.role == "coordinator":
@@ -243,7 +247,7 @@ class Supervisor:
         if child.role == "metrics":
             assert self.metrics is not None
             return run_metrics_child(self.settings, *self.metrics)
-        from hivejobs.worker.pool import run_pool
+        from hivejobs.worker.process import run_pool
 
         assert child.pool is not None
         return run_pool(self.app, child.pool, child.types, child.worker_ids, self.settings)
@@ -404,7 +408,7 @@ def run_metrics_child(settings: Settings, host: str, port: int) -> int:
     every fork. It holds no claims, so a crash only pauses scrapes until its restart."""
     import threading
 
-    from hivejobs.exposition import MetricsServer
+    from hivejobs.worker.metrics_server import MetricsServer
 
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):

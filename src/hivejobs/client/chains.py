@@ -24,6 +24,7 @@ from loguru import logger
 
 from hivejobs.broker import ControlMessage
 from hivejobs.chains.builder import Chain
+from hivejobs.client.integrations import driver_connection
 from hivejobs.errors import (
     ChainInvalid,
     ChainNotFound,
@@ -33,7 +34,6 @@ from hivejobs.errors import (
     PayloadTooLarge,
     UnknownJobType,
 )
-from hivejobs.integrations import driver_connection
 from hivejobs.logs import error_fields
 from hivejobs.records import (
     PRIORITIES,

@@ -1,7 +1,7 @@
 """Finding jobs after the fact: `app.list_jobs` over live and archived jobs, and the options
 a replay keeps (rickover's replay), plus the time expressions the CLI takes ("1h", ISO).
 
-Checks arguments and shapes pages; the SQL is in store/upkeep.sql. Never reads payloads for
+Checks arguments and shapes pages; the SQL is in store/archive.sql. Never reads payloads for
 a listing: a page shows what happened to jobs, not what they carried.
 """
 
@@ -15,10 +15,10 @@ from typing import TYPE_CHECKING, get_args
 
 from hivejobs.errors import InvalidArgument
 from hivejobs.records import JobInfo, JobPage, JobState
-from hivejobs.store.upkeep import list_jobs as store_list_jobs
+from hivejobs.store.archive import list_jobs as store_list_jobs
 
 if TYPE_CHECKING:
-    from hivejobs.app import App
+    from hivejobs.store import Store
 
 MAX_PAGE = 10_000
 _STATES = set(get_args(JobState))
@@ -30,7 +30,7 @@ MIN_DELAY_S = 0.5
 
 
 def list_jobs(
-    app: App,
+    store: Store,
     state: str | Sequence[str] | None,
     type_: str | None,
     since: datetime | timedelta | None,
@@ -50,7 +50,7 @@ def list_jobs(
         if isinstance(moment, datetime) and moment.tzinfo is None:
             raise InvalidArgument(f"{label} must be timezone-aware (e.g. datetime.now(UTC))")
     jobs = store_list_jobs(
-        app.store,
+        store,
         states=states or None,
         name=type_,
         since=since if isinstance(since, datetime) else None,

@@ -5,11 +5,12 @@ servers. Pure: builds lines and fields; logs.emit_banner prints them. Never show
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from importlib.metadata import PackageNotFoundError, version
 
-from hivejobs.app import App
 from hivejobs.config import Settings, redact_url
-from hivejobs.pools import footprint, pool_groups
+from hivejobs.jobtypes import JobType
+from hivejobs.worker.placement import footprint, pool_groups
 
 
 def hivejobs_version() -> str:
@@ -20,10 +21,15 @@ def hivejobs_version() -> str:
 
 
 def banner(
-    app: App, app_spec: str, settings: Settings, coordinator: bool, watching: list[str]
+    job_types: Iterable[JobType],
+    app_spec: str,
+    settings: Settings,
+    coordinator: bool,
+    watching: list[str],
 ) -> tuple[list[str], dict[str, object]]:
     """Lines for a terminal and the same facts as fields for a JSON log."""
-    types = sorted(app.types.values(), key=lambda jt: jt.name)
+    job_types = list(job_types)
+    types = sorted(job_types, key=lambda jt: jt.name)
     width = max([len(jt.name) for jt in types] + [4])
     lines = [
         f"hivejobs {hivejobs_version()} · {app_spec} · pid {os.getpid()}",
@@ -34,7 +40,7 @@ def banner(
     ]
     if watching:
         lines.append(f"  reload       on code change in {', '.join(watching)}")
-    groups = pool_groups(app.types.values())
+    groups = pool_groups(job_types)
     size = footprint(groups, coordinator)
     pools = sum(g.processes for g in groups)
     lines.append(f"  job types    {len(types)}, pool processes {pools}")

@@ -19,8 +19,11 @@ Keys (all under the prefix, default ``hivejobs:``):
                                   (epoch minute), expires after two hours: the dashboard chart.
 
 Everything here may fail or lose data; Postgres is the truth, so callers treat a Redis error
-as latency, never as loss. Imports nothing of ours but config, errors, records, batching
-and broker_client (which opens the client for a single server, Sentinel or Cluster).
+as latency, never as loss.
+
+The package: this module (Broker, the key layout, push and pop, the control channel, the
+Pusher) and clients.py (the Redis client for a single server, Sentinel or Cluster). Imports
+nothing of ours but records, errors, config and batching; any layer above may import it.
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ import redis.asyncio
 from loguru import logger
 
 from hivejobs.batching import Batcher
-from hivejobs.broker_client import AsyncClient, Client, async_client, sync_client
+from hivejobs.broker.clients import AsyncClient, Client, async_client, sync_client
 from hivejobs.config import Settings, redact_url, scrub, url_secrets
 from hivejobs.errors import ConnectionFailed
 from hivejobs.records import PRIORITIES

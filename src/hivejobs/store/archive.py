@@ -1,5 +1,5 @@
-"""Job listing and archive upkeep (upkeep.sql): `list_jobs`, the gauges' stale types, and
-archive retention per job type.
+"""Job listing over live and archived jobs, and the archive's upkeep (archive.sql):
+`list_jobs`, the gauges' stale types, retention per job type and pruning.
 
 Part of store/, so it speaks SQL and decides nothing: callers pass filters and settings.
 Kept apart from Store's hot-path statements (enqueue, claim, finish), which it never runs.
@@ -19,7 +19,7 @@ from hivejobs.store.sql import load_queries
 if TYPE_CHECKING:
     from hivejobs.store import Store
 
-UPKEEP = load_queries("upkeep.sql")
+ARCHIVE = load_queries("archive.sql")
 MAINTENANCE = load_queries("maintenance.sql")
 FLOW = load_queries("flow.sql")
 PRUNE_BATCH = 10_000
@@ -50,12 +50,12 @@ def list_jobs(
     }
     with store.connection() as conn:
         cur = conn.cursor(row_factory=class_row(JobSummary))
-        return cur.execute(UPKEEP["list_jobs"], params).fetchall()
+        return cur.execute(ARCHIVE["list_jobs"], params).fetchall()
 
 
 def nonzero_gauge_types(store: Store) -> set[str]:
     with store.connection() as conn:
-        return {r[0] for r in conn.execute(UPKEEP["nonzero_gauge_types"]).fetchall()}
+        return {r[0] for r in conn.execute(ARCHIVE["nonzero_gauge_types"]).fetchall()}
 
 
 def set_type_retentions(store: Store, retentions: Mapping[str, float | None]) -> None:
@@ -64,7 +64,7 @@ def set_type_retentions(store: Store, retentions: Mapping[str, float | None]) ->
         return
     params = {"names": list(retentions), "retentions": list(retentions.values())}
     with store.connection() as conn:
-        conn.execute(UPKEEP["set_type_retentions"], params)
+        conn.execute(ARCHIVE["set_type_retentions"], params)
 
 
 def prune_archive(store: Store, retention_s: float) -> int:
@@ -74,7 +74,7 @@ def prune_archive(store: Store, retention_s: float) -> int:
     Store.prune_archive (whose single retention would delete a longer-lived type's jobs)."""
     with store.connection() as conn:
         cur = conn.execute(
-            UPKEEP["prune_archive_by_type"], {"retention_s": retention_s, "limit": PRUNE_BATCH}
+            ARCHIVE["prune_archive_by_type"], {"retention_s": retention_s, "limit": PRUNE_BATCH}
         )
         conn.execute(MAINTENANCE["prune_unique"])
         conn.execute(FLOW["prune_full_buckets"])

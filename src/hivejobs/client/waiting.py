@@ -13,14 +13,14 @@ import asyncio
 import math
 import time
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from hivejobs.errors import InvalidArgument, WaitTimeout
 from hivejobs.records import TERMINAL_STATES, JobInfo
 from hivejobs.store.waits import AsyncWatch, Watch
 
 if TYPE_CHECKING:
-    from hivejobs.app import App
+    from hivejobs.config import Settings
 
 POLL_S = 0.5  # only without a LISTEN session (a pooler and no listen_database_url)
 
@@ -34,13 +34,23 @@ def checked_timeout(timeout: float | None) -> float:
     return float(timeout)
 
 
-def listen_url(app: App) -> str | None:
+class JobReader(Protocol):
+    """What a wait needs of the App: its settings and its reads of one job."""
+
+    settings: Settings
+
+    def get_job(self, job_id: str) -> JobInfo: ...
+
+    async def aget_job(self, job_id: str) -> JobInfo: ...
+
+
+def listen_url(app: JobReader) -> str | None:
     from hivejobs.coordinator import listen_url as coordinator_listen_url
 
     return coordinator_listen_url(app.settings)
 
 
-def wait(app: App, job_id: str, timeout: float | None) -> JobInfo:
+def wait(app: JobReader, job_id: str, timeout: float | None) -> JobInfo:
     limit = checked_timeout(timeout)
     deadline = time.monotonic() + limit
     info = app.get_job(job_id)  # JobNotFound before any session is opened
@@ -60,7 +70,7 @@ def wait(app: App, job_id: str, timeout: float | None) -> JobInfo:
     return info
 
 
-async def await_job(app: App, job_id: str, timeout: float | None) -> JobInfo:
+async def await_job(app: JobReader, job_id: str, timeout: float | None) -> JobInfo:
     limit = checked_timeout(timeout)
     deadline = time.monotonic() + limit
     info = await app.aget_job(job_id)

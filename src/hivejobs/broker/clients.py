@@ -10,7 +10,7 @@
       ``ssl_keyfile``, ``ssl_cert_reqs``, ``db`` ...) are redis-py's own; for the sentinels
       themselves ``sentinel_username`` / ``sentinel_password``.
 
-Knows nothing of keys or job ids (broker.py); never logs a URL (config.redact_url does), and
+Knows nothing of keys or job ids (broker/); never logs a URL (config.redact_url does), and
 parses none itself (config.parse_redis_url, which redaction reads too).
 """
 

@@ -33,7 +33,7 @@ CREDENTIALS_FILE = "credentials.json"
 PG_AUTH_MARKER = "hivejobs.auth"
 # Every start rewrites pg_hba.conf: no trust, no unix socket, TCP on 127.0.0.1 with SCRAM.
 PG_HBA = (
-    "# Written by hivejobs at every start (hivejobs/dev/embedded/guard.py): password only.\n"
+    "# Written by hivejobs at every start (hivejobs/embedded/guard.py): password only.\n"
     "host all all 127.0.0.1/32 scram-sha-256\n"
 )
 # Process start times agree to within this (psutil rounds /proc's clock ticks).

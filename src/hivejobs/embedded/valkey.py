@@ -9,9 +9,9 @@ import stat
 from pathlib import Path
 from urllib.parse import quote
 
-from hivejobs.dev.embedded.guard import EmbeddedError
-from hivejobs.dev.embedded.postgres import ROOT_CACHE
-from hivejobs.dev.embedded.process import HOST, RunAs, dist_version, own_dir, package_dir
+from hivejobs.embedded.guard import EmbeddedError
+from hivejobs.embedded.postgres import ROOT_CACHE
+from hivejobs.embedded.process import HOST, RunAs, dist_version, own_dir, package_dir
 
 
 def valkey_url(port: int, password: str) -> str:

@@ -17,8 +17,7 @@ import psycopg
 import redis
 from loguru import logger
 
-from hivejobs.app import App, load_app
-from hivejobs.banner import hivejobs_version
+from hivejobs.client.app import App, load_app
 from hivejobs.config import (
     DEFAULT_DATABASE_URL,
     DEFAULT_PREFIX,
@@ -41,8 +40,9 @@ from hivejobs.errors import (
     UsageError,
 )
 from hivejobs.logs import error_text
-from hivejobs.reload import app_source_dirs, check_watch_available
 from hivejobs.serialization import decode_any
+from hivejobs.worker.banner import hivejobs_version
+from hivejobs.worker.reload import app_source_dirs, check_watch_available
 
 
 class ExitCode(IntEnum):
@@ -177,7 +177,7 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
 
 def _future(text: str | None) -> datetime | None:
     """--run-at / --expires-at: ISO 8601 (UTC when no zone is named) or a span from now."""
-    from hivejobs.listing import parse_iso, parse_span
+    from hivejobs.client.listing import parse_iso, parse_span
 
     if text is None:
         return None
@@ -187,7 +187,7 @@ def _future(text: str | None) -> datetime | None:
 
 def _past(text: str | None) -> datetime | None:
     """--since / --until: ISO 8601 or a span back from now ("1h")."""
-    from hivejobs.listing import parse_moment
+    from hivejobs.client.listing import parse_moment
 
     return None if text is None else parse_moment(text)
 
@@ -281,8 +281,8 @@ def _live_pools(app: App) -> dict[str, int]:
 
 
 def _list_jobs(args: argparse.Namespace) -> int:
-    from hivejobs.cli_views import job_rows
-    from hivejobs.listing import parse_span
+    from hivejobs.cli.views import job_rows
+    from hivejobs.client.listing import parse_span
 
     span = parse_span(args.since) if args.since is not None else None
     page = _app(args).list_jobs(
@@ -407,7 +407,7 @@ def cmd_chain(args: argparse.Namespace) -> int:
     """`hivejobs chain run FILE.json | status ID | stop ID | list`."""
     from hivejobs.chains import Chain
     from hivejobs.chains.render import render
-    from hivejobs.cli_views import chain_rows, log_lines, ps_rows
+    from hivejobs.cli.views import chain_rows, log_lines, ps_rows
 
     app = _app(args)
     if args.chain_command == "run":
@@ -469,7 +469,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 def _print_table(rows: Sequence[Sequence[object]]) -> None:
     """Every cell escaped (cli_views.table): names, hosts and texts come from users and
     handlers."""
-    from hivejobs.cli_views import table
+    from hivejobs.cli.views import table
 
     print("\n".join(table(rows)))
 

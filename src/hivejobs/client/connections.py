@@ -15,14 +15,14 @@ from typing import TYPE_CHECKING
 
 import psycopg
 
-from hivejobs.aio import AsyncBackends, AsyncBackendsByLoop
 from hivejobs.backends import DEFAULT_DATABASE_URL, DEFAULT_REDIS_URL
 from hivejobs.broker import Broker, Pusher
+from hivejobs.client.aio import AsyncBackends, AsyncBackendsByLoop
 from hivejobs.config import Settings, remember_secrets
 from hivejobs.store import Store, connection_failed
 
 if TYPE_CHECKING:
-    from hivejobs.dev.embedded.servers import EmbeddedServers
+    from hivejobs.embedded.servers import EmbeddedServers
 
 
 class Connections:

@@ -21,12 +21,13 @@ import psycopg
 import redis
 from loguru import logger
 
-from hivejobs import waiting
-from hivejobs.aio import AsyncBackends
 from hivejobs.broker import Broker, ControlMessage, Pusher
-from hivejobs.chains.api import ChainClient, chain_query
+from hivejobs.client import waiting
+from hivejobs.client.aio import AsyncBackends
+from hivejobs.client.chains import ChainClient, chain_query
+from hivejobs.client.connections import Connections
+from hivejobs.client.integrations import adriver_connection, driver_connection
 from hivejobs.config import Settings, settings_from_env
-from hivejobs.connections import Connections
 from hivejobs.errors import (
     CallbackRefused,
     InvalidArgument,
@@ -44,7 +45,6 @@ from hivejobs.flow import (
     scale_type,
     type_settings,
 )
-from hivejobs.integrations import adriver_connection, driver_connection
 from hivejobs.jobtypes import (
     UNIQUE_STATES,
     Backoff,
@@ -59,10 +59,8 @@ from hivejobs.jobtypes import (
     new_schedule,
 )
 from hivejobs.logs import error_fields
-from hivejobs.memory import checked_max_rss
 from hivejobs.metrics import record_callback
 from hivejobs.payload_schema import RemoteSchemas
-from hivejobs.pools import check_pool
 from hivejobs.records import (
     Delivery,
     JobInfo,
@@ -75,10 +73,12 @@ from hivejobs.schedules import Schedule, check_cron
 from hivejobs.serialization import PayloadCodec, decode_json, payload_type_of
 from hivejobs.store import Store
 from hivejobs.store.enqueue import Push, owns_transaction
+from hivejobs.worker.memory import checked_max_rss
+from hivejobs.worker.placement import check_pool
 
 if TYPE_CHECKING:
     from hivejobs.chains.builder import Chain
-    from hivejobs.dev.embedded.servers import EmbeddedServers
+    from hivejobs.embedded.servers import EmbeddedServers
     from hivejobs.records import ChainStatus, ChainSummary, JobLogEntry, RunningTry
     from hivejobs.store.callbacks import CallbackResult
 
@@ -101,7 +101,7 @@ class App:
         **settings: float | int | str,
     ) -> None:
         """`testing="inline"`: for tests, `enqueue` runs each job at once in the caller with
-        no Postgres or Redis (hivejobs.testing.serverless says what differs)."""
+        no Postgres or Redis (hivejobs.client.inline says what differs)."""
         self.settings: Settings = settings_from_env(database_url, redis_url, prefix, **settings)
         self.types: dict[str, JobType] = {}
         self.schedules: dict[str, Schedule] = {}
@@ -110,7 +110,7 @@ class App:
         self._remote_schemas = RemoteSchemas()
         self.testing = testing  # `hivejobs run` refuses such an app: it has nothing to serve
         if testing is not None:
-            from hivejobs.testing.serverless import install
+            from hivejobs.client.inline import install
 
             install(self, testing)
 
@@ -172,7 +172,8 @@ class App:
         `max_rss_mb`: a pool process whose resident memory passes it finishes its running
         jobs and is forked again (a suspension of what still runs, not a failure).
 
-        `pool="small"`: run in one process with the other types of that pool (pools.py), each
+        `pool="small"`: run in one process with the other types of that pool
+        (worker/placement.py), each
         keeping its own concurrency, delivery, timeout, limits and retries; they share the
         process's connections, memory cap and restarts, so `processes` and `max_rss_mb`
         must be the same for every type of a pool. None: a process of its own."""
@@ -522,7 +523,7 @@ class App:
                 f"job {job_id!r} is {result.state} at attempt {result.attempt}: a callback for "
                 f"attempt {attempt} is refused (only a running job's current attempt takes one)"
             )
-        record_callback(self, name, result.outcome)
+        record_callback(self.broker, name, result.outcome)
         return result
 
     # -- waiting (issue 12 hook: the logic is in waiting.py) ------------------------------
@@ -589,7 +590,7 @@ class App:
         info = self.get_job(job_id)
         if info.state not in ("succeeded", "failed", "cancelled", "expired"):
             raise JobNotFinished(job_id, info.state)
-        from hivejobs.listing import replay_options
+        from hivejobs.client.listing import replay_options
 
         plan = replay_options(info, datetime.now(UTC))
         new_id = self.enqueue(
@@ -621,11 +622,11 @@ class App:
         filtered by state(s), job type and time; `since` is a moment or a span back from
         now (judged on the database clock). Keyset-paginated: pass the page's `next` as
         `after`. A job that finishes while you page may appear on two pages."""
-        from hivejobs.listing import list_jobs
+        from hivejobs.client.listing import list_jobs
 
-        return list_jobs(self, state, type, since, until, limit, after)
+        return list_jobs(self.store, state, type, since, until, limit, after)
 
-    # -- chains (hivejobs.chains.api's ChainClient does the work) --------------------------
+    # -- chains (hivejobs.client.chains's ChainClient does the work) --------------------------
 
     def _chains(self) -> ChainClient:
         """Made per call over the current store: `close()` may have replaced it."""

@@ -2,7 +2,7 @@
 which process, the checks on `pool=`, and the most Postgres connections an instance opens.
 
 A type without `pool=` runs in processes of its own (`processes=` of them), as before. Types
-naming the same pool run as lanes of one process (worker/pool.py): each keeps its own runner
+naming the same pool run as lanes of one process (worker/process.py): each keeps its own runner
 threads (`concurrency`), delivery, timeout, limits, retries, fetcher and worker row; they
 share the process's Postgres pool, Redis client, heartbeat, memory cap and shutdown. So the
 options that belong to the process (`processes`, `max_rss_mb`) must agree across the types

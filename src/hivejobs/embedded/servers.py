@@ -16,7 +16,7 @@ from typing import Any
 
 from loguru import logger
 
-from hivejobs.dev.embedded.guard import (
+from hivejobs.embedded.guard import (
     Credentials,
     check_data_dir,
     load_credentials,
@@ -25,8 +25,8 @@ from hivejobs.dev.embedded.guard import (
 )
 
 # Re-exported: what start_embedded and stop_embedded raise.
-from hivejobs.dev.embedded.guard import EmbeddedError as EmbeddedError
-from hivejobs.dev.embedded.postgres import (
+from hivejobs.embedded.guard import EmbeddedError as EmbeddedError
+from hivejobs.embedded.postgres import (
     PG_SUPERUSER,
     await_stale_postmaster,
     ensure_database,
@@ -39,7 +39,7 @@ from hivejobs.dev.embedded.postgres import (
     private_file,
     secure_cluster,
 )
-from hivejobs.dev.embedded.process import (
+from hivejobs.embedded.process import (
     HOST,
     pg_handshake,
     proc_alive,
@@ -47,7 +47,7 @@ from hivejobs.dev.embedded.process import (
     start_server,
     terminate,
 )
-from hivejobs.dev.embedded.state import (
+from hivejobs.embedded.state import (
     default_data_dir,
     forget_pids,
     kill_recorded,
@@ -57,7 +57,7 @@ from hivejobs.dev.embedded.state import (
     recorded_server,
     write_state,
 )
-from hivejobs.dev.embedded.valkey import valkey_binary, valkey_dir, valkey_url
+from hivejobs.embedded.valkey import valkey_binary, valkey_dir, valkey_url
 
 START_TIMEOUT_S = 30.0
 

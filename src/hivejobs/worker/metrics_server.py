@@ -101,7 +101,7 @@ def render_gauges(store: Store, out: list[str]) -> None:
         "# HELP hivejobs_worker_processes live worker processes by role",
         "# TYPE hivejobs_worker_processes gauge",
     ]
-    # A shared pool's process has a worker row per job type (pools.py): count processes.
+    # A shared pool's process has a worker row per job type (worker/placement.py): count processes.
     roles: dict[str, set[tuple[str, int]]] = defaultdict(set)
     for w in workers:
         roles[w.role].add((w.host, w.pid))

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from hivejobs.errors import Interrupted
 
 if TYPE_CHECKING:
-    from hivejobs.context import JobContext
+    from hivejobs.worker.context import JobContext
 
 STOP_POLL_S = 0.05  # how often a runner waiting on a task looks at ctx.stopping
 

@@ -16,8 +16,8 @@ from hivejobs.records import ClaimedJob
 if TYPE_CHECKING:
     from loguru import Logger
 
-    from hivejobs.app import App
     from hivejobs.chains.context import ChainInfo, ChainView
+    from hivejobs.client.app import App
     from hivejobs.store.chains import ChainStore
 
 

@@ -19,8 +19,8 @@ from urllib.parse import quote
 import psutil
 from loguru import logger
 
-from hivejobs.dev.embedded.guard import PG_AUTH_MARKER, PG_HBA, Credentials, EmbeddedError
-from hivejobs.dev.embedded.process import (
+from hivejobs.embedded.guard import PG_AUTH_MARKER, PG_HBA, Credentials, EmbeddedError
+from hivejobs.embedded.process import (
     HOST,
     RunAs,
     dist_version,

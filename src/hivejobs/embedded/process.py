@@ -27,7 +27,7 @@ import psycopg
 import redis
 from loguru import logger
 
-from hivejobs.dev.embedded.guard import EmbeddedError
+from hivejobs.embedded.guard import EmbeddedError
 
 INSTALL_HINT = "install the dev extra: pip install 'hivejobs[dev]'"
 PROBE_TIMEOUT_S = 2.0

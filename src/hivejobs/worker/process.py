@@ -5,7 +5,7 @@ runners, completer, watchdog, shutdown): its concurrency, delivery, timeout, lim
 retries, claims and worker row are its own. The process (`Pool`) owns what its lanes share:
 the Store and Broker, the metrics recorder, the stop state, the heartbeat and control
 channel (Liveness), the memory cap. A type without `pool=` is a Pool of one lane, as before;
-types of one `pool=` are one Pool of several (pools.py). It starts the threads, watches
+types of one `pool=` are one Pool of several (worker/placement.py). It starts the threads, watches
 timeouts until a stop is asked for, then drains every lane at once and says how it ended (a
 ChildExit). The roles keep every rule; this file only wires them. Never runs a job it has
 not claimed in Postgres or a job of another type in a lane, and never writes the end of a
@@ -23,21 +23,21 @@ import psycopg
 import redis
 from loguru import logger
 
-from hivejobs.app import App
 from hivejobs.broker import Broker
+from hivejobs.client.app import App
 from hivejobs.config import Settings
 from hivejobs.flow import Flow
 from hivejobs.jobtypes import JobType
 from hivejobs.logs import error_fields
-from hivejobs.memory import MemoryCap
 from hivejobs.metrics import Recorder
-from hivejobs.pools import store_size
 from hivejobs.records import Completion
 from hivejobs.store import PREPARED_PLANS, Store
 from hivejobs.worker.completer import Completer
 from hivejobs.worker.exits import ChildExit
 from hivejobs.worker.fetcher import Fetcher
 from hivejobs.worker.liveness import Liveness, Tracked
+from hivejobs.worker.memory import MemoryCap
+from hivejobs.worker.placement import store_size
 from hivejobs.worker.runner import Runners
 from hivejobs.worker.shutdown import Shutdown, ShutdownReport, Stop, StopReason
 from hivejobs.worker.slots import Slots
@@ -109,7 +109,7 @@ class Lane:
         )
         self.watchdog = Watchdog(jt, settings, self.slots, self.completer, stop)
         self.shutdown = Shutdown(
-            settings, stop, self.slots, self.fetcher, self.completer, self.watchdog, self.log
+            settings, stop, self.slots, self.fetcher, self.completer, self.watchdog.check, self.log
         )
 
     def tracked(self) -> Tracked:
@@ -218,7 +218,8 @@ class Pool:
         self.metrics = Recorder(self.broker)
         self.log = logger.bind(pool=self.name, worker_id=worker_ids[0])
         self.stop = Stop()
-        self.memory_cap = MemoryCap(types[0].max_rss_mb)  # the same for every type (pools.py)
+        # The same for every type of the pool (placement.py).
+        self.memory_cap = MemoryCap(types[0].max_rss_mb)
         self.lanes = [
             Lane(
                 app,

@@ -36,6 +36,8 @@ One module per concern: ``servers`` (start, reuse, stop: the public entry points
 ``postgres``, ``valkey``, ``state`` (servers.json and its lock), ``process`` (spawn,
 handshakes, termination, parent death) and ``guard`` (what keeps them to their user).
 Which backend a process uses (configured, local or embedded) is decided in
-``hivejobs.backends``, never here. Nothing is imported here, so that the supervisor can take
-``process.parent_death_preexec`` without loading the rest.
+``hivejobs.backends``, never here. May import store, config and errors; started by
+``hivejobs.backends`` (the zero-setup fallback) and by `hivejobs dev`.
+Nothing is imported here, so that the supervisor can take ``process.parent_death_preexec``
+without loading the rest.
 """

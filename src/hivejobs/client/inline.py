@@ -21,7 +21,6 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
-from hivejobs.context import JobContext
 from hivejobs.errors import (
     ConfigError,
     DrainIncomplete,
@@ -31,10 +30,11 @@ from hivejobs.errors import (
 )
 from hivejobs.records import ClaimedJob, JobInfo, JobState, NewJob, Outcome
 from hivejobs.serialization import decode_json
+from hivejobs.worker.context import JobContext
 from hivejobs.worker.executor import execute
 
 if TYPE_CHECKING:
-    from hivejobs.app import App
+    from hivejobs.client.app import App
     from hivejobs.jobtypes import JobType
 
 MODES = ("inline",)

@@ -17,10 +17,10 @@ from typing import Any
 
 from loguru import logger
 
-from hivejobs.dev.embedded.guard import EmbeddedError, is_our_server
-from hivejobs.dev.embedded.postgres import ROOT_CACHE
-from hivejobs.dev.embedded.process import dist_version, package_dir, terminate
-from hivejobs.dev.embedded.valkey import valkey_wheel_binary
+from hivejobs.embedded.guard import EmbeddedError, is_our_server
+from hivejobs.embedded.postgres import ROOT_CACHE
+from hivejobs.embedded.process import dist_version, package_dir, terminate
+from hivejobs.embedded.valkey import valkey_wheel_binary
 
 STATE_FILE = "servers.json"
 
