@@ -10,7 +10,7 @@ import pytest
 
 from hivejobs import App, JobContext, PayloadInvalid, Retry
 from hivejobs.errors import ConfigError, DrainIncomplete, JobIdConflict, JobNotFound
-from hivejobs.testing import serverless
+from hivejobs.client import inline
 
 NOWHERE = {"database_url": "postgresql://127.0.0.1:1/x", "redis_url": "redis://127.0.0.1:1"}
 
@@ -111,7 +111,7 @@ def test_enqueue_many_and_the_async_forms() -> None:
 
 
 def test_a_job_that_enqueues_itself_forever_stops(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(serverless, "MAX_JOBS", 50)
+    monkeypatch.setattr(inline, "MAX_JOBS", 50)
     app, _ = inline_app()
     with pytest.raises(DrainIncomplete):
         app.enqueue("forever")
