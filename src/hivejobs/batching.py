@@ -26,7 +26,7 @@ class Batcher(Generic[T]):
     count of items submitted and not yet written (`_pending`); all three guarded by `_cond`,
     which is notified after every batch. Submitters wake the writer only when it sleeps for
     want of items (`_writer_waits`): with many threads submitting, the writer wakes once per
-    batch instead of once per item (issue 13: a thread wake-up per job cost more CPU than the
+    batch instead of once per item (a thread wake-up per job can cost more CPU than the
     batch's statement per job). By default a batch is never held back to grow: the writer
     takes what is there when it is free, so a batch is as large as what arrived while the
     previous one was being written.
@@ -34,8 +34,8 @@ class Batcher(Generic[T]):
     With `coalesce_to`, a batch smaller than that waits for more, but only while items arrive
     at least every `coalesce_gap_s` (the mean gap between submits, `_gap`), and for no longer
     than the items expected to reach `coalesce_to` take to arrive, at most `coalesce_max_s`.
-    A statement's fixed cost (its commit) dominates small batches (issue 13: with 10 ms jobs
-    completions came 1.4 at a time and their commits cost Postgres 0.3 ms per job), while at
+    A statement's fixed cost (its commit) dominates small batches (with short jobs,
+    completions one or two at a time cost Postgres a commit each), while at
     low rates nothing waits: a lone completion is written at once. `write` must handle its
     own errors: one that escapes ends the writer thread (wrap it with `guard`, e.g. to end
     the process)."""
@@ -95,7 +95,7 @@ class Batcher(Generic[T]):
         self._gap = gap if self._gap == float("inf") else self._gap + (gap - self._gap) * 0.1
 
     def _ring(self) -> None:
-        """Wake the writer only when it sleeps for want of items (issue 13): one wake-up per
+        """Wake the writer only when it sleeps for want of items: one wake-up per
         batch, not one per item. Called with `_cond` held."""
         if self._writer_waits:
             self._writer_waits = False

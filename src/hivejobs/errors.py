@@ -136,7 +136,7 @@ class JobNotFinished(HivejobsError):
 
 
 class WaitTimeout(HivejobsError, TimeoutError):
-    """app.wait gave up (issue 12): the job still runs; wait again, or cancel it."""
+    """app.wait gave up: the job still runs; wait again, or cancel it."""
 
     def __init__(self, job_id: str, timeout_s: float, state: str) -> None:
         super().__init__(f"job {job_id!r} is still {state} after waiting {timeout_s:g} s")

@@ -1,4 +1,4 @@
-"""Flow control of job types (issue 12): pause/resume and fleet-wide limits.
+"""Flow control of job types: pause/resume and fleet-wide limits.
 
 Limits are job type options (`global_concurrency`, `rate`, `burst`); pause is state in
 Postgres (`hivejobs_flow`), so it holds across instances, restarts and Redis flushes.

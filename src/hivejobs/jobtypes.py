@@ -134,7 +134,7 @@ class JobType:
     callback_timeout_s: float | None = None
     unique: Unique | None = None
     retention_s: float | None = None  # archive retention of its finished jobs (None: global)
-    limits: Limits | None = None  # fleet-wide limits (issue 12, flow.py)
+    limits: Limits | None = None  # fleet-wide limits (flow.py)
     max_rss_mb: float | None = None  # recycle its pool processes above this (worker/memory.py)
     # A pool process shared with other types (worker/placement.py); None: its own.
     pool: str | None = None

@@ -215,11 +215,11 @@ class TypeCounts(msgspec.Struct, frozen=True, kw_only=True):
     running: int
     failed_last_hour: int
     succeeded_last_hour: int
-    paused_at: datetime | None = None  # paused fleet-wide since (issue 12); None: not paused
+    paused_at: datetime | None = None  # paused fleet-wide since; None: not paused
 
 
 class TypeFlow(msgspec.Struct, frozen=True, kw_only=True):
-    """A job type's flow state as operators steer it (issue 12): paused fleet-wide since
+    """A job type's flow state as operators steer it: paused fleet-wide since
     `paused_at`, and its runner threads per pool process: `scaled_concurrency` when
     `hivejobs scale` set one, else the code's `concurrency`."""
 

@@ -1,4 +1,4 @@
-"""The app of the flow-control process tests (issue 12): `hivejobs run tests.apps.flowapp:app`.
+"""The app of the flow-control process tests: `hivejobs run tests.apps.flowapp:app`.
 
 Each handler writes "begin <id> <pid> <monotonic ns>" and "end <id> <pid> <monotonic ns>" to
 the ledger (tests/apps/ledger.py: O_APPEND lines that survive kill -9): the independent

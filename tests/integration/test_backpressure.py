@@ -1,4 +1,4 @@
-"""A pool whose completer cannot write stops claiming (issue 21).
+"""A pool whose completer cannot write stops claiming.
 
 A real Pool runs in a thread of the test process. The completer is held up by a lock on the
 archive that the test takes (its INSERT waits; claims do not touch the archive), so finished
@@ -95,7 +95,7 @@ def test_pool_stops_claiming_while_its_completions_cannot_be_written(
 def test_prefetch_refills_in_one_large_claim_not_one_per_finished_job(
     make_app: Callable[..., App],
 ) -> None:
-    """Issue 13: a fetcher that claimed again as soon as one slot freed made claims of one or
+    """A fetcher that claimed again as soon as one slot freed would make claims of one or
     two ids. While half its claims ahead (PREFETCH for short jobs, CLAIM_AHEAD_S of work for
     longer ones) still wait for a runner it claims nothing; then it claims the whole room at
     once. Without claims ahead (at-most-once, or jobs too slow for any) every idle runner is

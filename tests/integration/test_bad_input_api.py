@@ -1,4 +1,4 @@
-"""Issue 18, API against real Postgres and Redis: bad input raises hivejobs' own errors (never
+"""The API against real Postgres and Redis: bad input raises hivejobs' own errors (never
 UnicodeEncodeError, RecursionError, psycopg.DataError or UndefinedFunction) and stores nothing.
 """
 

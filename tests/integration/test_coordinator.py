@@ -229,7 +229,7 @@ def test_gauges_record_depth_and_in_flight(make_app: Callable[..., App], databas
 def test_gauges_count_as_seldom_as_their_last_count_was_large(
     make_app: Callable[..., App], database_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The queue depth counts every queued row (issue 13: 50 ms at 200,000): after counting
+    """The queue depth counts every queued row (a count that grows with the backlog): after counting
     25,000 the gauges keep that count for 25,000 / ROWS_PER_SECOND_OF_AGE = 5 s, then count
     again. The 25,000 are a queue of nothing the test adds to the real counts; the clock is
     the test's."""

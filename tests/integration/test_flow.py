@@ -1,4 +1,4 @@
-"""Flow control on real Postgres and Redis (issue 12): the claim under a pause or a limit,
+"""Flow control on real Postgres and Redis: the claim under a pause or a limit,
 racing claimers, and the pause API's edges."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""`limit_by` with `rate` on real Postgres and Redis (issue 12): a token bucket per partition,
+"""`limit_by` with `rate` on real Postgres and Redis: a token bucket per partition,
 taken in the claim under the type's flow lock, and pruned by the coordinator once full."""
 
 from __future__ import annotations

@@ -430,9 +430,9 @@ def test_waiting_job_past_expires_at_ends_expired(
 def test_waiting_jobs_are_swept_once_per_interval_while_due_ones_are_promoted_every_pass(
     make_app: Callable[..., App],
 ) -> None:
-    """Issue 13: promotion runs every pass (a scheduled job starts within one), the sweep of
+    """Promotion runs every pass (a scheduled job starts within one), the sweep of
     expired jobs once per `end_every_s` (an expiry is not a start time; each sweep is a
-    transaction, five a second was the idle coordinator's largest cost to Postgres)."""
+    transaction, five a second would be the idle coordinator's largest cost to Postgres)."""
     app = make_app()
     app.job("resize")(lambda ctx, payload: None)
     holder = new_worker_id()

@@ -83,7 +83,7 @@ def test_guarded_verbs_write_nothing_once_the_lease_is_lost(
 def test_sweeps_with_nothing_to_write_take_no_lease_lock(
     make_app: Callable[..., App], database_url: str
 ) -> None:
-    """Issue 13: an idle sweep is one read in autocommit, not a guarded transaction. With
+    """An idle sweep is one read in autocommit, not a guarded transaction. With
     the lease row locked by another session, the idle sweeps return at once (a guarded
     transaction would wait for that lock); once a job is due, the promoter's pass waits for
     the lock, then promotes under the lease."""

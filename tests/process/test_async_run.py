@@ -1,4 +1,4 @@
-"""`async def` handlers in a real `hivejobs run` (issue 12): tasks on one event loop per
+"""`async def` handlers in a real `hivejobs run`: tasks on one event loop per
 pool, and stop, cancel, timeout, SIGTERM and kill -9 as for thread handlers."""
 
 from __future__ import annotations

@@ -241,7 +241,7 @@ def test_sweep_prints_one_row_per_duration_with_its_postgres_cost(
     admin_url: str, tmp_path: Path
 ) -> None:
     """`--work redis --sweep`: one throughput run per duration, each with the per-job cost
-    read from the server (issue 13); the rows come out in the printed table."""
+    read from the server; the rows come out in the printed table."""
     out = tmp_path / "sweep.json"
     server = admin_url.rsplit("/", 1)[0] + "/postgres"
     proc = subprocess.run(

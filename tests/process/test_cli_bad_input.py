@@ -1,4 +1,4 @@
-"""Issue 18, "bad input: a clear error, exit 2, nothing stored", through the real CLI against
+"""Bad input: a clear error, exit 2, nothing stored; through the real CLI against
 real Postgres and Redis: one line on stderr, never a traceback, and no job or chain stored."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue 18, "no secret in any output": the real CLI, failing on purpose with a marker
+"""No secret in any output: the real CLI, failing on purpose with a marker
 password in every DSN form; the marker must appear in no line of stdout or stderr (logs at
 DEBUG, errors, tracebacks). Also: `hivejobs run` checks Redis at start, and a bench that fails
 leaves no database or temp dir behind."""

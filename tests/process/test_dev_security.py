@@ -1,4 +1,4 @@
-"""Issue 18, "the zero-setup servers are open to every local user": the embedded Postgres and
+"""The zero-setup servers are not open to every local user: the embedded Postgres and
 Valkey of `hivejobs dev` require passwords, Valkey never runs as root, a data dir that is not
 the user's own (or that others may write) is refused, and `--stop` signals only a process
 that runs our own server binary."""

@@ -132,7 +132,7 @@ def test_serves_sql_and_redis_reuses_and_restarts(data_dir: Path) -> None:
     with start_embedded(data_dir) as servers:
         cold = time.monotonic() - t0
         assert servers.owned and not servers.reused
-        # Issue 18: a password of the data dir's own, never trust for every local user.
+        # A password of the data dir's own, never trust for every local user.
         assert servers.database_url.startswith("postgresql://postgres:")
         assert "@127.0.0.1:" in servers.database_url
         if os.geteuid() == 0:

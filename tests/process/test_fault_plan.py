@@ -49,7 +49,7 @@ def test_s9_bad_input_is_refused_with_its_own_error_and_stores_nothing() -> None
     assert [p for p in found if not p.startswith("known: ")] == [], row
     assert row["lost"] == 0, row
     if found:
-        pytest.xfail("issue 18 bad-input cases still fail: " + "; ".join(found))
+        pytest.xfail("bad-input cases still fail: " + "; ".join(found))
 
 
 @pytest.mark.timeout(120)

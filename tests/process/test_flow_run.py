@@ -1,4 +1,4 @@
-"""Fleet-wide limits and pause with real `hivejobs run` instances (issue 12).
+"""Fleet-wide limits and pause with real `hivejobs run` instances.
 
 How many handlers ran at once is judged from the handlers' own ledger (tests/apps/flowapp.py:
 begin and end lines with CLOCK_MONOTONIC times, written inside the handler), never from

@@ -1,4 +1,4 @@
-"""One job's data never touches its neighbours (issue 18), against real `hivejobs run`.
+"""One job's data never touches its neighbours, against real `hivejobs run`.
 
 Hostile or unlucky input (an error text Postgres cannot store, a completion that cannot be
 written, a foreign id in a list, a wrong-typed Redis key, a malformed notification, a huge

@@ -1,4 +1,4 @@
-"""`max_rss_mb` with a real `hivejobs run` (issue 12): a pool past its cap drains and is
+"""`max_rss_mb` with a real `hivejobs run`: a pool past its cap drains and is
 forked again; no job fails or is lost."""
 
 from __future__ import annotations

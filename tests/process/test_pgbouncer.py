@@ -180,7 +180,7 @@ def alternate(measure: Callable[[str], list[float]], rounds: int) -> dict[str, l
 
 
 def within_2x(measured: dict[str, list[float]]) -> bool:
-    """Issue 19: through PgBouncer, p50 within 2x of direct. 2 ms of slack: a direct pickup
+    """Through PgBouncer, p50 within 2x of direct. 2 ms of slack: a direct pickup
     is ~2-5 ms here, and the machine is shared."""
     return p50(measured["pooled"]) <= 2 * p50(measured["direct"]) + 0.002
 

@@ -146,8 +146,8 @@ def test_only_the_at_most_once_type_of_the_shared_process_commits_synchronously(
     """An at-most-once claim or completion lost in a Postgres crash would let its job run
     again (or end it "worker lost"): `three` commits synchronously. `one` and `two`, in the
     same process and on the same connections, commit asynchronously, as they would alone.
-    Every pool statement keeps its generic plan (issue 13: the archive statement was planned
-    afresh at each call under the default plan_cache_mode)."""
+    Every pool statement keeps its generic plan (under the default plan_cache_mode the archive
+    statement would be planned afresh at each call)."""
     for statement in COMMIT_MODE_NOTES:
         sql(database_url, statement)
     start_instance(app_spec=APP)

@@ -63,7 +63,7 @@ def test_banner_and_a_line_per_job(
     # A first start against an empty Redis is no news: nothing above INFO but the retries.
     assert [line for line in loud_lines(log) if "raises[" not in line] == []
     lines = log.splitlines()
-    # One line per job at INFO, its outcome's (the "started" line is DEBUG: issue 13).
+    # One line per job at INFO, its outcome's (the "started" line is DEBUG).
     assert any(
         f"alo[{ok}] succeeded in 0.0" in line and line.endswith("{'attempt': 1}") for line in lines
     )

@@ -1,4 +1,4 @@
-"""app.wait and app.await_job against a real `hivejobs run` (issue 12): woken by the NOTIFY
+"""app.wait and app.await_job against a real `hivejobs run`: woken by the NOTIFY
 of the archiving transaction, not by reading the job in a loop."""
 
 from __future__ import annotations

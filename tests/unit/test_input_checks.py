@@ -1,4 +1,4 @@
-"""Issue 18, without servers: secrets redacted in every DSN form, settings and names checked
+"""Without servers: secrets redacted in every DSN form, settings and names checked
 strictly, text escaped for terminals, dispatch notifications parsed one by one."""
 
 from __future__ import annotations

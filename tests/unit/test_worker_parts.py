@@ -56,7 +56,7 @@ def test_batcher_writes_what_accumulated_while_the_previous_batch_was_written() 
 
 
 def test_a_small_batch_waits_for_more_only_while_items_come_often() -> None:
-    """Issue 13: with 10 ms jobs completions came 1.4 at a time, one commit each; a batch now
+    """With short jobs, completions one at a time would cost a commit each: a batch
     waits for the completions due soon, but a lone one at a low rate is written at once.
     From 100 completions a second in a process (10 ms CPU-bound jobs on 2 cores: 130/s),
     two or more arrive within the longest wait, so waiting pays."""

@@ -1,4 +1,4 @@
-"""Flow control over HTTP (issue 12): pause, resume and scale a job type against a real
+"""Flow control over HTTP: pause, resume and scale a job type against a real
 `hivejobs serve`, with its state read back from Postgres, and a real `hivejobs run` fleet that
 starts nothing of a type paused over HTTP until it is resumed."""
 

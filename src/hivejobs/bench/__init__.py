@@ -220,7 +220,7 @@ def run_scenarios(env: BenchEnvironment, opts: BenchOptions) -> dict[str, Any]:
         from hivejobs.bench.prune import prune_scenario
 
         plan.append(("prune", lambda: prune_scenario(env, opts.backlog_jobs)))
-    if "limits" in opts.scenarios:  # issue 12: the cost of a fleet-wide limit
+    if "limits" in opts.scenarios:  # the cost of a fleet-wide limit
         from hivejobs.bench.limits import limits_scenario
 
         plan.append(

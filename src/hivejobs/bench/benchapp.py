@@ -6,7 +6,7 @@ its pickup latency in microseconds to $HIVEJOBS_BENCH_DIR/latency.<pid>; nothing
 written.
 
 The body (HIVEJOBS_BENCH_WORK) is what a real job does for _WORK_MS milliseconds, because a
-no-op body hides what job duration does to claim and completion batching (issue 13):
+no-op body hides what job duration does to claim and completion batching:
 - `sleep`: time.sleep (the GIL is free, as in any blocking I/O);
 - `cpu`: a busy loop holding the GIL;
 - `redis`: one blocking Redis round trip (a GET), then a sleep for what is left of _WORK_MS:

@@ -1,5 +1,5 @@
 """What a drain costs Postgres per job: transactions, rows written, buffers, backend CPU, and
-the claim and completion batch sizes that explain them (issue 13).
+the claim and completion batch sizes that explain them.
 
 Read from the server itself, so the same figures exist for any code under test:
 - pg_stat_database deltas of the bench database (transactions, rows inserted + updated +

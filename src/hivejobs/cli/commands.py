@@ -351,7 +351,7 @@ def cmd_cancel(args: argparse.Namespace) -> int:
 
 
 def cmd_pause(args: argparse.Namespace) -> int:
-    """Issue 12: pause a type fleet-wide; without a name, list the paused types."""
+    """Pause a type fleet-wide; without a name, list the paused types."""
     app = _app(args)
     if args.name is None:
         for name in app.paused():
@@ -367,7 +367,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
 
 
 def cmd_scale(args: argparse.Namespace) -> int:
-    """Issue 12: a type's concurrency per pool process, fleet-wide, without a restart."""
+    """Set a type's concurrency per pool process, fleet-wide, without a restart."""
     if args.concurrency == "default":
         concurrency = None
     elif args.concurrency.isdigit():

@@ -1,4 +1,4 @@
-"""Text views the CLI prints for issue-15 commands: job listings, the chain job log, chain
+"""Text views the CLI prints for the operator commands: job listings, the chain job log, chain
 listings and `chain ps`. Pure formatting of records: no I/O besides returning lines.
 
 What we did not write (names, errors, status text, captured output) goes through

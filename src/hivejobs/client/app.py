@@ -188,8 +188,8 @@ class App:
             priority,
             self.settings.max_payload_bytes,
         )
-        jt.limits = checked_limits(global_concurrency, rate, burst, limit_by)  # issue 12 hook
-        jt.max_rss_mb = checked_max_rss(max_rss_mb)  # issue 12 hook
+        jt.limits = checked_limits(global_concurrency, rate, burst, limit_by)
+        jt.max_rss_mb = checked_max_rss(max_rss_mb)
         check_pool(self.types, name, pool, processes, jt.max_rss_mb)
         jt.pool = pool
         if cron is not None:
@@ -526,7 +526,7 @@ class App:
         record_callback(self.broker, name, result.outcome)
         return result
 
-    # -- waiting (issue 12 hook: the logic is in waiting.py) ------------------------------
+    # -- waiting (the logic is in waiting.py) ---------------------------------------------
 
     def wait(self, job_id: str, timeout: float | None = None) -> JobInfo:
         """Block until the job finishes and return it (state, attempt, error, result).
@@ -540,7 +540,7 @@ class App:
         check_id(job_id)
         return await waiting.await_job(self, job_id, timeout)
 
-    # -- flow control (issue 12 hook: the logic is in flow.py) ----------------------------
+    # -- flow control (the logic is in flow.py) -------------------------------------------
 
     def pause(self, name: str) -> bool:
         """Pause job type `name` across the fleet: running jobs finish, nothing new starts,

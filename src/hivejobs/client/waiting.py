@@ -1,4 +1,4 @@
-"""`app.wait` and `app.await_job` (issue 12): block until a job finishes, without polling.
+"""`app.wait` and `app.await_job`: block until a job finishes, without polling.
 
 A wait reads the job, and while it is not finished sleeps on a LISTEN session until the
 archiving transaction's NOTIFY names it (store/waits.py), then reads it again: Postgres is

@@ -13,7 +13,7 @@ from hivejobs.store.archive import nonzero_gauge_types
 # The queue depth is a count of every queued row (7 ms at 20,000 queued under load, 50 ms
 # at 200,000): after counting N rows, the next count waits N / ROWS_PER_SECOND_OF_AGE s when
 # that is longer than the interval (20 s at 100,000 queued), which keeps it under ~0.2 % of
-# a core at any backlog (issue 13). Jobs in flight are counted at every pass (the running
+# a core at any backlog. Jobs in flight are counted at every pass (the running
 # rows only).
 ROWS_PER_SECOND_OF_AGE = 5_000
 

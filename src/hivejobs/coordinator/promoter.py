@@ -1,8 +1,8 @@
 """Promoter (leader only): due scheduled jobs and retries whose backoff passed become queued
 and their ids go to Redis; waiting jobs that can no longer start (expired, or cancelled
 while a retry waited) go to the archive, once a second: an expiry is not a start time, and
-every pass of that sweep is a transaction (issue 13: at five a second, the idle coordinator's
-largest cost to Postgres)."""
+every pass of that sweep is a transaction (at five a second it would be the idle
+coordinator's largest cost to Postgres)."""
 
 from __future__ import annotations
 

@@ -9,7 +9,7 @@ before that head). A list is first in, first out (RPUSH, pop from the left), so 
 pushed before the head has been popped; one still queued and older than the head by the
 grace was lost. One id that is missing is found once its list has moved past it, where its
 turn would have come, or at the next pass when the list is empty. Each pass reads an index
-entry or two per queue and the heads by primary key, whatever the backlog (issue 13: the
+entry or two per queue and the heads by primary key, whatever the backlog (the
 count of every queued row it replaced took 7 ms at 20,000 queued, and it re-pushed the
 oldest ids, which were still in Redis, whenever ids popped and not yet claimed made the
 count look short).

@@ -138,7 +138,7 @@ WITH c AS (
       JOIN hivejobs_chain_job cj ON cj.job_id = j.id AND cj.state = 'running'
      WHERE j.id = ANY(%(ids)s::text[])
 ), gone AS (
-    -- Found by primary key (issue 21), as in archive_finished_if_running.
+    -- Found by primary key, as in archive_finished_if_running.
     DELETE FROM hivejobs_job j USING tries t
      WHERE j.id = ANY(%(ids)s::text[]) AND j.id = t.id
     RETURNING j.*

@@ -1,4 +1,4 @@
--- Flow control (issue 12): pause and fleet-wide limits of a job type. The type's flow row is
+-- Flow control: pause and fleet-wide limits of a job type. The type's flow row is
 -- the lock that makes a limited claim atomic; the running slots are its `running` rows.
 
 -- name: ensure_flow

@@ -78,7 +78,7 @@ UPDATE hivejobs_job
        claim_token = nextval('hivejobs_claim_seq'), started_at = now()
  WHERE id = ANY(%(ids)s) AND state = 'queued' AND name = %(name)s
    AND (expires_at IS NULL OR expires_at > now())
-   -- Flow control hook (issue 12, flow.py): a paused type starts nothing. One lookup by
+   -- Flow control (flow.py): a paused type starts nothing. One lookup by
    -- primary key, run once per statement (it names no column of the job row).
    AND NOT EXISTS (SELECT 1 FROM hivejobs_flow f WHERE f.name = %(name)s AND f.paused)
 RETURNING id, name, attempt, attempts, delivery, payload, claim_token, priority, lost,
@@ -98,14 +98,14 @@ RETURNING j.id;
 
 -- name: archive_finished_if_running
 -- Fenced by claim token (R3): a late write from a rescued or timed-out claim changes nothing.
--- Plan stability (issue 21), the same in every statement that ends claims by id: the ids are
+-- Plan stability, the same in every statement that ends claims by id: the ids are
 -- also a condition on the table itself (`j.id = ANY(ids)`), so the rows are found by that
 -- primary-key lookup, estimated at one row per id whatever the statistics say, and the join
 -- with the per-row values is between two sets of batch size: no plan reads the running set
 -- or the table (a hash join over a scan would, for a batch that looks big enough).
 -- The per-row values come as one JSON array of objects (`rows`, absent keys are NULL,
 -- results base64): one parameter for the client to build instead of five arrays, whose
--- element-by-element dumping was the pool's largest cost per completion batch (issue 13).
+-- element-by-element dumping was the pool's largest cost per completion batch.
 WITH c AS (
     SELECT * FROM json_to_recordset(%(rows)s::json)
            AS c(id text, token bigint, final_state text, final_error text, final_result text)

@@ -53,7 +53,7 @@ class Leases(Database):
 
     def nothing_to_write(self, probe: str) -> bool:
         """True when `probe`, a read-only query that looks for the rows a guarded verb would
-        write, finds none: then the verb needs no transaction (issue 13). A guarded
+        write, finds none: then the verb needs no transaction. A guarded
         transaction is four round trips (BEGIN, the lease's FOR SHARE, the statement,
         COMMIT) and its row lock takes a transaction id and a WAL record; an idle
         coordinator's sweeps ran seven a second. The probe is one round trip in autocommit

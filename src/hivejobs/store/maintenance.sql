@@ -3,7 +3,7 @@
 -- name: promote_due
 -- The due ids are collected first, as an array (an InitPlan, run once), and the update finds
 -- them by primary key: `id IN (subquery)` let the planner turn it round into a hash join over
--- a scan of the whole table when the statistics made the due set look big (issue 21).
+-- a scan of the whole table when the statistics made the due set look big.
 UPDATE hivejobs_job SET state = 'queued', queued_at = now()
  WHERE id = ANY(ARRAY(SELECT id FROM hivejobs_job
                        WHERE state = 'scheduled' AND run_at <= now()
@@ -57,7 +57,7 @@ LIMIT 1;
 -- The oldest are found by walking this queue's part of the queued index one entry at a time
 -- (each step LIMIT 1 in index order, which no other plan beats), stopping once `limit` are
 -- found or the entries are younger than the grace. As one ORDER BY ... LIMIT, the planner read
--- and sorted every stale row whenever the statistics made them look few (issue 21). The rows
+-- and sorted every stale row whenever the statistics made them look few. The rows
 -- found are updated where the walk found them (by ctid, within this statement's snapshot,
 -- which keeps them from being vacuumed away): a row claimed meanwhile is rechecked on its new
 -- version, once that claim's one-statement transaction ends, and skipped: it is no longer

@@ -1,4 +1,4 @@
--- Waiting for a job's end (issue 12): see migration 0012 for why no wake-up is lost.
+-- Waiting for a job's end: see migration 0012 for why no wake-up is lost.
 
 -- name: listen_done
 LISTEN hivejobs_done;

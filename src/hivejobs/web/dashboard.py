@@ -122,7 +122,7 @@ def overview(request: Request[Any, Any, Any], state: State, fragment: Fragment =
 
 
 def _paused(paused_at: datetime | None) -> str:
-    """A paused type's badge (issue 12), with the time it was paused; '-' when it runs."""
+    """A paused type's badge, with the time it was paused; '-' when it runs."""
     if paused_at is None:
         return "-"
     return f"{badge('paused')} since {esc(when(paused_at))}"
@@ -152,7 +152,7 @@ def type_jobs(
 
 
 def _flow_controls(base: str, name: str, flow: FlowSettings) -> str:
-    """A type's pause notice and its Pause or Resume button (issue 12), which calls the
+    """A type's pause notice and its Pause or Resume button, which calls the
     JSON API like every dashboard button (admin token, web/flow.py); and its scale if set."""
     url = f"{esc(base)}/v1/jobtypes/{esc(seg(name))}"
     if flow.paused:

@@ -1,4 +1,4 @@
-"""The HTTP API's flow control of job types (issue 12): pause, resume and scale a type
+"""The HTTP API's flow control of job types: pause, resume and scale a type
 fleet-wide, and read its flow state back. The handlers make the calls `hivejobs pause`,
 `resume` and `scale` make (App.pause, App.resume, App.scale): the checks, the rules and the
 SQL live behind them, once. Writes need an admin token, as every other write.

@@ -29,7 +29,7 @@ STATE_COLOURS = {
     "stopped": "#7b8794",
     "cancelled": "#7b8794",
     "expired": "#7b8794",
-    "paused": "#c05621",  # a job type paused fleet-wide (issue 12), not a job state
+    "paused": "#c05621",  # a job type paused fleet-wide, not a job state
 }
 
 CSS = """

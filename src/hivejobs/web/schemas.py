@@ -130,7 +130,7 @@ class JobTypeOut(msgspec.Struct, kw_only=True):
     queued: int
     scheduled: int
     running: int
-    # Paused fleet-wide (`hivejobs pause`, issue 12): running jobs finish, nothing starts.
+    # Paused fleet-wide (`hivejobs pause`): running jobs finish, nothing starts.
     paused: bool = False
     paused_at: datetime | None = None
 

@@ -1,4 +1,4 @@
-"""`async def` handlers (issue 12): run as tasks on one event loop per pool process.
+"""`async def` handlers: run as tasks on one event loop per pool process.
 
 The pool's runner threads stay as they are (each holds one claim): a runner hands an async
 handler's coroutine to the process's loop and waits for its task, so at most `concurrency`

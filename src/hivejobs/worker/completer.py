@@ -29,7 +29,7 @@ from hivejobs.store import Store, is_data_error
 from hivejobs.worker.exits import fatal_on_error
 
 MAX_BATCH = 500
-# Coalescing (issue 13; see hivejobs.batching): while completions arrive at least every
+# Coalescing (see hivejobs.batching): while completions arrive at least every
 # COALESCE_GAP_S (100/s in this process), a batch of fewer than COALESCE_TO waits for more,
 # at most COALESCE_MAX_S, so that two or more arrive in the longest wait. With 10 ms jobs on
 # 8 runners (one completion per 1.25 ms) a batch holds ~14 instead of 1.4; with 10 ms

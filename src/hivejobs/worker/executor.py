@@ -53,7 +53,7 @@ def execute(
 
     log = ctx.logger
     names = {"job_type": job.name, "job_id": job.id}
-    # DEBUG (issue 13): at INFO, a line per job is the outcome's. A line costs the pool
+    # DEBUG: at INFO, a line per job is the outcome's. A line costs the pool
     # process ~40 us of CPU (loguru's record, format and write), as much as the rest of a
     # short job's own bookkeeping.
     _say(log, "DEBUG", MSG_STARTED, **names)
@@ -62,7 +62,7 @@ def execute(
         if jt.handler is None:
             raise HivejobsError(f"job type {jt.name!r} has no handler in this process")
         payload = jt.codec.decode(job.payload)
-        result = call_handler(jt.handler, ctx, payload)  # issue 12 hook: async def too
+        result = call_handler(jt.handler, ctx, payload)  # async def handlers too
         encoded = encode_result(result)
         if encoded is not None and len(encoded) > max_result_bytes:
             # A cut JSON document is not JSON: refuse the whole result, say why.

@@ -30,7 +30,7 @@ from hivejobs.worker.slots import Slots
 
 PREFETCH = 64
 # Claims ahead (beyond `concurrency`) cover about this much of the pool's work, at most
-# PREFETCH (issue 13): every claim is a statement and a commit, so a fetcher that claims for
+# PREFETCH: every claim is a statement and a commit, so a fetcher that claims for
 # each idle runner pays one per job once runners free one at a time (10 ms jobs: 1.5 ids per
 # claim, the commits cost Postgres more than the jobs' rows). A claimed job then waits about
 # this long for its runner at most, so a pool that dies leaves only that much work behind to
@@ -49,7 +49,7 @@ MSG_FOREIGN_ID = (
     "foreign job id dropped: a job of another type was in this pool's list (logged once per"
     " list; counted in foreign_ids)"
 )
-# Backpressure (issue 21): finished attempts whose completion is not yet written, per runner
+# Backpressure: finished attempts whose completion is not yet written, per runner
 # thread, that a pool may hold beside a full set of claims in hand. A runner slot frees when
 # a job finishes running, not when its completion is written, so without this bound a lagging
 # completer let claims run far ahead: rows stood `running` by the ten thousand, and finished
@@ -125,14 +125,14 @@ class Fetcher:
         self.metrics = metrics
         self._stopped = acquiring_stopped
         self._heartbeat_age_s = heartbeat_age_s
-        self.flow = flow  # issue 12: pause, fleet-wide limits, `hivejobs scale`
+        self.flow = flow  # pause, fleet-wide limits, `hivejobs scale`
         self._scale = scale  # Runners.scale
         # Claims beyond `concurrency` (_ahead) cut statements per job; never for at-most-once
         # (a claim dying with us fails it), nor for a type with fleet-wide limits: a claim
-        # waiting here holds a slot (issue 12).
+        # waiting here holds a fleet-wide slot.
         self.may_claim_ahead = jt.delivery == "at_least_once" and jt.limits is None
         self.avg_run_s = 1.0  # pessimistic until measured
-        # A finished job wakes us only when we may claim (issue 13); `draining`: Stop.draining.
+        # A finished job wakes us only when we may claim; `draining`: Stop.draining.
         self.slots = Slots(draining, jt.concurrency, room_open=self.room_open)
         self.claims = Claims(self.slots)
         # Logged at exit. foreign_ids: ids of other types found in our lists (dropped);
@@ -224,7 +224,7 @@ class Fetcher:
                 self._stopped.wait(0.2)
                 continue
             try:
-                # Flow control (issue 12): a paused or fleet-limited type waits here, its ids
+                # Flow control: a paused or fleet-limited type waits here, its ids
                 # left in Redis; own completions (Claims.forget) end a wait for a slot early.
                 room = self.flow.room(free)
                 if self._scale(self.flow.concurrency or self.jt.concurrency):
@@ -285,7 +285,7 @@ class Fetcher:
         self.slots.hand_over(jobs)
         if len(jobs) == len(ids):
             return 0.0
-        wait_s = self.flow.put_back(popped, jobs)  # refused by a pause or a limit (issue 12)
+        wait_s = self.flow.put_back(popped, jobs)  # refused by a pause or a limit
         claimed = {j.id for j in jobs}
         self._drop_foreign(popped.key, [i for i in ids if i not in claimed])
         return wait_s

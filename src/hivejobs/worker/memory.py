@@ -1,4 +1,4 @@
-"""The memory cap of a pool process (`max_rss_mb`, issue 12).
+"""The memory cap of a pool process (`max_rss_mb`).
 
 A pool whose resident set grew past its type's cap (a leak in a handler or a library, a
 fragmented heap) stops acquiring, lets its running jobs finish, suspends what is still

@@ -1,7 +1,7 @@
 """Pool processes of an instance (`@app.job(..., pool="small")`): which job types run in
 which process, the checks on `pool=`, and the most Postgres connections an instance opens.
 
-A type without `pool=` runs in processes of its own (`processes=` of them), as before. Types
+A type without `pool=` runs in processes of its own (`processes=` of them). Types
 naming the same pool run as lanes of one process (worker/process.py): each keeps its own runner
 threads (`concurrency`), delivery, timeout, limits, retries, fetcher and worker row; they
 share the process's Postgres pool, Redis client, heartbeat, memory cap and shutdown. So the

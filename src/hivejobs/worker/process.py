@@ -4,7 +4,7 @@ The composition root of a pool process. A lane is one job type (`Lane`: slots, f
 runners, completer, watchdog, shutdown): its concurrency, delivery, timeout, limits,
 retries, claims and worker row are its own. The process (`Pool`) owns what its lanes share:
 the Store and Broker, the metrics recorder, the stop state, the heartbeat and control
-channel (Liveness), the memory cap. A type without `pool=` is a Pool of one lane, as before;
+channel (Liveness), the memory cap. A type without `pool=` is a Pool of one lane;
 types of one `pool=` are one Pool of several (worker/placement.py). It starts the threads, watches
 timeouts until a stop is asked for, then drains every lane at once and says how it ended (a
 ChildExit). The roles keep every rule; this file only wires them. Never runs a job it has
@@ -194,7 +194,7 @@ class Pool:
         mixed = async_commit and any(t.delivery == "at_most_once" for t in types)
         session = {"synchronous_commit": "off"} if async_commit else {}
         if not settings.pgbouncer:
-            # Prepared statements keep one generic plan (issue 13): under the default
+            # Prepared statements keep one generic plan: under the default
             # plan_cache_mode the archive statement was planned afresh at every call
             # (~0.3 ms of backend CPU each), its custom plans always looking cheaper than
             # the generic one. Every pool statement's generic plan finds its rows by key
@@ -290,7 +290,7 @@ class Pool:
         while not self.stop.acquiring_stopped.wait(WATCH_EVERY_S):
             for lane in self.lanes:
                 lane.watchdog.check()
-            if self.memory_cap.exceeded():  # issue 12: drain, exit, be forked again
+            if self.memory_cap.exceeded():  # drain, exit, be forked again
                 self.log.warning(
                     "memory cap passed: recycling the pool",
                     rss_mb=round(self.memory_cap.seen_mb),

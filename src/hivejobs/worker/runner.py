@@ -76,7 +76,7 @@ class Runners:
             self._new_runner()
 
     def scale(self, concurrency: int) -> bool:
-        """`hivejobs scale` (issue 12): the claim room follows `concurrency` at once; more
+        """`hivejobs scale`: the claim room follows `concurrency` at once; more
         runner threads start when it grows. When it shrinks the extra runners stay, idle:
         fewer claims are made, and no running job is interrupted. False: no change."""
         with self.slots.cond:

@@ -108,7 +108,7 @@ class Slots:
     def _release(self) -> None:
         """Free a slot; wake the waiters on `cond` only when one of them can act on it: the
         fetcher once it may claim (not for every finished job while the jobs claimed ahead
-        still wait: issue 13, one wasted thread wake-up per job), a suspect waiting for its
+        still wait: that would be one wasted thread wake-up per job), a suspect waiting for its
         neighbours to end, or the shutdown waiting for the running ones."""
         with self.cond:
             self.reserved -= 1

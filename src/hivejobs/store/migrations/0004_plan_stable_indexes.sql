@@ -1,4 +1,4 @@
--- hivejobs schema 4: partial indexes that no lookup by id can use (issue 21).
+-- hivejobs schema 4: partial indexes that no lookup by id can use.
 -- Never edited once shipped: a schema change is a new file.
 --
 -- Postgres may use a partial index only for a statement whose WHERE clause implies the index

@@ -1,6 +1,6 @@
--- hivejobs schema 5: rickover's status callbacks (issue 11).
--- Never edited once shipped: a schema change is a new file. Numbered 5 because issue 21
--- ships 0004; migrate applies every version above the recorded one, in order.
+-- hivejobs schema 5: rickover's status callbacks.
+-- Never edited once shipped: a schema change is a new file. Numbered 5 because
+-- 0004 came first; migrate applies every version above the recorded one, in order.
 --
 -- A job type declared `callback=True` hands its work to another service: when its handler
 -- returns, the job stays `running` with no worker (worker_id NULL, so no rescue touches it)

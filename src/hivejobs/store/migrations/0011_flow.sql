@@ -1,4 +1,4 @@
--- hivejobs schema 10: flow control (issue 12), one row per job type that is paused or limited.
+-- hivejobs schema 10: flow control, one row per job type that is paused or limited.
 -- Never edited once shipped: a schema change is a new file.
 
 -- paused: no pool claims the type's jobs (claim_queued checks it in the claim itself); kept

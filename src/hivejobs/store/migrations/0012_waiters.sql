@@ -1,4 +1,4 @@
--- hivejobs schema 11: waiting for a job's end (issue 12, app.wait): one row per waiter, and a
+-- hivejobs schema 11: waiting for a job's end (app.wait): one row per waiter, and a
 -- NOTIFY naming the waited-for jobs when they finish, on whichever path archived them.
 -- Never edited once shipped: a schema change is a new file.
 

@@ -1,4 +1,4 @@
--- hivejobs schema 13: per-partition token buckets (issue 12, `limit_by` with `rate`).
+-- hivejobs schema 13: per-partition token buckets (`limit_by` with `rate`).
 -- Never edited once shipped: a schema change is a new file.
 
 -- One row per (job type, partition) whose bucket is not full: tokens left at refilled_at (the

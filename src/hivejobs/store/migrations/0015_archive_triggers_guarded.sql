@@ -1,5 +1,5 @@
 -- hivejobs schema 14: the archive's two statement triggers return at once when nothing could
--- match (issue 13): no chain job running, no waiter registered. Their queries probed an index
+-- match: no chain job running, no waiter registered. Their queries probed an index
 -- per archived row, about a tenth of a pool's Postgres CPU per job with neither in use.
 -- Never edited once shipped: a schema change is a new file.
 --

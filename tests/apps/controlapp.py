@@ -1,4 +1,5 @@
-"""The app of issue 15's process tests: `hivejobs run tests.apps.issue15app:app`.
+"""The app of the operator-command process tests (jobs and chains):
+`hivejobs run tests.apps.controlapp:app`.
 
 Chain job types (stop timeout, job log output, data from further up) and plain ones (Fail,
 replay, restart of one pool, listings). Handlers write ledger lines as the other test apps

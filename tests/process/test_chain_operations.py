@@ -1,4 +1,4 @@
-"""Issue 15, chains (spincycle's semantics) on real `hivejobs run` instances, Redis, Postgres.
+"""Operating chains (spincycle's semantics) on real `hivejobs run` instances, Redis, Postgres.
 
 Stop timeout and stop(wait=True); failed wins over stopped; stop while suspended; the job
 log with start, finish, state, traceback and bounded output (API and CLI); results from any
@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from hivejobs import App, Chain, ChainInvalid
+from tests.apps.controlapp import DeployArgs
 from tests.apps.gate import open_gate
-from tests.apps.issue15app import DeployArgs
 from tests.harness import ROOT, Instance, pool_pids, read_ledger, sql, wait_until
 
 FINAL = ("succeeded", "failed", "stopped")
@@ -27,8 +27,8 @@ FINAL = ("succeeded", "failed", "stopped")
 
 @pytest.fixture
 def app15(make_app: Callable[..., App]) -> App:
-    """An App that knows every issue-15 type (the fleet may run only some of them)."""
-    from tests.apps.issue15app import app as declared
+    """An App that knows every controlapp type (the fleet may run only some of them)."""
+    from tests.apps.controlapp import app as declared
 
     app = make_app()
     app.types.update(declared.types)
@@ -41,7 +41,7 @@ def instance15(start_instance: Callable[..., Instance]) -> Callable[..., Instanc
         types: str, extra_env: dict[str, str] | None = None, args: list[str] | None = None
     ) -> Instance:
         env = {"HJ_TYPES": types, **(extra_env or {})}
-        return start_instance(env, args, app_spec="tests.apps.issue15app:app")
+        return start_instance(env, args, app_spec="tests.apps.controlapp:app")
 
     return start
 
@@ -131,7 +131,7 @@ def test_stop_of_a_chain_with_a_job_failed_for_good_ends_failed(
         ),
         what="bad failed for good while long runs",
     )
-    env = {**instance_env, "HIVEJOBS_APP": "tests.apps.issue15app:app"}
+    env = {**instance_env, "HIVEJOBS_APP": "tests.apps.controlapp:app"}
     stopped = cli(env, "chain", "stop", request_id, "--wait")
     assert stopped.returncode == 0, stopped.stderr
     assert stopped.stdout.strip() == "failed"  # the state it ended in
@@ -193,7 +193,7 @@ def test_job_log_keeps_times_state_traceback_and_bounded_output(
     # started / retry / traceback lines go to the worker's log; the traceback is in `error`).
     assert first.stderr == "err line of try 1\n"
     assert second.stderr == "err line of try 2\n" and second.error is None
-    env = {**instance_env, "HIVEJOBS_APP": "tests.apps.issue15app:app"}
+    env = {**instance_env, "HIVEJOBS_APP": "tests.apps.controlapp:app"}
     shown = cli(env, "chain", "log", request_id)
     assert shown.returncode == 0, shown.stderr
     assert "p  try 1  printer  FAILED" in shown.stdout
@@ -257,7 +257,7 @@ def test_chain_list_filters_and_ps_shows_what_runs(
     page2 = app15.list_chains(limit=1, before=(first[0].created_at, first[0].id))
     assert [c.id for c in page2] == [done_id]
 
-    env = {**instance_env, "HIVEJOBS_APP": "tests.apps.issue15app:app"}
+    env = {**instance_env, "HIVEJOBS_APP": "tests.apps.controlapp:app"}
     listed = cli(env, "chain", "list", "--state", "succeeded", "--since", "1h")
     assert listed.returncode == 0, listed.stderr
     assert done_id in listed.stdout and live_id not in listed.stdout

@@ -1,4 +1,4 @@
-"""Issue 15 at the edges, against real Postgres and Redis: the CLI's enqueue options and
+"""Operator commands at the edges, against real Postgres and Redis: the CLI's enqueue options and
 option placement, gauges of a drained type, stop arguments, output capture bounds."""
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ def cli(database_url: str, redis_prefix: str, *args: str) -> subprocess.Complete
 def test_enqueue_cli_takes_id_priority_delay_run_at_and_expires_at(
     database_url: str, redis_prefix: str, make_app: Callable[..., App]
 ) -> None:
-    app_opt = ("--app", "tests.apps.issue15app:app")
+    app_opt = ("--app", "tests.apps.controlapp:app")
     at = (datetime.now(UTC) + timedelta(minutes=5)).replace(microsecond=0)
     done = cli(
         database_url,
@@ -84,9 +84,9 @@ def test_enqueue_cli_takes_id_priority_delay_run_at_and_expires_at(
 @pytest.mark.parametrize(
     "placement",
     [
-        ("chain", "run", "{file}", "--app", "tests.apps.issue15app:app"),
-        ("chain", "--app", "tests.apps.issue15app:app", "run", "{file}"),
-        ("--app", "tests.apps.issue15app:app", "chain", "run", "{file}"),
+        ("chain", "run", "{file}", "--app", "tests.apps.controlapp:app"),
+        ("chain", "--app", "tests.apps.controlapp:app", "run", "{file}"),
+        ("--app", "tests.apps.controlapp:app", "chain", "run", "{file}"),
     ],
 )
 def test_app_option_is_accepted_before_or_after_the_subcommand(

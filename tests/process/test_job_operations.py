@@ -1,4 +1,4 @@
-"""Issue 15, jobs (rickover's semantics) on real `hivejobs run` instances, Redis, Postgres.
+"""Operating jobs (rickover's semantics) on real `hivejobs run` instances, Redis, Postgres.
 
 Fail ends a job at once; replay keeps the original options and says what it changed;
 `restart --pool` and `--instance` restart only what they name; `hivejobs jobs` and
@@ -23,7 +23,7 @@ from tests.harness import ROOT, Instance, alive, pool_pids, read_ledger, sql, wa
 
 @pytest.fixture
 def app15(make_app: Callable[..., App]) -> App:
-    from tests.apps.issue15app import app as declared
+    from tests.apps.controlapp import app as declared
 
     app = make_app()
     app.types.update(declared.types)
@@ -34,7 +34,7 @@ def app15(make_app: Callable[..., App]) -> App:
 def instance15(start_instance: Callable[..., Instance]) -> Callable[..., Instance]:
     def start(types: str, extra_env: dict[str, str] | None = None) -> Instance:
         env = {"HJ_TYPES": types, **(extra_env or {})}
-        return start_instance(env, app_spec="tests.apps.issue15app:app")
+        return start_instance(env, app_spec="tests.apps.controlapp:app")
 
     return start
 
@@ -43,7 +43,7 @@ def cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "hivejobs", *args],
         cwd=ROOT,
-        env={**env, "HIVEJOBS_APP": "tests.apps.issue15app:app"},
+        env={**env, "HIVEJOBS_APP": "tests.apps.controlapp:app"},
         capture_output=True,
         text=True,
         timeout=60,
