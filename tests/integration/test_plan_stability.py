@@ -33,7 +33,7 @@ from hivejobs.coordinator import Coordinator
 from hivejobs.records import Completion
 from hivejobs.store import PREPARED_PLANS, QUERIES, Store, new_worker_id
 from hivejobs.store.jobs import archive_rows
-from hivejobs.store.pooling import connect_kwargs
+from hivejobs.store.session_settings import connect_kwargs
 from hivejobs.store.sql import load_queries
 
 CALLBACK_QUERIES = load_queries("callback_queries.sql")
@@ -536,10 +536,10 @@ def test_plans_that_read_a_table_in_full_are_never_compiled(database_url: str) -
     """With sequential scans off, a table no index serves is still read in full, and the plan
     costs 10^10 more: past jit_above_cost, Postgres would JIT-compile it at every run (the
     pruner's delete: 350 ms instead of 1, the coordinator's CPU per job x25 in a drain)."""
-    upkeep = load_queries("upkeep.sql")
+    archive = load_queries("archive.sql")
     statements = [
-        (upkeep["nonzero_gauge_types"], {}),
-        (upkeep["prune_archive_by_type"], {"retention_s": 60.0, "limit": 1000}),
+        (archive["nonzero_gauge_types"], {}),
+        (archive["prune_archive_by_type"], {"retention_s": 60.0, "limit": 1000}),
     ]
     with hivejobs_session(database_url) as conn:
         for query, params in statements:
