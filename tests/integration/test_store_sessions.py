@@ -1,6 +1,6 @@
 """The session settings a store's connections carry, against real Postgres: a store whose
 session commits asynchronously, and its synchronous() view on the same connections (the
-at-most-once lanes of a pool process beside at-least-once ones, worker/pool.py)."""
+at-most-once lanes of a pool process beside at-least-once ones, worker/process.py)."""
 
 from __future__ import annotations
 

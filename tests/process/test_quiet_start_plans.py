@@ -1,7 +1,7 @@
 """A worker that started on a quiet queue claims and completes a backlog by key.
 
 Its pool prepares each statement at the fifth run, while the hot table holds a job or two,
-and keeps that plan: without PREPARED_PLANS (store/pooling.py) it is a sequential scan of
+and keeps that plan: without PREPARED_PLANS (store/session_settings.py) it is a sequential scan of
 the table, at every claim and every completion of the backlog that follows.
 """
 

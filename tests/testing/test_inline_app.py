@@ -9,8 +9,8 @@ import msgspec
 import pytest
 
 from hivejobs import App, JobContext, PayloadInvalid, Retry
-from hivejobs.errors import ConfigError, DrainIncomplete, JobIdConflict, JobNotFound
 from hivejobs.client import inline
+from hivejobs.errors import ConfigError, DrainIncomplete, JobIdConflict, JobNotFound
 
 NOWHERE = {"database_url": "postgresql://127.0.0.1:1/x", "redis_url": "redis://127.0.0.1:1"}
 

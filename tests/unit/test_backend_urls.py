@@ -7,7 +7,7 @@ import pytest
 from hivejobs.broker.clients import Target
 from hivejobs.config import parse_redis_url, redact_url, settings_from_env, url_secrets
 from hivejobs.errors import ConfigError
-from hivejobs.store.pooling import connect_kwargs, local_settings_sql, pooler_refused
+from hivejobs.store.session_settings import connect_kwargs, local_settings_sql, pooler_refused
 
 
 def test_sentinel_url() -> None:

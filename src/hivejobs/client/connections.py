@@ -15,10 +15,9 @@ from typing import TYPE_CHECKING
 
 import psycopg
 
-from hivejobs.backends import DEFAULT_DATABASE_URL, DEFAULT_REDIS_URL
 from hivejobs.broker import Broker, Pusher
 from hivejobs.client.aio import AsyncBackends, AsyncBackendsByLoop
-from hivejobs.config import Settings, remember_secrets
+from hivejobs.config import DEFAULT_DATABASE_URL, DEFAULT_REDIS_URL, Settings, remember_secrets
 from hivejobs.store import Store, connection_failed
 
 if TYPE_CHECKING:

@@ -22,7 +22,7 @@ from hivejobs.store.db import (
 )
 from hivejobs.store.jobs import Jobs
 from hivejobs.store.maintenance import Maintenance
-from hivejobs.store.pooling import PREPARED_PLANS
+from hivejobs.store.session_settings import PREPARED_PLANS
 from hivejobs.store.sql import load_queries
 from hivejobs.store.workers import Workers, new_worker_id
 

@@ -30,7 +30,7 @@ from hivejobs.store.enqueue import (
     queued_pushes,
 )
 from hivejobs.store.migrate import schema_check_plan
-from hivejobs.store.pooling import connect_kwargs
+from hivejobs.store.session_settings import connect_kwargs
 from hivejobs.store.sql import arun_plan
 
 AsyncConn = psycopg.AsyncConnection[Any]

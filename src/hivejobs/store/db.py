@@ -21,7 +21,7 @@ from psycopg_pool import ConnectionPool
 from hivejobs.config import redact_url, scrub, url_secrets
 from hivejobs.errors import ConfigError, ConnectionFailed
 from hivejobs.store.migrate import apply_migrations, check_schema
-from hivejobs.store.pooling import (
+from hivejobs.store.session_settings import (
     configure_for,
     connect_kwargs,
     local_settings_sql,
@@ -116,7 +116,7 @@ class Database:
     ) -> None:
         """`session`: Postgres settings for every connection: sent at connect (no round trip)
         or, `pooled` (a transaction-mode pooler), set for each transaction the store opens and
-        sent along with each statement outside one (store/pooling.py). `synchronous_view`:
+        sent along with each statement outside one (store/session_settings.py). `synchronous_view`:
         synchronous() may be asked for (the connections can take local settings). `role`:
         the connections' application_name ("hivejobs pool resize"), so that
         pg_stat_activity says which process of a fleet holds each one (and `hivejobs
@@ -159,7 +159,7 @@ class Database:
     def synchronous(self) -> Self:
         """This store on the same pool, every transaction it runs committing synchronously
         whatever the session says: `synchronous_commit=on` set locally, in the same round
-        trip (store/pooling.py). For the at-most-once lanes of a pool process whose other
+        trip (store/session_settings.py). For the at-most-once lanes of a pool process whose other
         lanes commit asynchronously (worker/process.py). Closing either closes the pool."""
         if not self.synchronous_view:
             raise ValueError("synchronous() needs a store made with synchronous_view=True")

@@ -16,7 +16,7 @@ from typing import Any
 
 import psycopg
 
-from hivejobs.store.pooling import connect_kwargs
+from hivejobs.store.session_settings import connect_kwargs
 from hivejobs.store.sql import load_queries
 
 QUERIES = load_queries("waits.sql")

@@ -1,4 +1,5 @@
-"""Connections that work the same direct and behind a transaction-mode pooler (PgBouncer).
+"""Session settings that work the same direct and behind a transaction-mode pooler
+(PgBouncer), and the connections that carry them.
 
 A transaction-mode pooler hands each transaction to whichever server connection is free:
 it refuses startup `options`, a session `SET` would reach another client's transactions,
