@@ -8,8 +8,8 @@ from collections.abc import Callable
 import pytest
 
 from hivejobs import App, Interrupted, JobContext, Retry
-from hivejobs.jobtypes import Fail
-from hivejobs.records import ClaimedJob, Delivery
+from hivejobs.jobtypes import Backoff, Fail, JobType
+from hivejobs.records import ClaimedJob, Completion, Delivery
 from hivejobs.worker.context import JobContext as Ctx
 from hivejobs.worker.executor import execute
 
@@ -62,3 +62,42 @@ def test_execute_outcomes(
     assert (done.id, done.claim_token, done.outcome) == ("j1", 7, outcome)
     if outcome == "succeeded":
         assert done.result == b'{"ok":true}'
+
+
+def _attempt(jt: JobType, app: App, attempt: int, max_result_bytes: int = 1 << 20) -> Completion:
+    job = ClaimedJob(
+        id="j1",
+        name=jt.name,
+        attempt=attempt,
+        attempts=jt.attempts,
+        delivery="at_least_once",
+        payload=b"null",
+        claim_token=7,
+        priority=0,
+    )
+    return execute(jt, job, Ctx(job, app), max_result_bytes=max_result_bytes)
+
+
+RETRIED: list[tuple[str, Callable[[JobContext, object], object], int]] = [
+    ("raises", raise_(ValueError("x")), 1 << 20),
+    ("Retry without a delay", raise_(Retry()), 1 << 20),
+    ("result too large", lambda ctx, p: "x" * 100, 10),
+]
+
+
+@pytest.mark.parametrize(
+    ("handler", "max_result_bytes"), [c[1:] for c in RETRIED], ids=[c[0] for c in RETRIED]
+)
+def test_the_retry_delay_is_the_backoff_of_the_attempt_that_failed(
+    handler: Callable[[JobContext, object], object], max_result_bytes: int
+) -> None:
+    """base * 2**(attempt-1) with +-20 % jitter: the bands of successive attempts do not
+    overlap, so each delay says which attempt the backoff was asked about."""
+    app = App(database_url="postgresql://127.0.0.1:1/x", redis_url="redis://127.0.0.1:1")
+    app.job("t", attempts=9, backoff=Backoff(base_s=2.0, max_s=1000.0))(handler)
+    jt = app.types["t"]
+    for attempt in range(1, 9):
+        done = _attempt(jt, app, attempt, max_result_bytes)
+        assert done.outcome == "retry"
+        nominal = 2.0 * 2 ** (attempt - 1)
+        assert 0.8 * nominal <= done.retry_delay_s <= 1.2 * nominal, (attempt, done)

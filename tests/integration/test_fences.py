@@ -1,0 +1,198 @@
+"""The claim and its fences, statement by statement, on real Postgres.
+
+A job runs twice if a claim takes a row that is not queued, or if a write from an old claim
+(rescued, timed out, released) lands on the claim another worker now holds. Each test builds
+the state by hand, calls one store verb, and compares whole rows before and after.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from hivejobs import App
+from hivejobs.records import ClaimedJob, Completion, Outcome
+from hivejobs.store import new_worker_id
+from tests.harness import sql
+
+ROW = (
+    "SELECT state, attempt, worker_id::text, claim_token, run_at, queued_at, error,"
+    " cancel_requested FROM hivejobs_job WHERE id = %s"
+)
+
+
+def make(app: App) -> App:
+    app.job("thing", attempts=5)(lambda ctx, payload: None)
+    app.store.upsert_job_types([jt.info() for jt in app.types.values()])
+    return app
+
+
+def claim(app: App, ids: list[str], worker_id: str | None = None) -> list[ClaimedJob]:
+    with app.store.connection() as conn:
+        return app.store.claim_queued(ids, worker_id or new_worker_id(), conn, name="thing")
+
+
+def row(database_url: str, job_id: str) -> tuple[Any, ...]:
+    rows = sql(database_url, ROW, (job_id,))
+    assert len(rows) == 1, f"{job_id} is not live"
+    return tuple(rows[0])
+
+
+def test_claim_takes_only_queued_rows(make_app: Callable[..., App], database_url: str) -> None:
+    """A running row (another worker's claim), a scheduled one (a delay or a retry's backoff)
+    and an expired one are not claimed, and their rows are left exactly as they were."""
+    app = make(make_app())
+    running, queued = app.enqueue_many("thing", [{"n": 1}, {"n": 2}])
+    scheduled = app.enqueue("thing", {"n": 3}, delay=600.0)
+    expired = app.enqueue("thing", {"n": 4})
+    sql(
+        database_url,
+        "UPDATE hivejobs_job SET expires_at = now() - interval '1 second' WHERE id = %s",
+        (expired,),
+    )
+    [held] = claim(app, [running])
+    assert held.attempt == 1
+    before = {i: row(database_url, i) for i in (running, scheduled, expired)}
+
+    got = claim(app, [running, queued, scheduled, expired])
+
+    assert [j.id for j in got] == [queued]
+    assert {i: row(database_url, i) for i in before} == before
+    assert before[running][:2] == ("running", 1)  # claimed once, counted once
+
+
+def test_claim_refuses_a_running_id_claimed_again_by_its_own_pool(
+    make_app: Callable[..., App],
+) -> None:
+    """The same id popped twice (a Redis re-push while it runs) by the pool that holds it."""
+    app = make(make_app())
+    job_id = app.enqueue("thing", {})
+    worker = new_worker_id()
+    [first] = claim(app, [job_id], worker)
+    assert claim(app, [job_id], worker) == []
+    assert claim(app, [job_id, job_id]) == []
+    assert first.attempt == 1
+
+
+def _reclaimed(app: App) -> tuple[str, ClaimedJob, ClaimedJob]:
+    """A job whose first claim was released (as a rescue or a lost completion would) and
+    claimed again: (id, the stale claim, the current one)."""
+    job_id = app.enqueue("thing", {})
+    [old] = claim(app, [job_id])
+    assert app.store.release_claims([(job_id, old.claim_token)]) == [(job_id, "thing", 0)]
+    [new] = claim(app, [job_id])
+    assert new.claim_token != old.claim_token
+    return job_id, old, new
+
+
+STALE: list[tuple[Outcome, float]] = [
+    ("succeeded", 0.0),
+    ("failed", 0.0),
+    ("cancelled", 0.0),
+    ("retry", 0.0),
+    ("retry", 30.0),
+    ("suspend", 0.0),
+    ("await_callback", 0.0),
+]
+
+
+@pytest.mark.parametrize(("outcome", "delay_s"), STALE, ids=[f"{o}-{d}" for o, d in STALE])
+def test_a_stale_claims_completion_writes_nothing(
+    make_app: Callable[..., App], database_url: str, outcome: Outcome, delay_s: float
+) -> None:
+    """Every outcome a pool can write, from the old claim: nothing written, nothing archived,
+    the current holder's row unchanged; the current claim's own completion then lands."""
+    app = make(make_app())
+    job_id, old, new = _reclaimed(app)
+    before = row(database_url, job_id)
+    stale = Completion(
+        id=job_id,
+        claim_token=old.claim_token,
+        outcome=outcome,
+        error="late",
+        retry_delay_s=delay_s,
+        callback_timeout_s=60.0,
+    )
+    with app.store.connection() as conn:
+        written, requeued = app.store.finish([stale], conn)
+    assert (written, requeued) == (0, [])
+    assert row(database_url, job_id) == before
+    assert sql(database_url, "SELECT count(*) FROM hivejobs_archive")[0][0] == 0
+
+    current = Completion(id=job_id, claim_token=new.claim_token, outcome="succeeded")
+    with app.store.connection() as conn:
+        assert app.store.finish([current], conn) == (1, [])
+    assert sql(database_url, "SELECT state FROM hivejobs_archive WHERE id = %s", (job_id,)) == [
+        ("succeeded",)
+    ]
+
+
+def test_a_stale_claims_completion_in_a_mixed_batch_touches_only_its_own_rows(
+    make_app: Callable[..., App], database_url: str
+) -> None:
+    """A group-commit batch mixes stale and current completions: the fence is per row."""
+    app = make(make_app())
+    job_id, old, new = _reclaimed(app)
+    other = app.enqueue("thing", {})
+    [mine] = claim(app, [other])
+    before = row(database_url, job_id)
+    batch = [
+        Completion(id=job_id, claim_token=old.claim_token, outcome="failed", error="late"),
+        Completion(id=other, claim_token=mine.claim_token, outcome="succeeded"),
+    ]
+    with app.store.connection() as conn:
+        assert app.store.finish(batch, conn) == (1, [])
+    assert row(database_url, job_id) == before
+    archived = sql(database_url, "SELECT id FROM hivejobs_archive")
+    assert archived == [(other,)]
+
+
+def test_a_stale_claims_release_writes_nothing(
+    make_app: Callable[..., App], database_url: str
+) -> None:
+    app = make(make_app())
+    job_id, old, new = _reclaimed(app)
+    before = row(database_url, job_id)
+    assert app.store.release_claims([(job_id, old.claim_token)]) == []
+    assert row(database_url, job_id) == before
+    assert app.store.release_claims([(job_id, new.claim_token)]) == [(job_id, "thing", 0)]
+    assert row(database_url, job_id)[:4] == ("queued", 2, None, None)
+
+
+def test_release_unstarted_takes_back_only_this_workers_running_claims(
+    make_app: Callable[..., App], database_url: str
+) -> None:
+    """A claim whose commit outcome was unknown goes back uncounted; a worker that does not
+    hold the id (it never committed, another worker claimed it since) writes nothing."""
+    app = make(make_app())
+    held_id, queued_id = app.enqueue_many("thing", [{"n": 1}, {"n": 2}])
+    holder, other = new_worker_id(), new_worker_id()
+    claim(app, [held_id], holder)
+    before = {i: row(database_url, i) for i in (held_id, queued_id)}
+    assert app.store.release_unstarted([held_id, queued_id], other) == []
+    assert {i: row(database_url, i) for i in before} == before
+    assert app.store.release_unstarted([held_id, queued_id], holder) == [(held_id, "thing", 0)]
+    assert row(database_url, held_id)[:4] == ("queued", 0, None, None)
+    assert row(database_url, queued_id) == before[queued_id]  # queued: not taken "back"
+
+
+def test_a_stale_claim_does_not_drop_an_archived_duplicate(
+    make_app: Callable[..., App], database_url: str
+) -> None:
+    """A live row whose id is archived is dropped only by the claim that holds it."""
+    app = make(make_app())
+    job_id, old, new = _reclaimed(app)
+    sql(
+        database_url,
+        "INSERT INTO hivejobs_archive (id, name, state, priority, attempt, attempts, delivery,"
+        " payload, created_at, run_at) SELECT id, name, 'succeeded', priority, attempt,"
+        " attempts, delivery, payload, created_at, run_at FROM hivejobs_job WHERE id = %s",
+        (job_id,),
+    )
+    before = row(database_url, job_id)
+    assert app.store.drop_archived_duplicate_if_running(job_id, old.claim_token) is False
+    assert row(database_url, job_id) == before
+    assert app.store.drop_archived_duplicate_if_running(job_id, new.claim_token) is True
+    assert sql(database_url, "SELECT count(*) FROM hivejobs_job")[0][0] == 0
