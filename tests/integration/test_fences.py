@@ -196,3 +196,70 @@ def test_a_stale_claim_does_not_drop_an_archived_duplicate(
     assert row(database_url, job_id) == before
     assert app.store.drop_archived_duplicate_if_running(job_id, new.claim_token) is True
     assert sql(database_url, "SELECT count(*) FROM hivejobs_job")[0][0] == 0
+
+
+# (delivery, attempt, attempts, lost, cancel_requested) -> where the rescue puts the claim.
+RESCUES: dict[str, tuple[str, int, int, int, bool, tuple[str, str]]] = {
+    "at least once, attempts left": ("at_least_once", 1, 3, 0, False, ("queued", "worker lost")),
+    "at most once": ("at_most_once", 1, 1, 0, False, ("failed", "worker lost")),
+    "last attempt": ("at_least_once", 3, 3, 0, False, ("failed", "worker lost")),
+    "poison pill": ("at_least_once", 1, 5, 2, False, ("failed", "worker lost (poison pill")),
+    "cancel requested": ("at_least_once", 1, 3, 0, True, ("cancelled", "worker lost")),
+}
+
+
+def test_a_dead_workers_claims_go_where_their_delivery_says(
+    make_app: Callable[..., App], database_url: str
+) -> None:
+    """At-most-once and maybe started: failed, never requeued; at-least-once: requeued while
+    attempts are left and the job has not killed its process `poison_after` times; a cancel
+    asked for meanwhile ends it cancelled. A live worker's claim is not touched."""
+    app = make(make_app())
+    ids = dict(zip(RESCUES, app.enqueue_many("thing", [{}] * len(RESCUES)), strict=True))
+    dead, alive = new_worker_id(), new_worker_id()
+    for case, (delivery, attempt, attempts, lost, cancel, _) in RESCUES.items():
+        sql(
+            database_url,
+            "UPDATE hivejobs_job SET state = 'running', worker_id = %s, claim_token = 1,"
+            " delivery = %s, attempt = %s, attempts = %s, lost = %s, cancel_requested = %s"
+            " WHERE id = %s",
+            (dead, delivery, attempt, attempts, lost, cancel, ids[case]),
+        )
+    bystander = app.enqueue("thing", {})
+    claim(app, [bystander], alive)
+    before = row(database_url, bystander)
+
+    rescued = app.store.rescue_workers([dead], poison_after=3)
+
+    assert rescued is not None
+    assert [p.id for p in rescued.requeued] == [ids["at least once, attempts left"]]
+    assert rescued.failed == len(RESCUES) - 1
+    ended = dict(
+        sql(database_url, "SELECT id, state || ': ' || coalesce(error, '') FROM hivejobs_job")
+        + sql(database_url, "SELECT id, state || ': ' || coalesce(error, '') FROM hivejobs_archive")
+    )
+    for case, (*_, (state, error)) in RESCUES.items():
+        assert ended[ids[case]].startswith(f"{state}: {error}"), case
+    assert row(database_url, bystander) == before
+
+
+@pytest.mark.parametrize(
+    ("outcome", "archived"),
+    [("succeeded", "succeeded"), ("failed", "cancelled"), ("cancelled", "cancelled")],
+)
+def test_a_cancel_of_a_running_job_is_a_request_that_its_outcome_answers(
+    make_app: Callable[..., App], database_url: str, outcome: Outcome, archived: str
+) -> None:
+    """The running row is not ended by the cancel (its handler may still run): it is marked,
+    and the attempt's own end decides: work that completed stays succeeded, a failure ends
+    cancelled."""
+    app = make(make_app())
+    job_id = app.enqueue("thing", {})
+    [held] = claim(app, [job_id])
+    assert app.store.cancel(job_id) == "requested"
+    assert row(database_url, job_id)[0] == "running"
+    assert sql(database_url, "SELECT count(*) FROM hivejobs_archive")[0][0] == 0
+    done = Completion(id=job_id, claim_token=held.claim_token, outcome=outcome, error="x")
+    with app.store.connection() as conn:
+        app.store.finish([done], conn)
+    assert sql(database_url, "SELECT state FROM hivejobs_archive") == [(archived,)]

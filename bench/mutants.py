@@ -1,0 +1,479 @@
+"""Mutation check of the invariants' guards: each guard removed alone must fail its tests.
+
+    python bench/mutants.py                 # every guard, then a summary; exit 1 on a survivor
+    python bench/mutants.py --list          # the guards, their files and their tests
+    python bench/mutants.py --only NAME[,NAME...]
+
+A guard is a piece of text in one file of src/ (an SQL predicate, a claim-token fence, the
+executor's outcome mapping, a route's auth option, a chain ordering condition) and the text
+that replaces it in its mutant. The script copies src/, tests/, bench/ and pyproject.toml to
+a temporary directory once (the working tree is never written), runs every named test there
+unmutated (a guard whose tests already fail proves nothing), then for each guard: writes its
+file with the one replacement, runs its tests with `-x` (PYTHONPATH pointing at the copy, so
+the real processes the tests start run the mutant too), and puts the file back. A mutant
+whose tests all pass survived: the guard is not pinned. Exit status 1 if any survived, any
+baseline failed, or a guard's text is not found exactly once.
+
+tests/unit/test_mutant_guards.py checks on every run of the suite that each guard's text
+still occurs exactly once in its file and that its tests still exist, so this list cannot
+rot silently when code moves. The full run takes minutes (see README, "Mutation check"): a
+weekly and pre-release job, not CI.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+COPIED = ("src", "tests", "bench")
+IGNORED = shutil.ignore_patterns("__pycache__", "*.egg-info", "*.json", "*.png", ".*cache")
+RUN_TIMEOUT_S = 600.0
+
+FENCES = "tests/integration/test_fences.py"
+ROUTES = "tests/web/test_route_guard.py"
+EXECUTOR = "tests/unit/test_executor.py"
+ORDERING = "tests/unit/test_chain_ordering.py"
+READ_REFUSED = ROUTES + "::test_a_read_token_is_refused_by_every_admin_route_and_writes_nothing"
+TOKEN_NEEDED = ROUTES + "::test_every_guarded_route_needs_a_token"
+
+
+@dataclass(frozen=True)
+class Guard:
+    """One guard: `find` occurs exactly once in `path`; its mutant has `replace` instead.
+    `tests` are pytest node ids (run with -x) of which at least one must fail."""
+
+    name: str
+    path: str
+    find: str
+    replace: str
+    tests: tuple[str, ...]
+    why: str
+
+
+GUARDS: tuple[Guard, ...] = (
+    # -- the claim ---------------------------------------------------------------------------
+    Guard(
+        "claim-state",
+        "src/hivejobs/store/jobs.sql",
+        "WHERE id = ANY(%(ids)s) AND state = 'queued' AND name = %(name)s",
+        "WHERE id = ANY(%(ids)s) AND name = %(name)s",
+        (
+            FENCES + "::test_claim_takes_only_queued_rows",
+            FENCES + "::test_claim_refuses_a_running_id_claimed_again_by_its_own_pool",
+        ),
+        "a running or scheduled id is claimed again: a job runs twice",
+    ),
+    Guard(
+        "claim-type",
+        "src/hivejobs/store/jobs.sql",
+        "WHERE id = ANY(%(ids)s) AND state = 'queued' AND name = %(name)s",
+        "WHERE id = ANY(%(ids)s) AND state = 'queued'",
+        ("tests/integration/test_isolation.py::test_claim_takes_only_the_pools_own_type",),
+        "an id pushed into a foreign list runs under another type's handler",
+    ),
+    Guard(
+        "claim-expiry",
+        "src/hivejobs/store/jobs.sql",
+        "   AND (expires_at IS NULL OR expires_at > now())\n   -- Flow control",
+        "   -- Flow control",
+        (FENCES + "::test_claim_takes_only_queued_rows",),
+        "a job past its expires_at starts",
+    ),
+    Guard(
+        "claim-paused",
+        "src/hivejobs/store/jobs.sql",
+        "   AND NOT EXISTS (SELECT 1 FROM hivejobs_flow f WHERE f.name = %(name)s AND f.paused)",
+        "",
+        ("tests/integration/test_flow.py::test_a_paused_type_claims_nothing_and_its_ids_go_back",),
+        "a paused type starts jobs",
+    ),
+    # -- the ends of a claim, fenced by its token --------------------------------------------
+    Guard(
+        "archive-fence",
+        "src/hivejobs/store/jobs.sql",
+        " AND j.claim_token = c.token\n    RETURNING j.*, c.final_state",
+        "\n    RETURNING j.*, c.final_state",
+        (
+            FENCES + "::test_a_stale_claims_completion_writes_nothing[succeeded-0.0]",
+            FENCES + "::test_a_stale_claims_completion_writes_nothing[failed-0.0]",
+        ),
+        "a completion from an old claim archives the job another worker now holds",
+    ),
+    Guard(
+        "requeue-fence",
+        "src/hivejobs/store/jobs.sql",
+        " AND j.claim_token = c.token\nRETURNING j.id, j.name, j.priority, j.state;",
+        "\nRETURNING j.id, j.name, j.priority, j.state;",
+        (
+            FENCES + "::test_a_stale_claims_completion_writes_nothing[retry-0.0]",
+            FENCES + "::test_a_stale_claims_completion_writes_nothing[suspend-0.0]",
+        ),
+        "a retry from an old claim requeues the job another worker runs: it runs twice",
+    ),
+    Guard(
+        "release-fence",
+        "src/hivejobs/store/jobs.sql",
+        " AND j.claim_token = c.token\nRETURNING j.id, j.name, j.priority;",
+        "\nRETURNING j.id, j.name, j.priority;",
+        (FENCES + "::test_a_stale_claims_release_writes_nothing",),
+        "a pool releases a claim it no longer holds: the job runs twice",
+    ),
+    Guard(
+        "release-unstarted-mine",
+        "src/hivejobs/store/jobs.sql",
+        "WHERE id = ANY(%(ids)s) AND worker_id = %(worker_id)s AND state = 'running'",
+        "WHERE id = ANY(%(ids)s) AND state = 'running'",
+        (FENCES + "::test_release_unstarted_takes_back_only_this_workers_running_claims",),
+        "a claim of unknown outcome takes back another worker's running job",
+    ),
+    Guard(
+        "drop-duplicate-fence",
+        "src/hivejobs/store/jobs.sql",
+        "j.state = 'running' AND j.claim_token = %(token)s",
+        "j.state = 'running'",
+        (FENCES + "::test_a_stale_claim_does_not_drop_an_archived_duplicate",),
+        "an old claim deletes the live row another worker holds",
+    ),
+    Guard(
+        "await-callback-fence",
+        "src/hivejobs/store/callback_queries.sql",
+        " AND j.claim_token = c.token\nRETURNING j.id;",
+        "\nRETURNING j.id;",
+        (FENCES + "::test_a_stale_claims_completion_writes_nothing[await_callback-0.0]",),
+        "an old claim's hand-over frees the job another worker holds from its rescue",
+    ),
+    # -- cancel ------------------------------------------------------------------------------
+    Guard(
+        "cancel-waiting-only",
+        "src/hivejobs/store/jobs.sql",
+        "DELETE FROM hivejobs_job WHERE id = %(id)s AND state IN ('queued', 'scheduled')",
+        "DELETE FROM hivejobs_job WHERE id = %(id)s",
+        (FENCES + "::test_a_cancel_of_a_running_job_is_a_request_that_its_outcome_answers",),
+        "a cancel archives a running job while its handler still runs",
+    ),
+    Guard(
+        "cancel-keeps-success",
+        "src/hivejobs/store/jobs.sql",
+        "CASE WHEN cancel_requested AND final_state <> 'succeeded' THEN 'cancelled'",
+        "CASE WHEN cancel_requested THEN 'cancelled'",
+        (FENCES + "::test_a_cancel_of_a_running_job_is_a_request_that_its_outcome_answers",),
+        "work that completed is recorded cancelled because a cancel came late",
+    ),
+    # -- the rescue of dead processes' claims ------------------------------------------------
+    Guard(
+        "rescue-at-most-once",
+        "src/hivejobs/store/workers.sql",
+        "   AND delivery = 'at_least_once' AND attempt < attempts AND lost + 1",
+        "   AND attempt < attempts AND lost + 1",
+        (FENCES + "::test_a_dead_workers_claims_go_where_their_delivery_says",),
+        "an at-most-once job that may have started is requeued: it may run twice",
+    ),
+    Guard(
+        "rescue-attempts",
+        "src/hivejobs/store/workers.sql",
+        "   AND delivery = 'at_least_once' AND attempt < attempts AND lost + 1",
+        "   AND delivery = 'at_least_once' AND lost + 1",
+        (FENCES + "::test_a_dead_workers_claims_go_where_their_delivery_says",),
+        "a job on its last attempt is requeued past its attempts",
+    ),
+    Guard(
+        "rescue-poison",
+        "src/hivejobs/store/workers.sql",
+        " AND lost + 1 < %(poison_after)s\n",
+        "\n",
+        (FENCES + "::test_a_dead_workers_claims_go_where_their_delivery_says",),
+        "a job that kills its process is requeued for ever",
+    ),
+    Guard(
+        "rescue-cancel",
+        "src/hivejobs/store/workers.sql",
+        "   AND NOT cancel_requested\nRETURNING id, name, priority;",
+        "RETURNING id, name, priority;",
+        (FENCES + "::test_a_dead_workers_claims_go_where_their_delivery_says",),
+        "a job whose cancel was asked runs again after its worker died",
+    ),
+    # -- leader-only writes ------------------------------------------------------------------
+    Guard(
+        "lease-hold",
+        "src/hivejobs/store/leases.sql",
+        " AND holder = %(holder)s AND term = %(term)s AND expires_at > now()",
+        " AND expires_at > now()",
+        (
+            "tests/integration/test_store_guards.py"
+            "::test_guarded_verbs_write_nothing_once_the_lease_is_lost",
+            "tests/integration/test_coordinator.py::test_rescue_with_a_stale_term_writes_nothing",
+        ),
+        "a coordinator that lost its lease keeps writing beside the new leader",
+    ),
+    Guard(
+        "promote-when-due",
+        "src/hivejobs/store/maintenance.sql",
+        "                       WHERE state = 'scheduled' AND run_at <= now()\n",
+        "                       WHERE state = 'scheduled'\n",
+        (
+            "tests/integration/test_lifecycle.py"
+            "::test_scheduled_job_is_queued_by_one_promoter_pass_once_due[delay]",
+        ),
+        "a delayed job or a retry's backoff starts early",
+    ),
+    # -- unique windows ----------------------------------------------------------------------
+    Guard(
+        "unique-window",
+        "src/hivejobs/store/jobs.sql",
+        "\n WHERE hivejobs_unique.until <= now()\nRETURNING job_id;",
+        "\nRETURNING job_id;",
+        (
+            "tests/integration/test_unique.py::test_raise_on_duplicate",
+            "tests/integration/test_unique.py::test_sixteen_racing_threads_store_one_job",
+        ),
+        "a second job with the same key is stored inside the window",
+    ),
+    Guard(
+        "unique-states",
+        "src/hivejobs/store/enqueue.py",
+        "if owner is not None and owner[1] in unique.states:",
+        "if owner is not None:",
+        ("tests/integration/test_unique.py::test_a_failed_job_or_a_passed_window_frees_the_key",),
+        "a failed job keeps its key for the whole window",
+    ),
+    # -- the executor's outcome mapping ------------------------------------------------------
+    Guard(
+        "backoff-per-attempt",
+        "src/hivejobs/worker/executor.py",
+        "return failed(job, ctx, text, jt.backoff.delay_s(job.attempt),",
+        "return failed(job, ctx, text, jt.backoff.delay_s(1),",
+        (EXECUTOR + "::test_the_retry_delay_is_the_backoff_of_the_attempt_that_failed[raises]",),
+        "every retry waits the first attempt's delay: no backoff",
+    ),
+    Guard(
+        "retry-backoff-per-attempt",
+        "src/hivejobs/worker/executor.py",
+        "else jt.backoff.delay_s(job.attempt)",
+        "else jt.backoff.delay_s(1)",
+        (
+            EXECUTOR + "::test_the_retry_delay_is_the_backoff_of_the_attempt_that_failed"
+            "[Retry without a delay]",
+        ),
+        "Retry() without a delay waits the first attempt's delay every time",
+    ),
+    Guard(
+        "attempts-left",
+        "src/hivejobs/worker/executor.py",
+        "    if job.attempt < job.attempts:\n",
+        "    if True:\n",
+        (EXECUTOR + "::test_execute_outcomes[raises, last attempt]",),
+        "a job is retried past its attempts",
+    ),
+    Guard(
+        "cancel-beats-retry",
+        "src/hivejobs/worker/executor.py",
+        "    if ctx.cancelled:\n        _say(ctx.logger, \"INFO\", MSG_CANCELLED",
+        "    if False:\n        _say(ctx.logger, \"INFO\", MSG_CANCELLED",
+        (
+            "tests/integration/test_lifecycle.py"
+            "::test_cancel_running_job_sets_stopping_and_it_ends_cancelled",
+        ),
+        "a cancelled job that raised is retried",
+    ),
+    Guard(
+        "shutdown-at-most-once",
+        "src/hivejobs/worker/executor.py",
+        "            if at_most_once:\n",
+        "            if False:\n",
+        (EXECUTOR + "::test_execute_outcomes[Interrupted at shutdown, amo]",),
+        "an at-most-once job interrupted by a shutdown is suspended and runs again",
+    ),
+    Guard(
+        "stop-at-most-once",
+        "src/hivejobs/worker/executor.py",
+        "    if started and job.delivery == \"at_most_once\":\n",
+        "    if False:\n",
+        (
+            "tests/unit/test_worker_parts.py"
+            "::test_a_stop_suspends_unless_an_at_most_once_job_may_have_started",
+        ),
+        "an at-most-once job a stop takes back after it started runs again",
+    ),
+    # -- the HTTP API's token guard ----------------------------------------------------------
+    Guard(
+        "cancel-admin",
+        "src/hivejobs/web/api.py",
+        '    operation_id="cancel_job",\n    opt=ADMIN,\n',
+        '    operation_id="cancel_job",\n',
+        (READ_REFUSED + "[DELETE /v1/jobs/{name:str}/{job_id:str}]",),
+        "a read token cancels jobs",
+    ),
+    Guard(
+        "pause-admin",
+        "src/hivejobs/web/flow.py",
+        '    operation_id="pause_job_type",\n    opt=ADMIN,\n',
+        '    operation_id="pause_job_type",\n',
+        (READ_REFUSED + "[POST /v1/jobtypes/{name:str}/pause]",),
+        "a read token pauses a job type fleet-wide",
+    ),
+    Guard(
+        "guard-admin-role",
+        "src/hivejobs/web/asgi.py",
+        '    if handler.opt.get("admin") and role != "admin":',
+        "    if False:",
+        (READ_REFUSED + "[POST /v1/jobs/{name:str}]",),
+        "a read token may do everything an admin token does",
+    ),
+    Guard(
+        "guard-token-needed",
+        "src/hivejobs/web/asgi.py",
+        "    if role is None:\n",
+        "    if False:\n",
+        (TOKEN_NEEDED + "[GET /v1/jobtypes]",),
+        "a request without a token reads everything",
+    ),
+    Guard(
+        "unknown-token-refused",
+        "src/hivejobs/web/auth.py",
+        'return "admin" if admin else ("read" if read else None)',
+        'return "admin" if admin else "read"',
+        (TOKEN_NEEDED + "[GET /v1/jobtypes]",),
+        "any token at all is a read token",
+    ),
+    # -- chain ordering ----------------------------------------------------------------------
+    Guard(
+        "chain-every-predecessor",
+        "src/hivejobs/coordinator/traverser.py",
+        'return all(snap.jobs[k].state == "succeeded" for k in row.after_keys)',
+        'return any(snap.jobs[k].state == "succeeded" for k in row.after_keys)',
+        (ORDERING,),
+        "a job starts once one of its predecessors succeeded",
+    ),
+    Guard(
+        "chain-predecessor-succeeded",
+        "src/hivejobs/coordinator/traverser.py",
+        'return all(snap.jobs[k].state == "succeeded" for k in row.after_keys)',
+        'return all(snap.jobs[k].state != "pending" for k in row.after_keys)',
+        (ORDERING,),
+        "a job starts once its predecessors started (or failed), not succeeded",
+    ),
+    Guard(
+        "chain-start-ordered",
+        "src/hivejobs/coordinator/traverser.py",
+        'if row.state != "pending" or not _preds_succeeded(snap, row):',
+        'if row.state != "pending":',
+        (ORDERING,),
+        "every pending job starts at once, whatever its predecessors did",
+    ),
+)
+
+
+def guards_named(names: str | None) -> list[Guard]:
+    if not names:
+        return list(GUARDS)
+    wanted = [n.strip() for n in names.split(",") if n.strip()]
+    known = {g.name: g for g in GUARDS}
+    unknown = [n for n in wanted if n not in known]
+    if unknown:
+        raise SystemExit(f"unknown guard(s): {', '.join(unknown)} (see --list)")
+    return [known[n] for n in wanted]
+
+
+def occurrences(guard: Guard, root: Path = ROOT) -> int:
+    return (root / guard.path).read_text().count(guard.find)
+
+
+def copy_tree(into: Path) -> None:
+    for name in COPIED:
+        shutil.copytree(ROOT / name, into / name, ignore=IGNORED)
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy2(ROOT / name, into / name)
+
+
+def run_tests(copy: Path, tests: list[str]) -> tuple[int, str, float]:
+    """pytest over `tests` in the copy: (exit status, its last lines, seconds)."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(copy / "src"), str(copy)])
+    env["PYTHONDONTWRITEBYTECODE"] = "1"  # a restored file must never run from a stale .pyc
+    cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-W", "ignore"]
+    started = time.monotonic()
+    try:
+        done = subprocess.run(
+            [*cmd, *tests],
+            cwd=copy,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=RUN_TIMEOUT_S,
+        )
+    except subprocess.TimeoutExpired:
+        return -1, f"no answer in {RUN_TIMEOUT_S:.0f} s", time.monotonic() - started
+    tail = "\n".join((done.stdout + done.stderr).strip().splitlines()[-3:])
+    return done.returncode, tail, time.monotonic() - started
+
+
+def first_failure(tail: str) -> str:
+    found = re.search(r"FAILED (\S+)", tail)
+    return found.group(1) if found else tail.splitlines()[-1] if tail else ""
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--list", action="store_true", help="print the guards and exit")
+    parser.add_argument("--only", metavar="NAME[,NAME...]", help="run just these guards")
+    args = parser.parse_args()
+    guards = guards_named(args.only)
+    if args.list:
+        for g in guards:
+            print(f"{g.name:28} {g.path}\n{'':28} {g.why}")
+            for t in g.tests:
+                print(f"{'':28}   {t}")
+        return 0
+    misplaced = [g.name for g in guards if occurrences(g) != 1]
+    if misplaced:
+        print(f"guard text not found exactly once: {', '.join(misplaced)}")
+        return 1
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="hivejobs-mutants-") as tmp:
+        copy = Path(tmp)
+        copy_tree(copy)
+        every = sorted({t for g in guards for t in g.tests})
+        status, tail, took = run_tests(copy, every)
+        print(f"baseline: {len(every)} test ids, exit {status}, {took:.0f} s")
+        if status != 0:
+            print(tail)
+            return 1
+        survivors, errors = [], []
+        for g in guards:
+            target = copy / g.path
+            original = target.read_text()
+            target.write_text(original.replace(g.find, g.replace, 1))
+            try:
+                status, tail, took = run_tests(copy, list(g.tests))
+            finally:
+                target.write_text(original)
+            if status == 0:
+                verdict = "SURVIVED"
+                survivors.append(g.name)
+            elif status == 1:
+                verdict = "killed by " + first_failure(tail)
+            else:
+                verdict = f"ERROR (exit {status}): {tail.splitlines()[-1] if tail else ''}"
+                errors.append(g.name)
+            print(f"{g.name:28} {took:6.1f} s  {verdict}", flush=True)
+    total = time.monotonic() - started
+    print(
+        f"{len(guards)} guards, {len(guards) - len(survivors) - len(errors)} killed, "
+        f"{len(survivors)} survived, {len(errors)} errors, {total:.0f} s"
+    )
+    if survivors:
+        print("survived: " + ", ".join(survivors))
+    return 1 if survivors or errors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
