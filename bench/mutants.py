@@ -219,10 +219,7 @@ GUARDS: tuple[Guard, ...] = (
         "src/hivejobs/store/maintenance.sql",
         "                       WHERE state = 'scheduled' AND run_at <= now()\n",
         "                       WHERE state = 'scheduled'\n",
-        (
-            "tests/integration/test_lifecycle.py"
-            "::test_scheduled_job_is_queued_by_one_promoter_pass_once_due[delay]",
-        ),
+        (FENCES + "::test_promotion_takes_only_scheduled_jobs_that_are_due",),
         "a delayed job or a retry's backoff starts early",
     ),
     # -- unique windows ----------------------------------------------------------------------
@@ -276,8 +273,8 @@ GUARDS: tuple[Guard, ...] = (
     Guard(
         "cancel-beats-retry",
         "src/hivejobs/worker/executor.py",
-        "    if ctx.cancelled:\n        _say(ctx.logger, \"INFO\", MSG_CANCELLED",
-        "    if False:\n        _say(ctx.logger, \"INFO\", MSG_CANCELLED",
+        '    if ctx.cancelled:\n        _say(ctx.logger, "INFO", MSG_CANCELLED',
+        '    if False:\n        _say(ctx.logger, "INFO", MSG_CANCELLED',
         (
             "tests/integration/test_lifecycle.py"
             "::test_cancel_running_job_sets_stopping_and_it_ends_cancelled",
@@ -295,7 +292,7 @@ GUARDS: tuple[Guard, ...] = (
     Guard(
         "stop-at-most-once",
         "src/hivejobs/worker/executor.py",
-        "    if started and job.delivery == \"at_most_once\":\n",
+        '    if started and job.delivery == "at_most_once":\n',
         "    if False:\n",
         (
             "tests/unit/test_worker_parts.py"
@@ -417,7 +414,7 @@ def run_tests(copy: Path, tests: list[str]) -> tuple[int, str, float]:
 
 
 def first_failure(tail: str) -> str:
-    found = re.search(r"FAILED (\S+)", tail)
+    found = re.search(r"^FAILED (.+?)(?: - .*)?$", tail, re.MULTILINE)
     return found.group(1) if found else tail.splitlines()[-1] if tail else ""
 
 

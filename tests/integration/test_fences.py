@@ -1,4 +1,5 @@
-"""The claim and its fences, statement by statement, on real Postgres.
+"""The claim, its fences and the store's other guards, statement by statement, on real
+Postgres (bench/mutants.py removes each guard and expects these tests to fail).
 
 A job runs twice if a claim takes a row that is not queued, or if a write from an old claim
 (rescued, timed out, released) lands on the claim another worker now holds. Each test builds
@@ -13,7 +14,7 @@ from typing import Any
 import pytest
 
 from hivejobs import App
-from hivejobs.records import ClaimedJob, Completion, Outcome
+from hivejobs.records import ClaimedJob, Completion, Lease, Outcome, Push
 from hivejobs.store import new_worker_id
 from tests.harness import sql
 
@@ -201,7 +202,8 @@ def test_a_stale_claim_does_not_drop_an_archived_duplicate(
 # (delivery, attempt, attempts, lost, cancel_requested) -> where the rescue puts the claim.
 RESCUES: dict[str, tuple[str, int, int, int, bool, tuple[str, str]]] = {
     "at least once, attempts left": ("at_least_once", 1, 3, 0, False, ("queued", "worker lost")),
-    "at most once": ("at_most_once", 1, 1, 0, False, ("failed", "worker lost")),
+    # Attempts left in the row: the store does not lean on the type's own check (one attempt).
+    "at most once": ("at_most_once", 1, 3, 0, False, ("failed", "worker lost")),
     "last attempt": ("at_least_once", 3, 3, 0, False, ("failed", "worker lost")),
     "poison pill": ("at_least_once", 1, 5, 2, False, ("failed", "worker lost (poison pill")),
     "cancel requested": ("at_least_once", 1, 3, 0, True, ("cancelled", "worker lost")),
@@ -263,3 +265,27 @@ def test_a_cancel_of_a_running_job_is_a_request_that_its_outcome_answers(
     with app.store.connection() as conn:
         app.store.finish([done], conn)
     assert sql(database_url, "SELECT state FROM hivejobs_archive") == [(archived,)]
+
+
+def test_promotion_takes_only_scheduled_jobs_that_are_due(
+    make_app: Callable[..., App], database_url: str
+) -> None:
+    """A delay or a retry's backoff is kept to: the job due is queued; one due in an hour, and
+    a running one (its run_at long past), stay as they were."""
+    app = make(make_app())
+    due, later = app.enqueue_many("thing", [{"n": 1}, {"n": 2}], delay=600.0)
+    running = app.enqueue("thing", {"n": 3})
+    claim(app, [running])
+    sql(
+        database_url,
+        "UPDATE hivejobs_job SET run_at = now() + CASE id WHEN %s THEN interval '1 hour'"
+        " ELSE interval '-1 hour' END",
+        (later,),
+    )
+    before = {i: row(database_url, i) for i in (later, running)}
+    holder = new_worker_id()
+    term = app.store.lease_acquire(holder, 30.0)
+    assert term is not None
+    assert app.store.promote_due_if_leader(Lease(holder, term), 100) == [Push(due, "thing", 0)]
+    assert row(database_url, due)[0] == "queued"
+    assert {i: row(database_url, i) for i in before} == before

@@ -5,7 +5,6 @@ exist. A guard that moved or was renamed fails here at once, not at the weekly m
 from __future__ import annotations
 
 import pytest
-
 from bench.mutants import GUARDS, ROOT, Guard, occurrences
 
 

@@ -42,7 +42,9 @@ def route_table() -> list[tuple[str, str, dict[str, object]]]:
 
 ROUTES = route_table()
 GUARDED = [(m, p) for m, p, opt in ROUTES if not opt.get("public")]
-ADMIN_ONLY = [(m, p) for m, p, opt in ROUTES if not opt.get("public") and (opt.get("admin") or m in WRITES)]
+ADMIN_ONLY = [
+    (m, p) for m, p, opt in ROUTES if not opt.get("public") and (opt.get("admin") or m in WRITES)
+]
 
 
 def ids(routes: list[tuple[str, str]]) -> list[str]:
@@ -50,7 +52,9 @@ def ids(routes: list[tuple[str, str]]) -> list[str]:
 
 
 @pytest.fixture
-def served(make_app: Callable[..., App], database_url: str) -> Iterator[tuple[TestClient[Litestar], str]]:
+def served(
+    make_app: Callable[..., App], database_url: str
+) -> Iterator[tuple[TestClient[Litestar], str]]:
     """A client of the app over a real store holding one queued job (`{name}/{job_id}`)."""
     app = make_app()
     app.job("thing")(lambda ctx, payload: None)
@@ -69,7 +73,7 @@ def concrete(path: str, job_id: str) -> str:
 
 def send(client: TestClient[Litestar], method: str, path: str, token: str | None) -> int:
     headers = {"Authorization": f"Bearer {token}"} if token is not None else {}
-    body = {"data": {}} if method in WRITES else None
+    body: dict[str, object] | None = {"data": {}} if method in WRITES else None
     return client.request(method, path, headers=headers, json=body).status_code
 
 
