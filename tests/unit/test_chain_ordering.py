@@ -112,3 +112,16 @@ def test_no_try_ever_starts_before_its_predecessors_succeeded_in_random_chains()
                 assert snap.jobs[pred].state == "succeeded", (started.key, pred, snap.jobs)
             checked += 1
     assert checked > 500  # the chains drawn do start jobs
+
+
+def test_a_stopped_job_whose_predecessor_went_back_to_pending_is_resumed_not_started() -> None:
+    """A sequence retry resets a predecessor to pending while a job after it (outside the
+    sequence) still runs; a shutdown then stops that job. The next pass resumes it: back to
+    pending, kept waiting for its predecessor, and the pass is planned (it raised KeyError
+    and failed on that chain at every pass)."""
+    jobs = [row("s2", "pending", []), row("d", "stopped", ["s2"])]
+    plan = plan_chain(snapshot(jobs, {}))
+    assert plan is not None
+    assert {r.key for r in plan.tries} == {"s2"}
+    resumed = {c.key: c for c in plan.changes}["d"]
+    assert (resumed.was, resumed.state, resumed.mode) == ("stopped", "pending", "keep")

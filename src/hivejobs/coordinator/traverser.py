@@ -158,8 +158,11 @@ class _Draft:
         self.reaped: dict[str, JobChange] = {}
 
     def touch(self, row: JobRow, mode: str) -> None:
+        """Every row touched has a mode (a resumed row that nothing else touches keeps
+        "keep"); a later touch only raises it."""
         self.was.setdefault(row.key, row.state)
-        if _RANK[mode] > _RANK[self.modes.get(row.key, "keep")]:
+        current = self.modes.get(row.key)
+        if current is None or _RANK[mode] > _RANK[current]:
             self.modes[row.key] = mode
 
     def changes(self) -> list[JobChange]:
