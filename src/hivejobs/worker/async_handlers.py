@@ -1,13 +1,13 @@
-"""`async def` handlers: run as tasks on one event loop per pool process.
+"""`async def` handlers: the one event loop of a process, and a thread's way onto it.
 
-The pool's runner threads stay as they are (each holds one claim): a runner hands an async
-handler's coroutine to the process's loop and waits for its task, so at most `concurrency`
-tasks run at once, interleaved on one thread while they await. A stop request (shutdown,
-cancel, timeout: whatever sets `ctx.stopping`) reaches the task as asyncio cancellation,
-and the runner waits until the task has really ended (its `finally` blocks ran) before the
-attempt ends: the handler sees CancelledError, the executor sees `Interrupted`, and treats
-it as it treats a thread handler's Interrupted (suspended at shutdown, cancelled on cancel,
-a failed attempt on timeout). Owns the loop and its thread; never runs a sync handler.
+A pool runs an async type's attempts as tasks on this loop (worker/tasks.py); a caller in a
+thread (hivejobs.testing, or a pool's suspect that must run alone) hands the coroutine over
+with run_task() and blocks until its task has ended. Either way a stop request (shutdown,
+cancel, timeout: whatever calls `ctx.request_stop`) reaches the task as asyncio
+cancellation through `ctx.on_stop`, with nobody polling: the handler sees CancelledError,
+the executor sees `Interrupted` and treats it as it treats a thread handler's (suspended at
+shutdown, cancelled on cancel, a failed attempt on timeout). Owns the loop and its thread;
+never runs a sync handler.
 """
 
 from __future__ import annotations
@@ -25,27 +25,26 @@ from hivejobs.errors import Interrupted
 if TYPE_CHECKING:
     from hivejobs.worker.context import JobContext
 
-STOP_POLL_S = 0.05  # how often a runner waiting on a task looks at ctx.stopping
-
 _lock = threading.Lock()
-_loop: tuple[int, asyncio.AbstractEventLoop] | None = None  # (pid that made it, loop)
+# (pid that made it, loop, its thread)
+_loop: tuple[int, asyncio.AbstractEventLoop, threading.Thread] | None = None
 
 
-def is_async(handler: Callable[..., object]) -> bool:
-    return inspect.iscoroutinefunction(handler)
+def is_async(handler: Callable[..., object] | None) -> bool:
+    return handler is not None and inspect.iscoroutinefunction(handler)
 
 
-def _process_loop() -> asyncio.AbstractEventLoop:
-    """The loop of this process, started on first use. Made again after a fork: a forked
-    child has the parent's loop object but not its thread."""
+def process_loop() -> tuple[asyncio.AbstractEventLoop, threading.Thread]:
+    """The loop of this process and the thread that runs it, started on first use. Made
+    again after a fork: a forked child has the parent's loop object but not its thread."""
     global _loop
     with _lock:
         if _loop is None or _loop[0] != os.getpid():
             loop = asyncio.new_event_loop()
-            thread = threading.Thread(target=loop.run_forever, name="async-handlers", daemon=True)
+            thread = threading.Thread(target=loop.run_forever, name="event-loop", daemon=True)
             thread.start()
-            _loop = (os.getpid(), loop)
-        return _loop[1]
+            _loop = (os.getpid(), loop, thread)
+        return _loop[1], _loop[2]
 
 
 def call_handler(handler: Callable[..., object], ctx: JobContext, payload: object) -> object:
@@ -57,25 +56,19 @@ def call_handler(handler: Callable[..., object], ctx: JobContext, payload: objec
 
 
 def run_task(coroutine: Coroutine[Any, Any, object], ctx: JobContext) -> object:
-    loop = _process_loop()
-    tasks: list[asyncio.Task[object]] = []
-    ready = threading.Event()
+    """Run `coroutine` as a task on the process's loop and block this thread until it has
+    ended (its `finally` blocks ran); a stop request cancels it."""
+    loop, _ = process_loop()
 
-    async def started() -> object:
+    async def awaited() -> object:
         task = asyncio.current_task()
-        assert task is not None  # noqa: S101 - always inside a task here
-        tasks.append(task)
-        ready.set()
+        if task is not None:
+            # From a later turn of the loop: never within the task's own step.
+            ctx.on_stop(lambda: loop.call_soon_threadsafe(task.cancel))
         return await coroutine
 
-    future = asyncio.run_coroutine_threadsafe(started(), loop)
-    stopping = ctx.stopping
-    while not future.done():
-        if stopping.wait(STOP_POLL_S):
-            ready.wait()
-            loop.call_soon_threadsafe(tasks[0].cancel)
-            break
+    future = asyncio.run_coroutine_threadsafe(awaited(), loop)
     try:
-        return future.result()  # after a cancel: once the task has unwound
+        return future.result()
     except concurrent.futures.CancelledError:
         raise Interrupted("asked to stop: its task was cancelled") from None

@@ -1,10 +1,11 @@
-"""Per-thread capture of what a handler prints, for the chain job log (spincycle keeps each
+"""Per-attempt capture of what a handler prints, for the chain job log (spincycle keeps each
 job's output beside its log entry).
 
-sys.stdout and sys.stderr are process-wide while a pool runs handlers in threads: install()
-puts a proxy in front of each that copies a write into the buffer of the calling thread when
-that thread captures, and always passes it on to the real stream, so output never disappears
-from the process's own log. A buffer keeps the last `limit` bytes (the end of the output is
+sys.stdout and sys.stderr are process-wide while a pool runs handlers in threads and as
+tasks on one event loop: install() puts a proxy in front of each that copies a write into
+the buffer of the calling context (a context variable: a thread's, or an asyncio task's and
+what it hands to threads with asyncio.to_thread) when that context captures, and always
+passes it on to the real stream, so output never disappears from the process's own log. A buffer keeps the last `limit` bytes (the end of the output is
 where errors are). Only writes through sys.stdout/sys.stderr are seen: a subprocess writing
 to the inherited file descriptors is not. Never sees payloads, only what handlers print.
 """
@@ -16,9 +17,10 @@ import threading
 from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import TextIO, cast
 
-_local = threading.local()
+_captured: ContextVar[Captured | None] = ContextVar("hivejobs_captured", default=None)
 _install_lock = threading.Lock()
 
 
@@ -79,7 +81,7 @@ class _Proxy:
         self._which = which
 
     def write(self, text: str) -> int:
-        captured: Captured | None = getattr(_local, "captured", None)
+        captured = _captured.get()
         if captured is not None and isinstance(text, str):
             getattr(captured, self._which).write(text)
         return self._real.write(text)
@@ -106,22 +108,21 @@ def install() -> None:
 
 @contextmanager
 def capturing(limit: int) -> Iterator[Captured]:
-    """Capture this thread's writes to stdout and stderr for the duration of the block."""
+    """Capture this context's writes to stdout and stderr for the duration of the block."""
     install()
     captured = Captured(limit)
-    _local.captured = captured
+    token = _captured.set(captured)
     try:
         yield captured
     finally:
-        _local.captured = None
+        _captured.reset(token)
 
 
 @contextmanager
 def uncaptured() -> Iterator[None]:
-    """Writes of this thread inside the block are not captured (hivejobs' own lines)."""
-    saved = getattr(_local, "captured", None)
-    _local.captured = None
+    """Writes of this context inside the block are not captured (hivejobs' own lines)."""
+    token = _captured.set(None)
     try:
         yield
     finally:
-        _local.captured = saved
+        _captured.reset(token)

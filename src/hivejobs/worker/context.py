@@ -7,6 +7,7 @@ pool), never through the App's: a pool process opens no second pool for its hand
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from loguru import logger
@@ -42,6 +43,7 @@ class JobContext:
         self.app = app
         self._stopping: threading.Event | None = None  # made on first use: most jobs never ask
         self._stop_requested = False
+        self._on_stop: Callable[[], None] | None = None
         self.cancelled = False
         self._logger: Logger | None = None
         self._chains = chains
@@ -59,11 +61,24 @@ class JobContext:
         return event
 
     def request_stop(self) -> None:
-        """Called by the pool (any thread): sets `stopping`, now or when first looked at."""
+        """Called by the pool (any thread): sets `stopping`, now or when first looked at, and
+        calls the on_stop callback (now or when it is given)."""
         self._stop_requested = True
         event = self._stopping
         if event is not None:
             event.set()
+        callback = self._on_stop
+        if callback is not None:
+            callback()
+
+    def on_stop(self, callback: Callable[[], None]) -> None:
+        """Call `callback` (from the requesting thread) once a stop is requested: how a stop
+        reaches an `async def` handler's task as cancellation, without anyone polling
+        `stopping`. Published before the flag is read, as `stopping` is, so a concurrent
+        request is not lost (at worst the callback runs twice: it must allow that)."""
+        self._on_stop = callback
+        if self._stop_requested:
+            callback()
 
     @property
     def stop_requested(self) -> bool:

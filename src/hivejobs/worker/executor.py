@@ -8,6 +8,7 @@ or Redis itself, so both run a handler exactly the same way.
 
 from __future__ import annotations
 
+import asyncio
 import time
 import traceback
 from collections.abc import Callable
@@ -48,68 +49,151 @@ def execute(
     shutting_down: Callable[[], bool] = _never,
 ) -> Completion:
     """Run `job` under `jt`'s handler and return its Completion; never raises for what the
-    handler does (a handler's error ends its attempt, not the caller's thread)."""
+    handler does (a handler's error ends its attempt, not the caller's thread). An `async
+    def` handler is awaited on the process's loop (call_handler): a thread waits for it."""
+    started = _began(job, ctx)
+    try:
+        handler = _handler(jt)
+        result = call_handler(handler, ctx, jt.codec.decode(job.payload))
+        encoded = _encoded(result, max_result_bytes)
+    except BaseException as exc:  # any handler error ends this attempt
+        return _raised(jt, job, ctx, exc, max_result_bytes, shutting_down)
+    return _returned(jt, job, ctx, encoded, started)
+
+
+async def execute_async(
+    jt: JobType,
+    job: ClaimedJob,
+    ctx: JobContext,
+    *,
+    max_result_bytes: int,
+    shutting_down: Callable[[], bool] = _never,
+) -> Completion:
+    """execute() for an `async def` handler, awaited in the caller's task: a stop request
+    (ctx.request_stop: shutdown, cancel, timeout) reaches the handler as the cancellation
+    of that task, and ends the attempt as a thread handler's Interrupted does. The caller's
+    task must not be cancelled for any other reason: the CancelledError is taken as the
+    stop's and not raised on."""
+    started = _began(job, ctx)
+    canceller: _Canceller | None = None
+    try:
+        handler = _handler(jt)
+        coroutine = handler(ctx, jt.codec.decode(job.payload))
+        task = asyncio.current_task()
+        if task is not None:
+            canceller = _Canceller(task)
+            ctx.on_stop(canceller)
+        try:
+            result = await coroutine  # type: ignore[misc]
+        finally:
+            if canceller is not None:
+                canceller.armed = False
+        encoded = _encoded(result, max_result_bytes)
+    except asyncio.CancelledError:
+        # What the handler saw as cancellation is, to the attempt, the stop that caused it.
+        stop = Interrupted("asked to stop: its task was cancelled")
+        return _raised(jt, job, ctx, stop, max_result_bytes, shutting_down)
+    except BaseException as exc:  # any handler error ends this attempt
+        return _raised(jt, job, ctx, exc, max_result_bytes, shutting_down)
+    return _returned(jt, job, ctx, encoded, started)
+
+
+class _Canceller:
+    """Cancels a task from any thread, always in a later turn of its loop, and only while
+    its handler runs (`armed`, read and cleared on the loop's thread only): cancelled
+    within its own step, or after its handler returned, a task would end cancelled and
+    lose its Completion."""
+
+    def __init__(self, task: asyncio.Task[Any]) -> None:
+        self.task = task
+        self.armed = True
+
+    def __call__(self) -> None:
+        self.task.get_loop().call_soon_threadsafe(self._fire)
+
+    def _fire(self) -> None:
+        if self.armed:
+            self.task.cancel()
+
+
+def _began(job: ClaimedJob, ctx: JobContext) -> float:
+    # DEBUG: at INFO, a line per job is the outcome's. A line costs the pool process ~40 us
+    # of CPU (loguru's record, format and write), as much as the rest of a short job's own
+    # bookkeeping.
+    _say(ctx.logger, "DEBUG", MSG_STARTED, job_type=job.name, job_id=job.id)
+    return time.monotonic()
+
+
+def _handler(jt: JobType) -> Callable[..., object]:
+    if jt.handler is None:
+        raise HivejobsError(f"job type {jt.name!r} has no handler in this process")
+    return jt.handler
+
+
+def _encoded(result: object, max_result_bytes: int) -> bytes | None:
+    encoded = encode_result(result)
+    if encoded is not None and len(encoded) > max_result_bytes:
+        # A cut JSON document is not JSON: refuse the whole result, say why.
+        raise ResultTooLarge(len(encoded), max_result_bytes)
+    return encoded
+
+
+def _raised(
+    jt: JobType,
+    job: ClaimedJob,
+    ctx: JobContext,
+    exc: BaseException,
+    max_result_bytes: int,
+    shutting_down: Callable[[], bool],
+) -> Completion:
+    """The Completion of an attempt whose handler (or its payload, or its result) raised."""
     from hivejobs.jobtypes import Fail, Retry
 
     log = ctx.logger
     names = {"job_type": job.name, "job_id": job.id}
-    # DEBUG: at INFO, a line per job is the outcome's. A line costs the pool
-    # process ~40 us of CPU (loguru's record, format and write), as much as the rest of a
-    # short job's own bookkeeping.
-    _say(log, "DEBUG", MSG_STARTED, **names)
-    started = time.monotonic()
-    try:
-        if jt.handler is None:
-            raise HivejobsError(f"job type {jt.name!r} has no handler in this process")
-        payload = jt.codec.decode(job.payload)
-        result = call_handler(jt.handler, ctx, payload)  # async def handlers too
-        encoded = encode_result(result)
-        if encoded is not None and len(encoded) > max_result_bytes:
-            # A cut JSON document is not JSON: refuse the whole result, say why.
-            raise ResultTooLarge(len(encoded), max_result_bytes)
-    except PayloadInvalid as exc:
+    if isinstance(exc, PayloadInvalid):
         # Schema drift will not fix itself on retry: fail for good, keep the pool alive.
         _say(log, "ERROR", "payload does not decode", error=str(exc), **names)
         return ended(job, "failed", str(exc), max_result_bytes)
-    except Fail as exc:
+    if isinstance(exc, Fail):
         # The handler says another attempt cannot help: failed now, attempts left or not.
         _say(log, "ERROR", MSG_FAIL, error=str(exc), **names)
         outcome: Outcome = "cancelled" if ctx.cancelled else "failed"
         return ended(job, outcome, f"Fail: {exc}", max_result_bytes)
-    except ResultTooLarge as exc:
+    if isinstance(exc, ResultTooLarge):
         return failed(job, ctx, str(exc), jt.backoff.delay_s(job.attempt), max_result_bytes)
-    except Retry as exc:
+    if isinstance(exc, Retry):
         delay = exc.delay if exc.delay is not None else jt.backoff.delay_s(job.attempt)
         return failed(job, ctx, f"Retry: {exc}", delay, max_result_bytes)
-    except BaseException as exc:  # any handler error ends this attempt
-        stopping = shutting_down()
-        if stopping and (isinstance(exc, Interrupted | SystemExit) or ctx.stop_requested):
-            # A stop is not an attempt, whatever exception the handler raised (R9).
-            at_most_once = job.delivery == "at_most_once"
-            # At-most-once and started: fail it, never run it again; else suspend (uncounted).
-            _say(
-                log,
-                "INFO",
-                MSG_INTERRUPTED,
-                then="failed" if at_most_once else "suspended",
-                **names,
-            )
-            if at_most_once:
-                return ended(job, "failed", "interrupted by shutdown", max_result_bytes)
-            return Completion(id=job.id, claim_token=job.claim_token, outcome="suspend")
-        text = "".join(traceback.format_exception(exc))
-        return failed(job, ctx, text, jt.backoff.delay_s(job.attempt), max_result_bytes, exc=exc)
+    stopping = shutting_down()
+    if stopping and (isinstance(exc, Interrupted | SystemExit) or ctx.stop_requested):
+        # A stop is not an attempt, whatever exception the handler raised (R9).
+        at_most_once = job.delivery == "at_most_once"
+        # At-most-once and started: fail it, never run it again; else suspend (uncounted).
+        _say(log, "INFO", MSG_INTERRUPTED, then="failed" if at_most_once else "suspended", **names)
+        if at_most_once:
+            return ended(job, "failed", "interrupted by shutdown", max_result_bytes)
+        return Completion(id=job.id, claim_token=job.claim_token, outcome="suspend")
+    text = "".join(traceback.format_exception(exc))
+    return failed(job, ctx, text, jt.backoff.delay_s(job.attempt), max_result_bytes, exc=exc)
+
+
+def _returned(
+    jt: JobType, job: ClaimedJob, ctx: JobContext, encoded: bytes | None, started: float
+) -> Completion:
+    """The Completion of an attempt whose handler returned."""
+    names = {"job_type": job.name, "job_id": job.id}
     elapsed_s = round(time.monotonic() - started, 3)
     if jt.callback:
         # The other service has the work now: the job stays running until its callback.
-        _say(log, "INFO", MSG_AWAITING, elapsed_s=elapsed_s, **names)
+        _say(ctx.logger, "INFO", MSG_AWAITING, elapsed_s=elapsed_s, **names)
         return Completion(
             id=job.id,
             claim_token=job.claim_token,
             outcome="await_callback",
             callback_timeout_s=jt.callback_timeout_s or 3600.0,
         )
-    _say(log, "INFO", MSG_SUCCEEDED, elapsed_s=elapsed_s, **names)
+    _say(ctx.logger, "INFO", MSG_SUCCEEDED, elapsed_s=elapsed_s, **names)
     return Completion(id=job.id, claim_token=job.claim_token, outcome="succeeded", result=encoded)
 
 

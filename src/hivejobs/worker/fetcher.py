@@ -116,6 +116,7 @@ class Fetcher:
         heartbeat_age_s: Callable[[], float],
         flow: Flow,
         scale: Callable[[int], bool],
+        handed_over: Callable[[], None] | None = None,
     ) -> None:
         self.jt = jt
         self.worker_id = worker_id
@@ -133,7 +134,10 @@ class Fetcher:
         self.may_claim_ahead = jt.delivery == "at_least_once" and jt.limits is None
         self.avg_run_s = 1.0  # pessimistic until measured
         # A finished job wakes us only when we may claim; `draining`: Stop.draining.
-        self.slots = Slots(draining, jt.concurrency, room_open=self.room_open)
+        # `handed_over`: Tasks.wake for an async type, whose claims wait for the event loop.
+        self.slots = Slots(
+            draining, jt.concurrency, room_open=self.room_open, handed_over=handed_over
+        )
         self.claims = Claims(self.slots)
         # Logged at exit. foreign_ids: ids of other types found in our lists (dropped);
         # paused_for_completions: fetcher passes held back by backpressure.

@@ -32,6 +32,7 @@ from hivejobs.logs import error_fields
 from hivejobs.metrics import Recorder
 from hivejobs.records import Completion
 from hivejobs.store import PREPARED_PLANS, Store
+from hivejobs.worker.async_handlers import is_async
 from hivejobs.worker.completer import Completer
 from hivejobs.worker.exits import ChildExit
 from hivejobs.worker.fetcher import Fetcher
@@ -41,6 +42,7 @@ from hivejobs.worker.placement import store_size
 from hivejobs.worker.runner import Runners
 from hivejobs.worker.shutdown import Shutdown, ShutdownReport, Stop, StopReason
 from hivejobs.worker.slots import Slots
+from hivejobs.worker.tasks import Tasks
 from hivejobs.worker.watchdog import Watchdog
 
 WATCH_EVERY_S = 0.1  # how often the main thread checks timeouts
@@ -81,6 +83,9 @@ class Lane:
             max_error_bytes=settings.max_result_bytes,
             on_submit=self._submitted,
         )
+        # An `async def` type's claims run as tasks on the process's loop (Tasks), woken by
+        # each hand-over; a `def` type's on runner threads blocked on the work queue.
+        runs_tasks = is_async(jt.handler)
         self.fetcher = Fetcher(
             jt,
             worker_id,
@@ -92,7 +97,8 @@ class Lane:
             stop.acquiring_stopped,
             heartbeat_age_s=heartbeat_age_s,
             flow=Flow(store, broker, jt.name, jt.limits),
-            scale=lambda concurrency: self.runners.scale(concurrency),
+            scale=self._scale,
+            handed_over=self._wake if runs_tasks else None,
         )
         self.slots = self.fetcher.slots  # made by the fetcher: it wakes on its claim room
         self.runners = Runners(
@@ -106,7 +112,9 @@ class Lane:
             self.fetcher,
             self.completer,
             stop.draining,
+            threads=not runs_tasks,
         )
+        self.tasks = Tasks(self.runners) if runs_tasks else None
         self.watchdog = Watchdog(jt, settings, self.slots, self.completer, stop)
         self.shutdown = Shutdown(
             settings, stop, self.slots, self.fetcher, self.completer, self.watchdog.check, self.log
@@ -121,7 +129,16 @@ class Lane:
     def start(self) -> None:
         self.completer.start()
         self.runners.start()
+        if self.tasks is not None:
+            self.tasks.start()
         self.fetcher.start()
+
+    def _scale(self, concurrency: int) -> bool:
+        return (self.tasks or self.runners).scale(concurrency)
+
+    def _wake(self) -> None:
+        if self.tasks is not None:
+            self.tasks.wake()
 
     def stopped(self, report: ShutdownReport, reason: StopReason) -> None:
         """After the drain: idle runners end; the lane's last log lines."""

@@ -37,7 +37,10 @@ class Runners:
     """Owns the runner threads (`_threads`: started by the pool's start() and by scale(),
     both called from one thread at a time: run() before the fetcher starts, then the fetcher)
     and nothing they share: the slots, the claims and the completer keep their own state and
-    locks. A runner ends when Slots.close() hands it None."""
+    locks. A runner ends when Slots.close() hands it None.
+
+    With `threads=False` (an `async def` type: worker/tasks.py takes its jobs) it starts no
+    runner thread and only lends its one-job path (run_one) to the threads of suspects."""
 
     def __init__(
         self,
@@ -51,8 +54,11 @@ class Runners:
         fetcher: Fetcher,
         completer: Completer,
         draining: threading.Event,
+        *,
+        threads: bool = True,
     ) -> None:
         self.app = app
+        self.threads = threads
         self.jt = jt
         self.settings = settings
         self.store = store
@@ -61,7 +67,7 @@ class Runners:
         self.slots = slots
         self.fetcher = fetcher
         self.completer = completer
-        self._draining = draining  # Stop.draining
+        self.draining = draining  # Stop.draining
         self.log = logger.bind(pool=jt.name)
         self.chains = ChainStore(store)  # stateless: one for every attempt's JobContext
         self._threads: list[threading.Thread] = []
@@ -72,7 +78,7 @@ class Runners:
         return len(self._threads)
 
     def start(self) -> None:
-        for _ in range(self.jt.concurrency):
+        for _ in range(self.jt.concurrency if self.threads else 0):
             self._new_runner()
 
     def scale(self, concurrency: int) -> bool:
@@ -85,7 +91,7 @@ class Runners:
                 return False
             self.slots.concurrency = concurrency
             self.slots.cond.notify_all()
-        while len(self._threads) < concurrency:
+        while self.threads and len(self._threads) < concurrency:
             self._new_runner()
         self.log.info("concurrency scaled", concurrency=concurrency, before=before)
         return True
@@ -101,17 +107,18 @@ class Runners:
             with self.slots.take() as job:
                 if job is None:
                     return
-                self._run_one(job)
+                self.run_one(job)
 
-    def _run_one(self, job: ClaimedJob) -> None:
-        if not self._draining.is_set():
-            with self.slots.turn(job, self.fetcher.claims.held, self._hand_back) as may_start:
+    def run_one(self, job: ClaimedJob) -> None:
+        """Run `job` in this thread if it may start, else hand it back."""
+        if not self.draining.is_set():
+            with self.slots.turn(job, self.fetcher.claims.held, self.hand_back) as may_start:
                 if may_start:
                     self._run_started(job)
                     return
-        self._hand_back(job)
+        self.hand_back(job)
 
-    def _hand_back(self, job: ClaimedJob) -> None:
+    def hand_back(self, job: ClaimedJob) -> None:
         """Not started (stopping, or giving way to a suspect): back to the queue, uncounted."""
         max_bytes = self.settings.max_result_bytes
         self.completer.submit(interrupted(job, started=False, max_result_bytes=max_bytes))
@@ -123,7 +130,7 @@ class Runners:
         if looks_like_try_id(job.id):  # a chain try: its output goes to the job log
             with capturing(self.settings.job_log_output_bytes) as output:
                 completion = self._execute(job, ctx)
-            self._keep_output(job, output)
+            self.keep_output(job, output)
         else:
             completion = self._execute(job, ctx)
         self.metrics.observe("run", job.name, time.monotonic() - began)
@@ -138,13 +145,13 @@ class Runners:
             job,
             ctx,
             max_result_bytes=self.settings.max_result_bytes,
-            shutting_down=self._draining.is_set,
+            shutting_down=self.draining.is_set,
         )
         if completion.outcome == "succeeded":
             self.fetcher.note_run(time.monotonic() - started)
         return completion
 
-    def _keep_output(self, job: ClaimedJob, output: Captured) -> None:
+    def keep_output(self, job: ClaimedJob, output: Captured) -> None:
         """Before the completion, so the output is there once the try's log row is."""
         if output.empty:
             return

@@ -47,11 +47,16 @@ class Slots:
     """
 
     def __init__(
-        self, draining: threading.Event, concurrency: int, room_open: Callable[[], bool]
+        self,
+        draining: threading.Event,
+        concurrency: int,
+        room_open: Callable[[], bool],
+        handed_over: Callable[[], None] | None = None,
     ) -> None:
         """`room_open`: whether the fetcher's claim room is open now (Fetcher.room_open, the
         fetcher makes its slots), called with `cond` held: a freed slot wakes the waiters on
-        `cond` only then, or for a suspect or a drain (see _release)."""
+        `cond` only then, or for a suspect or a drain (see _release). `handed_over`: called
+        after each hand_over, for takers that do not block on the work queue (Tasks)."""
         self.cond = threading.Condition()
         self.reserved = 0
         self.concurrency = concurrency
@@ -61,6 +66,7 @@ class Slots:
         self._draining = draining  # Stop.draining: start nothing new
         self._work: queue.SimpleQueue[ClaimedJob | None] = queue.SimpleQueue()
         self._room_open = room_open
+        self._handed_over = handed_over
 
     # -- reservation ---------------------------------------------------------------------
 
@@ -70,6 +76,8 @@ class Slots:
             self.reserved += len(jobs)
         for job in jobs:
             self._work.put(job)
+        if self._handed_over is not None:
+            self._handed_over()
 
     @contextmanager
     def take(self) -> Iterator[ClaimedJob | None]:
@@ -83,6 +91,21 @@ class Slots:
             yield job
         finally:
             self._release()
+
+    def next_nowait(self) -> ClaimedJob | None:
+        """The next job handed over, or None if none waits (never blocks): for a taker that
+        runs jobs as tasks; it calls release() once the job is done (run or handed back)."""
+        while True:
+            try:
+                job = self._work.get_nowait()
+            except queue.Empty:
+                return None
+            if job is not None:
+                return job
+
+    def release(self) -> None:
+        """The slot of a job from next_nowait() is free."""
+        self._release()
 
     def drain(self) -> Iterator[ClaimedJob]:
         """Jobs handed over that no runner took; each slot is released after the caller's
@@ -156,6 +179,12 @@ class Slots:
 
     # -- quarantine ----------------------------------------------------------------------
 
+    def may_start(self) -> bool:
+        """Whether a job that is not a suspect may start now: not while a suspect waits to
+        run alone, nor once the drain began."""
+        with self.cond:
+            return not self.isolating and not self._draining.is_set()
+
     @contextmanager
     def turn(
         self,
@@ -174,9 +203,7 @@ class Slots:
         pool of one runner it is the only runner there is, and nobody else would.
         """
         if job.lost == 0:
-            with self.cond:
-                may = not self.isolating and not self._draining.is_set()
-            yield may
+            yield self.may_start()
             return
         if not self._isolation.acquire(blocking=False):
             yield False  # another suspect runs: give way
