@@ -89,6 +89,9 @@ class Settings(msgspec.Struct, kw_only=True):
     # Stragglers are told to stop this long before the shutdown deadline.
     stop_grace_s: Seconds = 3.0
     timeout_grace_s: Seconds = 5.0
+    # An `async def` handler that holds its pool's event loop longer is reported (once per
+    # job type, with where): it stalls every task of its process (worker/loopwatch.py).
+    loop_blocked_after_s: Seconds = 0.1
     coordinator_interval_s: Seconds = 1.0
     promote_interval_s: Seconds = 0.2
     lease_ttl_s: Seconds = 15.0

@@ -1,7 +1,8 @@
 """The app `hivejobs bench` runs under a real `hivejobs run`: one job type with a chosen body.
 
 Sized by environment variables the bench sets (HIVEJOBS_BENCH_PROCESSES, _CONCURRENCY,
-_WORK, _WORK_MS). A payload with "t" (the enqueue call's wall time) makes the handler append
+_WORK, _WORK_MS, _HANDLER: `sync` for a `def` handler on runner threads, `async` for an
+`async def` one, a task on the pool's event loop). A payload with "t" (the enqueue call's wall time) makes the handler append
 its pickup latency in microseconds to $HIVEJOBS_BENCH_DIR/latency.<pid>; nothing else is
 written.
 
@@ -11,24 +12,30 @@ no-op body hides what job duration does to claim and completion batching:
 - `cpu`: a busy loop holding the GIL;
 - `redis`: one blocking Redis round trip (a GET), then a sleep for what is left of _WORK_MS:
   a network call of that latency. With _WORK_MS below one round trip it is the round trip.
+An `async def` handler does the same with what its users write: asyncio.sleep, redis.asyncio
+(`cpu` still holds the GIL, and the loop).
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 from typing import Any
 
 import redis
+import redis.asyncio
 
 from hivejobs import App, JobContext
 
 app = App()
 WORK = os.environ.get("HIVEJOBS_BENCH_WORK", "sleep")
 WORK_S = float(os.environ.get("HIVEJOBS_BENCH_WORK_MS", "0")) / 1000
+HANDLER = os.environ.get("HIVEJOBS_BENCH_HANDLER", "sync")
 OUT_DIR = os.environ.get("HIVEJOBS_BENCH_DIR", "")
 _latency_fd: int | None = None
 _redis: redis.Redis | None = None  # one client per process; its pool gives each thread a link
+_aredis: redis.asyncio.Redis | None = None  # the same for the tasks of the pool's loop
 
 
 def work() -> None:
@@ -49,14 +56,26 @@ def work() -> None:
         time.sleep(WORK_S)
 
 
-@app.job(
-    "bench_noop",
-    processes=int(os.environ.get("HIVEJOBS_BENCH_PROCESSES", "2")),
-    concurrency=int(os.environ.get("HIVEJOBS_BENCH_CONCURRENCY", "8")),
-)
-def bench_noop(ctx: JobContext, payload: dict[str, Any]) -> None:
-    """A JSON object payload (dict[str, Any] has a JSON Schema, so the limits scenario
-    enqueues through the types the worker declared)."""
+async def awork() -> None:
+    """work() as an `async def` handler does it."""
+    global _aredis
+    began = time.perf_counter()
+    if WORK == "redis":
+        if _aredis is None:
+            _aredis = redis.asyncio.Redis.from_url(os.environ["HIVEJOBS_REDIS_URL"])
+        await _aredis.get("hivejobs-bench:work")
+        left = WORK_S - (time.perf_counter() - began)
+        if left > 0:
+            await asyncio.sleep(left)
+    elif WORK == "cpu":
+        while time.perf_counter() - began < WORK_S:
+            pass
+    elif WORK_S:
+        await asyncio.sleep(WORK_S)
+
+
+def picked_up(payload: dict[str, Any]) -> None:
+    """Append the pickup latency of a payload with "t" (the enqueue call's wall time)."""
     started = time.time()
     sent = payload.get("t")
     if isinstance(sent, float) and OUT_DIR:
@@ -66,7 +85,25 @@ def bench_noop(ctx: JobContext, payload: dict[str, Any]) -> None:
                 f"{OUT_DIR}/latency.{os.getpid()}", os.O_WRONLY | os.O_CREAT | os.O_APPEND
             )
         os.write(_latency_fd, b"%d\n" % int((started - sent) * 1e6))
+
+
+def bench_noop(ctx: JobContext, payload: dict[str, Any]) -> None:
+    """A JSON object payload (dict[str, Any] has a JSON Schema, so the limits scenario
+    enqueues through the types the worker declared)."""
+    picked_up(payload)
     work()
+
+
+async def bench_noop_async(ctx: JobContext, payload: dict[str, Any]) -> None:
+    picked_up(payload)
+    await awork()
+
+
+app.job(
+    "bench_noop",
+    processes=int(os.environ.get("HIVEJOBS_BENCH_PROCESSES", "2")),
+    concurrency=int(os.environ.get("HIVEJOBS_BENCH_CONCURRENCY", "8")),
+)(bench_noop_async if HANDLER == "async" else bench_noop)
 
 
 @app.job("bench_step", concurrency=int(os.environ.get("HIVEJOBS_BENCH_CHAIN_CONCURRENCY", "50")))

@@ -37,6 +37,7 @@ from hivejobs.worker.completer import Completer
 from hivejobs.worker.exits import ChildExit
 from hivejobs.worker.fetcher import Fetcher
 from hivejobs.worker.liveness import Liveness, Tracked
+from hivejobs.worker.loopwatch import LoopWatch
 from hivejobs.worker.memory import MemoryCap
 from hivejobs.worker.placement import store_size
 from hivejobs.worker.runner import Runners
@@ -260,6 +261,21 @@ class Pool:
             self.broker,
             self.stop,
         )
+        self.loop_watch = self._loop_watch()
+
+    def _loop_watch(self) -> LoopWatch | None:
+        """The watch on the event loop of the `async def` lanes (one loop per process)."""
+        async_lanes = [(lane.jt, lane.tasks) for lane in self.lanes if lane.tasks is not None]
+        if not async_lanes:
+            return None
+        tasks = [t for _, t in async_lanes]
+        return LoopWatch(
+            tasks[0].loop,
+            tasks[0].loop_thread,
+            {jt.name: jt.handler for jt, _ in async_lanes if jt.handler is not None},
+            busy=lambda: any(t.busy for t in tasks),
+            threshold_s=self.settings.loop_blocked_after_s,
+        )
 
     # A pool of one type: its lane's roles, as tests and tools reach them.
     @property
@@ -297,6 +313,8 @@ class Pool:
         for lane in self.lanes:
             lane.start()
         self.liveness.start()
+        if self.loop_watch is not None:
+            self.loop_watch.start()
         self.log.info(
             "pool started",
             concurrency=self.jt.concurrency
@@ -315,6 +333,8 @@ class Pool:
                 )
                 self.stop.request(StopReason.MEMORY_CAP)
         reports = self._drain()
+        if self.loop_watch is not None:
+            self.loop_watch.stop()
         self.metrics.stop()
         self.liveness.stop()
         for lane in self.lanes:
