@@ -3,7 +3,9 @@ attempt can end, as a table of handler behaviour, attempt and shutdown state."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import asyncio
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 import pytest
 
@@ -11,7 +13,7 @@ from hivejobs import App, Interrupted, JobContext, Retry
 from hivejobs.jobtypes import Backoff, Fail, JobType
 from hivejobs.records import ClaimedJob, Completion, Delivery
 from hivejobs.worker.context import JobContext as Ctx
-from hivejobs.worker.executor import execute
+from hivejobs.worker.executor import execute, execute_async
 
 
 def raise_(exc: BaseException) -> Callable[[JobContext, object], object]:
@@ -101,3 +103,134 @@ def test_the_retry_delay_is_the_backoff_of_the_attempt_that_failed(
         assert done.outcome == "retry"
         nominal = 2.0 * 2 ** (attempt - 1)
         assert 0.8 * nominal <= done.retry_delay_s <= 1.2 * nominal, (attempt, done)
+
+
+def _claimed(attempt: int, attempts: int, delivery: Delivery) -> ClaimedJob:
+    return ClaimedJob(
+        id="j1",
+        name="t",
+        attempt=attempt,
+        attempts=attempts,
+        delivery=delivery,
+        payload=b"null",
+        claim_token=7,
+        priority=0,
+    )
+
+
+def _as_async(
+    handler: Callable[[JobContext, object], object],
+) -> Callable[[JobContext, object], Coroutine[Any, Any, object]]:
+    async def awaited(ctx: JobContext, payload: object) -> object:
+        await asyncio.sleep(0)
+        return handler(ctx, payload)
+
+    return awaited
+
+
+@pytest.mark.parametrize(
+    ("handler", "attempt", "stopping", "delivery", "outcome"),
+    [case[1:] for case in CASES],
+    ids=[case[0] for case in CASES],
+)
+def test_execute_async_outcomes_are_those_of_execute(
+    handler: Callable[[JobContext, object], object],
+    attempt: int,
+    stopping: bool,
+    delivery: Delivery,
+    outcome: str,
+) -> None:
+    app = App(database_url="postgresql://127.0.0.1:1/x", redis_url="redis://127.0.0.1:1")
+    attempts = 1 if delivery == "at_most_once" else 3
+    app.job("t", attempts=attempts, delivery=delivery)(_as_async(handler))
+    job = _claimed(attempt, attempts, delivery)
+    done = asyncio.run(
+        execute_async(
+            app.types["t"],
+            job,
+            Ctx(job, app),
+            max_result_bytes=1 << 20,
+            shutting_down=lambda: stopping,
+        )
+    )
+    assert (done.id, done.claim_token, done.outcome) == ("j1", 7, outcome)
+    if outcome == "succeeded":
+        assert done.result == b'{"ok":true}'
+
+
+# How a stop request reaches an awaiting handler: as the cancellation of its task.
+STOPS: list[tuple[str, bool, bool, Delivery, str]] = [
+    ("cancel", True, False, "at_least_once", "cancelled"),
+    ("timeout", False, False, "at_least_once", "retry"),
+    ("shutdown", False, True, "at_least_once", "suspend"),
+    ("shutdown, amo", False, True, "at_most_once", "failed"),
+]
+
+
+@pytest.mark.parametrize(
+    ("cancelled", "shutting_down", "delivery", "outcome"),
+    [case[1:] for case in STOPS],
+    ids=[case[0] for case in STOPS],
+)
+def test_a_stop_request_cancels_the_awaiting_handler(
+    cancelled: bool, shutting_down: bool, delivery: Delivery, outcome: str
+) -> None:
+    app = App(database_url="postgresql://127.0.0.1:1/x", redis_url="redis://127.0.0.1:1")
+    seen: list[str] = []
+
+    async def waits(ctx: JobContext, payload: object) -> None:
+        try:
+            await asyncio.Event().wait()  # only a cancellation ends it
+        except asyncio.CancelledError:
+            seen.append("cancelled")
+            raise
+
+    attempts = 1 if delivery == "at_most_once" else 3
+    app.job("t", attempts=attempts, delivery=delivery)(waits)
+    job = _claimed(1, attempts, delivery)
+    ctx = Ctx(job, app)
+
+    async def attempt() -> Completion:
+        running = asyncio.ensure_future(
+            execute_async(
+                app.types["t"],
+                job,
+                ctx,
+                max_result_bytes=1 << 20,
+                shutting_down=lambda: shutting_down,
+            )
+        )
+        await asyncio.sleep(0.01)
+        ctx.cancelled = cancelled
+        # From another thread, as the watchdog, the control thread and the shutdown do.
+        await asyncio.to_thread(ctx.request_stop)
+        # Not wait_for: its own cancellation at the deadline would end the handler too.
+        await asyncio.wait({running}, timeout=10)
+        assert running.done(), "the stop request never reached the handler"
+        return running.result()
+
+    done = asyncio.run(attempt())
+    assert seen == ["cancelled"]
+    assert done.outcome == outcome
+    if outcome in ("retry", "cancelled"):
+        assert "asked to stop" in (done.error or "")
+
+
+def test_a_stop_after_the_handler_returned_does_not_cancel_its_task() -> None:
+    """The pool's task goes on after the handler (a chain try's output is written): a stop
+    requested as the handler returns must not cancel it there, or its Completion is lost."""
+    app = App(database_url="postgresql://127.0.0.1:1/x", redis_url="redis://127.0.0.1:1")
+
+    async def returns_as_stopped(ctx: JobContext, payload: object) -> str:
+        ctx.request_stop()  # as if the watchdog asked in the handler's last step
+        return "done"
+
+    app.job("t", attempts=3)(returns_as_stopped)
+    job = _claimed(1, 3, "at_least_once")
+
+    async def pool_task() -> Completion:
+        done = await execute_async(app.types["t"], job, Ctx(job, app), max_result_bytes=1 << 20)
+        await asyncio.sleep(0.01)  # the task's own work after the attempt
+        return done
+
+    assert asyncio.run(pool_task()).outcome == "succeeded"
