@@ -6,8 +6,10 @@ when it ends (ns: CLOCK_MONOTONIC, one clock for every process of the machine), 
 <id> <attempt> <pid>" when a stop reached it as cancellation. A payload
 {"gate": NAME} waits at the test's gate (tests/apps/gate.py's Redis key) without a thread:
 one poller task per gate and process, every waiter awaits its event, so 500 waiters cost no
-thread. {"block_s": S} holds the event loop for S seconds (a blocking call in an `async
-def` handler, the mistake the pool reports).
+thread; {"ms": MS} awaits asyncio.sleep for MS ms. {"block_s": S} holds the event loop for
+S seconds (a blocking call in an `async def` handler, the mistake the pool reports).
+HJ_TYPES selects the job types to register (default: all), HJ_CONCURRENCY_<TYPE> overrides
+a type's concurrency.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
+from collections.abc import Callable
 from typing import Any
 
 import redis.asyncio
@@ -24,6 +27,7 @@ from tests.apps.gate import gate_key
 from tests.apps.ledger import note
 
 app = App()
+SELECTED = set(filter(None, os.environ.get("HJ_TYPES", "").split(",")))
 _gates: dict[str, asyncio.Event] = {}
 _pollers: set[asyncio.Task[None]] = set()
 
@@ -56,7 +60,7 @@ async def gated(ctx: JobContext, payload: dict[str, Any]) -> str:
             await at_gate(str(payload["gate"]))
         if "block_s" in payload:
             time.sleep(float(payload["block_s"]))  # holds the loop, on purpose
-        await asyncio.sleep(0)
+        await asyncio.sleep(float(payload.get("ms", 0)) / 1000)
     except asyncio.CancelledError:
         note("acancelled", ctx.job_id, ctx.attempt, os.getpid())
         raise
@@ -72,7 +76,14 @@ async def blocks_the_loop(ctx: JobContext, payload: dict[str, Any]) -> str:
     return "done"
 
 
-app.job("wide", concurrency=500)(gated)
-app.job("alo_async", concurrency=8, attempts=5)(gated)
-app.job("amo_async", concurrency=8, delivery="at_most_once")(gated)
-app.job("blocker", concurrency=4)(blocks_the_loop)
+def register(name: str, handler: Callable[..., Any], concurrency: int, **options: Any) -> None:
+    if SELECTED and name not in SELECTED:
+        return
+    concurrency = int(os.environ.get("HJ_CONCURRENCY_" + name.upper(), concurrency))
+    app.job(name, concurrency=concurrency, **options)(handler)
+
+
+register("wide", gated, 500)
+register("alo_async", gated, 8, attempts=5)
+register("amo_async", gated, 8, delivery="at_most_once")
+register("blocker", blocks_the_loop, 4)

@@ -92,6 +92,26 @@ def test_killed_pool_drains_after_its_suspects(
     )
 
 
+@pytest.mark.parametrize("concurrency", [1, 2])
+def test_killed_async_pool_drains_after_its_suspects(
+    concurrency: int,
+    make_app: Callable[..., App],
+    start_instance: Callable[..., Instance],
+    database_url: str,
+) -> None:
+    """An `async def` type: its jobs are tasks, a suspect waits for its turn in a thread."""
+    kill_mid_drain_and_drain(
+        make_app,
+        start_instance,
+        database_url,
+        job_type="alo_async",
+        pool="alo_async",
+        concurrency=concurrency,
+        extra_env={"HJ_TYPES": "alo_async", "HJ_CONCURRENCY_ALO_ASYNC": str(concurrency)},
+        app_spec="tests.apps.asyncapp:app",
+    )
+
+
 def test_killed_shared_pool_drains_its_one_runner_type(
     make_app: Callable[..., App],
     start_instance: Callable[..., Instance],
