@@ -74,9 +74,7 @@ def test_kill_9_of_async_pools_loses_nothing_and_runs_no_at_most_once_job_twice(
     alo = app.enqueue_many("alo_async", [{"gate": "kill"}] * 20)
     amo = app.enqueue_many("amo_async", [{"gate": "kill"}] * 20)
     # Mid-await in both pools (8 running each, the rest claimed ahead or queued).
-    wait_until(
-        lambda: len(began(ledger_dir)) == 16, what="both pools running their first jobs"
-    )
+    wait_until(lambda: len(began(ledger_dir)) == 16, what="both pools running their first jobs")
     killed = pool_pids(database_url, "alo_async") + pool_pids(database_url, "amo_async")
     assert len(killed) == 2
     for pid in killed:
@@ -97,7 +95,9 @@ def test_kill_9_of_async_pools_loses_nothing_and_runs_no_at_most_once_job_twice(
         if b[1] == e[1] and b[1] in reran and b[2] == e[2] == "2"
     )
     assert len(spans) == 8
-    assert all(prev_end <= begin for (_, prev_end), (begin, _) in zip(spans, spans[1:]))
+    assert all(
+        prev_end <= begin for (_, prev_end), (begin, _) in zip(spans, spans[1:], strict=False)
+    )
     # At-most-once: the jobs that had begun in the killed pool failed and never began again;
     # the others ran once.
     starts = began(ledger_dir)

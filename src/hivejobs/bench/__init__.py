@@ -26,6 +26,7 @@ from hivejobs.bench.percentiles import percentiles
 from hivejobs.errors import UsageError
 
 WORK_KINDS = ("sleep", "cpu", "redis")
+HANDLERS = {"sync": ["sync"], "async": ["async"], "both": ["sync", "async"]}
 SCENARIOS = (
     "enqueue",
     "throughput",
@@ -52,6 +53,7 @@ class BenchOptions(msgspec.Struct, kw_only=True):
     work_ms: float
     work: str
     sweep: list[float]  # job durations in ms for throughput; [work_ms] without --sweep
+    handlers: list[str]  # the bench job's handler kinds for throughput and latency
     repeats: int
     backlog_jobs: int
     stale_stats_jobs: int
@@ -75,6 +77,13 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
         default="sleep",
         help="the job body: sleep (blocking I/O), cpu (holds the GIL), redis (one blocking"
         " Redis round trip, then a sleep for the rest of --work-ms); default sleep",
+    )
+    p.add_argument(
+        "--handler",
+        default="both",
+        help="the bench job's handler in throughput and latency: sync (a def handler on"
+        " runner threads), async (an async def handler, tasks on the pool's event loop; its"
+        " body awaits asyncio.sleep and redis.asyncio) or both, side by side (default both)",
     )
     p.add_argument(
         "--sweep",
@@ -113,6 +122,8 @@ def parse_options(args: argparse.Namespace) -> BenchOptions:
         raise UsageError("--work-ms and --payload-bytes cannot be negative")
     if args.work not in WORK_KINDS:
         raise UsageError(f"unknown --work {args.work!r}: choose from {', '.join(WORK_KINDS)}")
+    if args.handler not in HANDLERS:
+        raise UsageError(f"unknown --handler {args.handler!r}: choose from {', '.join(HANDLERS)}")
     sweep = [args.work_ms]
     if args.sweep is not None:
         try:
@@ -134,6 +145,7 @@ def parse_options(args: argparse.Namespace) -> BenchOptions:
         work_ms=args.work_ms,
         work=args.work,
         sweep=sweep,
+        handlers=HANDLERS[args.handler],
         repeats=args.repeats,
         backlog_jobs=args.backlog_jobs,
         stale_stats_jobs=args.stale_stats_jobs,
@@ -168,30 +180,39 @@ def run_scenarios(env: BenchEnvironment, opts: BenchOptions) -> dict[str, Any]:
         plan.append(("enqueue", lambda: scenarios.enqueue(env, opts.jobs, opts.payload_bytes)))
     if "throughput" in opts.scenarios:
         for ms in opts.sweep:
+            for kind in opts.handlers:
+                plan.append(
+                    (
+                        handler_key(sweep_key(opts, ms), kind),
+                        lambda ms=ms, kind=kind: scenarios.throughput(  # type: ignore[misc]
+                            env,
+                            opts.jobs,
+                            opts.processes,
+                            opts.concurrency,
+                            ms,
+                            opts.payload_bytes,
+                            progress,
+                            opts.work,
+                            kind,
+                        ),
+                    )
+                )
+    if "latency" in opts.scenarios:
+        for kind in opts.handlers:
             plan.append(
                 (
-                    sweep_key(opts, ms),
-                    lambda ms=ms: scenarios.throughput(  # type: ignore[misc]
+                    handler_key("latency", kind),
+                    lambda kind=kind: scenarios.latency(  # type: ignore[misc]
                         env,
-                        opts.jobs,
+                        opts.rate,
+                        opts.duration,
                         opts.processes,
                         opts.concurrency,
-                        ms,
-                        opts.payload_bytes,
                         progress,
-                        opts.work,
+                        kind,
                     ),
                 )
             )
-    if "latency" in opts.scenarios:
-        plan.append(
-            (
-                "latency",
-                lambda: scenarios.latency(
-                    env, opts.rate, opts.duration, opts.processes, opts.concurrency, progress
-                ),
-            )
-        )
     if "chain" in opts.scenarios:
         from hivejobs.bench.chain import chain_scenario
 
@@ -233,12 +254,16 @@ def run_scenarios(env: BenchEnvironment, opts: BenchOptions) -> dict[str, Any]:
         )
     runs: dict[str, list[scenarios.Figures]] = {}
     started = time.perf_counter()
-    for name, fn in plan:
-        # Each is several long drains already: once.
-        repeats = 1 if name in ("backlog", "stale-stats") else opts.repeats
-        for i in range(repeats):
-            print(f"{name} run {i + 1}/{repeats}", file=sys.stderr)
-            runs.setdefault(name, []).append(fn())
+    # Round after round, every scenario once per round: on a shared machine a noisy minute
+    # then falls on one run of each (the `def` and `async def` rows alike), not on all the
+    # runs of one.
+    for i in range(opts.repeats):
+        for name, fn in plan:
+            # Each is several long drains already: once.
+            repeats = 1 if name in ("backlog", "stale-stats") else opts.repeats
+            if i < repeats:
+                print(f"{name} run {i + 1}/{repeats}", file=sys.stderr)
+                runs.setdefault(name, []).append(fn())
     medians = {name: _medians(r) for name, r in runs.items()}
     return {
         "options": msgspec.to_builtins(opts),
@@ -251,6 +276,11 @@ def run_scenarios(env: BenchEnvironment, opts: BenchOptions) -> dict[str, Any]:
 def sweep_key(opts: BenchOptions, ms: float) -> str:
     """`throughput` without --sweep (as before), else one name per job duration."""
     return "throughput" if len(opts.sweep) == 1 else f"throughput {opts.work} {ms:g} ms"
+
+
+def handler_key(name: str, handler: str) -> str:
+    """A scenario's name for the bench job's handler kind: as before for `def`."""
+    return name if handler == "sync" else f"{name} async"
 
 
 def _medians(runs: list[scenarios.Figures]) -> scenarios.Figures:
@@ -288,15 +318,24 @@ def format_report(report: dict[str, Any]) -> str:
     the throughput rows (one per --sweep duration) with their Postgres cost per job."""
     med = report["medians"]
     ceil = med.get("ceilings", {})
-    rows = [("figure", "median", "vs this machine's ceiling")]
+    twins = any(name.endswith(" async") for name in med)
+    head = ("figure", "median", "async def") if twins else ("figure", "median")
+    rows = [(*head, "vs this machine's ceiling")]
     for name in ("ceilings", *SCENARIOS):
-        figures = med.get(name, {})
-        for key, value in figures.items():
-            rows.append((key, f"{value:,.1f}", _fraction(key, value, ceil) or _drift(key, figures)))
+        figures, twin = med.get(name, {}), med.get(f"{name} async", {})
+        for key in [*figures, *(k for k in twin if k not in figures)]:
+            cells = [_cell(figures, key)] + ([_cell(twin, key)] if twins else [])
+            value = figures.get(key, twin.get(key, 0.0))
+            shown = figures if key in figures else twin
+            rows.append((key, *cells, _fraction(key, value, ceil) or _drift(key, shown)))
     text = "\n".join(_table(rows))
     if any(name.startswith("throughput") for name in med):
         text += "\n\n" + format_sweep(report)
     return text
+
+
+def _cell(figures: scenarios.Figures, key: str) -> str:
+    return f"{figures[key]:,.1f}" if key in figures else "-"
 
 
 def _table(rows: Sequence[tuple[str, ...]]) -> list[str]:

@@ -2,9 +2,9 @@
 
 Sized by environment variables the bench sets (HIVEJOBS_BENCH_PROCESSES, _CONCURRENCY,
 _WORK, _WORK_MS, _HANDLER: `sync` for a `def` handler on runner threads, `async` for an
-`async def` one, a task on the pool's event loop). A payload with "t" (the enqueue call's wall time) makes the handler append
-its pickup latency in microseconds to $HIVEJOBS_BENCH_DIR/latency.<pid>; nothing else is
-written.
+`async def` one, a task on the pool's event loop). A payload with "t" (the enqueue call's
+wall time) makes the handler append its pickup latency in microseconds to
+$HIVEJOBS_BENCH_DIR/latency.<pid>; nothing else is written.
 
 The body (HIVEJOBS_BENCH_WORK) is what a real job does for _WORK_MS milliseconds, because a
 no-op body hides what job duration does to claim and completion batching:

@@ -168,9 +168,11 @@ class BenchEnvironment:
         work_ms: float,
         work: str = "sleep",
         extra_env: dict[str, str] | None = None,
+        handler: str = "sync",
     ) -> None:
         """A real supervisor with its pool processes and coordinator, as in production.
-        `extra_env`: more of the bench app's variables (the limits scenario's types)."""
+        `extra_env`: more of the bench app's variables (the limits scenario's types);
+        `handler`: the bench job's handler, `sync` (a `def`) or `async` (an `async def`)."""
         env = dict(os.environ, **(extra_env or {}))
         env.update(
             {
@@ -181,6 +183,7 @@ class BenchEnvironment:
                 "HIVEJOBS_BENCH_CONCURRENCY": str(concurrency),
                 "HIVEJOBS_BENCH_WORK_MS": str(work_ms),
                 "HIVEJOBS_BENCH_WORK": work,
+                "HIVEJOBS_BENCH_HANDLER": handler,
                 "HIVEJOBS_BENCH_DIR": str(self.workdir),
                 "HIVEJOBS_LOG_LEVEL": os.environ.get("HIVEJOBS_LOG_LEVEL", "WARNING"),
             }

@@ -145,6 +145,7 @@ def throughput(
     payload_bytes: int,
     progress: Progress,
     work: str = "sleep",
+    handler: str = "sync",
 ) -> Figures:
     """A backlog drained by a real `hivejobs run`: steady rate from first to last finish,
     and what the drain cost Postgres per job (bench.cost)."""
@@ -156,7 +157,7 @@ def throughput(
         env.app.enqueue_many(JOB, [body] * min(10_000, jobs - offset))
     cost = DrainCost(env)
     started = time.perf_counter()
-    env.start_worker(processes, concurrency, work_ms, work)
+    env.start_worker(processes, concurrency, work_ms, work, handler=handler)
     _wait_done(env, jobs, started, "throughput", progress)
     wall = time.perf_counter() - started
     cost.drained()
@@ -178,15 +179,17 @@ def latency(
     processes: int,
     concurrency: int,
     progress: Progress,
+    handler: str = "sync",
 ) -> Figures:
-    """Steady enqueue rate against idle workers: enqueue call to handler start.
+    """Steady enqueue rate against idle workers: enqueue call to handler start, and enqueue
+    to succeeded.
 
     Several paced client threads, as several web processes would: one thread cannot issue
     more single enqueues per second than Postgres does synchronous commits on one connection.
     """
     app = env.app
     assert app is not None
-    env.start_worker(processes, concurrency, 0.0)
+    env.start_worker(processes, concurrency, 0.0, handler=handler)
     total = int(rate * duration)
     clients = max(1, min(8, int(rate // 250)))
     begin = time.perf_counter()

@@ -5,9 +5,10 @@ sys.stdout and sys.stderr are process-wide while a pool runs handlers in threads
 tasks on one event loop: install() puts a proxy in front of each that copies a write into
 the buffer of the calling context (a context variable: a thread's, or an asyncio task's and
 what it hands to threads with asyncio.to_thread) when that context captures, and always
-passes it on to the real stream, so output never disappears from the process's own log. A buffer keeps the last `limit` bytes (the end of the output is
-where errors are). Only writes through sys.stdout/sys.stderr are seen: a subprocess writing
-to the inherited file descriptors is not. Never sees payloads, only what handlers print.
+passes it on to the real stream, so output never disappears from the process's own log. A
+buffer keeps the last `limit` bytes (the end of the output is where errors are). Only writes
+through sys.stdout/sys.stderr are seen: a subprocess writing to the inherited file
+descriptors is not. Never sees payloads, only what handlers print.
 """
 
 from __future__ import annotations

@@ -27,8 +27,8 @@ from hivejobs.worker.exits import fatal_on_error
 
 BLOCKED_AFTER_S = 0.1  # a handler holding the loop longer than this is reported
 MSG_BLOCKED = (
-    "an async handler held the event loop for {held_ms} ms and more: every task of this process waited"
-    " (reported once per job type)"
+    "an async handler held the event loop for {held_ms} ms and more: every task of this"
+    " process waited (reported once per job type)"
 )
 
 

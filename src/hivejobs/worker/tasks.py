@@ -22,12 +22,12 @@ import time
 
 from loguru import logger
 
-from hivejobs.worker.async_handlers import process_loop
-from hivejobs.worker.capture import capturing
-from hivejobs.worker.context import JobContext
 from hivejobs.failpoints import failpoint
 from hivejobs.records import ClaimedJob, Completion
 from hivejobs.store.chains import looks_like_try_id
+from hivejobs.worker.async_handlers import process_loop
+from hivejobs.worker.capture import capturing
+from hivejobs.worker.context import JobContext
 from hivejobs.worker.executor import execute_async
 from hivejobs.worker.exits import ChildExit, fatal_on_error
 from hivejobs.worker.runner import Runners
