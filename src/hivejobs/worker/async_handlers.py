@@ -18,7 +18,7 @@ import inspect
 import os
 import threading
 from collections.abc import Callable, Coroutine
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from hivejobs.errors import Interrupted
 
@@ -51,7 +51,7 @@ def call_handler(handler: Callable[..., object], ctx: JobContext, payload: objec
     """The handler's return value; for `async def`, awaited on the process's loop."""
     if not is_async(handler):
         return handler(ctx, payload)
-    coroutine: Coroutine[Any, Any, object] = handler(ctx, payload)  # type: ignore[assignment]
+    coroutine = cast(Coroutine[Any, Any, object], handler(ctx, payload))
     return run_task(coroutine, ctx)
 
 

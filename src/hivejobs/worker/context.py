@@ -43,7 +43,7 @@ class JobContext:
         self.app = app
         self._stopping: threading.Event | None = None  # made on first use: most jobs never ask
         self._stop_requested = False
-        self._on_stop: Callable[[], None] | None = None
+        self._on_stop: Callable[[], object] | None = None
         self.cancelled = False
         self._logger: Logger | None = None
         self._chains = chains
@@ -71,7 +71,7 @@ class JobContext:
         if callback is not None:
             callback()
 
-    def on_stop(self, callback: Callable[[], None]) -> None:
+    def on_stop(self, callback: Callable[[], object]) -> None:
         """Call `callback` (from the requesting thread) once a stop is requested: how a stop
         reaches an `async def` handler's task as cancellation, without anyone polling
         `stopping`. Published before the flag is read, as `stopping` is, so a concurrent

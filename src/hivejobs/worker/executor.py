@@ -11,8 +11,8 @@ from __future__ import annotations
 import asyncio
 import time
 import traceback
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Coroutine
+from typing import TYPE_CHECKING, Any, cast
 
 from hivejobs.errors import HivejobsError, Interrupted, PayloadInvalid, ResultTooLarge
 from hivejobs.records import ClaimedJob, Completion, Outcome
@@ -78,13 +78,14 @@ async def execute_async(
     canceller: _Canceller | None = None
     try:
         handler = _handler(jt)
-        coroutine = handler(ctx, jt.codec.decode(job.payload))
+        # An `async def` handler (the pool runs only those as tasks): a coroutine.
+        coroutine = cast(Coroutine[Any, Any, object], handler(ctx, jt.codec.decode(job.payload)))
         task = asyncio.current_task()
         if task is not None:
             canceller = _Canceller(task)
             ctx.on_stop(canceller)
         try:
-            result = await coroutine  # type: ignore[misc]
+            result = await coroutine
         finally:
             if canceller is not None:
                 canceller.armed = False

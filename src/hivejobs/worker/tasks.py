@@ -16,6 +16,7 @@ watchdog or the shutdown already answered for (Running.abandoned).
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import threading
 import time
@@ -85,7 +86,7 @@ class Tasks:
             if job.lost:
                 # It waits, blocking, until this process holds no other claim: not here.
                 thread = threading.Thread(
-                    target=fatal_on_error(lambda job=job: self._suspect(job)),  # type: ignore[misc]
+                    target=fatal_on_error(functools.partial(self._suspect, job)),
                     name="suspect",
                     daemon=True,
                 )
