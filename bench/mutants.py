@@ -284,8 +284,8 @@ GUARDS: tuple[Guard, ...] = (
     Guard(
         "shutdown-at-most-once",
         "src/hivejobs/worker/executor.py",
-        "            if at_most_once:\n",
-        "            if False:\n",
+        "        if at_most_once:\n",
+        "        if False:\n",
         (EXECUTOR + "::test_execute_outcomes[Interrupted at shutdown, amo]",),
         "an at-most-once job interrupted by a shutdown is suspended and runs again",
     ),
