@@ -335,6 +335,8 @@ def test_security_headers_on_every_response_and_no_cdn_scripts(server: Server) -
         csp = r.headers["content-security-policy"]
         assert "frame-ancestors 'none'" in csp and "default-src 'none'" in csp
         assert "unsafe-inline" not in csp.split("script-src")[1].split(";")[0]
+    for path in ("/schema/openapi.json", "/schema", "/", "/dashboard"):
+        assert anonymous.get(path).status_code == 401, path  # public: /healthz, the login
     # The Swagger UI loaded its scripts from a CDN on the admin origin: the spec only now.
     assert server.client.get("/schema/swagger").status_code == 404
     for path in ("/schema", "/schema/openapi.json", "/dashboard"):
