@@ -77,6 +77,12 @@ def test_throttle_blocks_after_failures_in_a_window_and_stays_bounded() -> None:
     for n in range(100):
         throttle.failed(f"client-{n}")
     assert len(throttle) == 5
+    # An IPv6 host rotating through its /64 is one client.
+    assert [throttle.failed(f"2001:db8:0:1::{n:x}") for n in range(3)] == [False, False, True]
+    assert throttle.retry_after("2001:db8:0:1:ffff::1") == 30
+    assert throttle.retry_after("2001:db8:0:2::1") is None
+    assert [throttle.failed("192.0.2.7") for _ in range(3)] == [False, False, True]
+    assert throttle.retry_after("::ffff:192.0.2.7") == 30 and not throttle.retry_after("192.0.2.8")
 
 
 def test_host_and_origin_rules() -> None:

@@ -12,6 +12,7 @@ when asked (`allow_open=True`). Never logs a token, only the client's address.
 from __future__ import annotations
 
 import hmac
+import ipaddress
 import math
 import secrets
 import threading
@@ -127,9 +128,10 @@ class Throttle:
     """Per-client back-off after wrong tokens: `max_failures` within `window_s` block the
     client for `block_s` (answered 429 with Retry-After, its tokens not even compared).
 
-    Owns `_clients` (address -> record, least recently failed first), guarded by `_lock`
-    (the guard runs on the event loop, the login form in a thread). Memory is bounded:
-    beyond `max_clients` the oldest record is dropped, which can only shorten a block."""
+    Owns `_clients` (address, an IPv6 one by its /64 -> record, least recently failed
+    first), guarded by `_lock` (the guard runs on the event loop, the login form in a
+    thread). Memory is bounded: beyond `max_clients` the oldest record is dropped, which can
+    only shorten a block; with at least 20-character tokens, guesses stay hopeless."""
 
     def __init__(
         self,
@@ -151,13 +153,14 @@ class Throttle:
     def retry_after(self, client: str) -> int | None:
         """Seconds until `client` may try again, or None when it is not blocked."""
         with self._lock:
-            record = self._clients.get(client)
+            record = self._clients.get(_key(client))
             left = record.blocked_until_s - self._clock() if record else 0.0
         return math.ceil(left) if left > 0 else None
 
     def failed(self, client: str) -> bool:
         """Count a failure; True when this one blocks the client."""
         now = self._clock()
+        client = _key(client)
         with self._lock:
             record = self._clients.pop(client, None)
             if record is None or now - record.first_s > self.window_s:
@@ -174,6 +177,20 @@ class Throttle:
 
     def __len__(self) -> int:
         return len(self._clients)
+
+
+def _key(client: str) -> str:
+    """An IPv6 client is its /64: one host usually holds the whole prefix and could guess
+    from a new address each time."""
+    try:
+        address = ipaddress.ip_address(client)
+    except ValueError:
+        return client
+    if isinstance(address, ipaddress.IPv6Address):
+        if address.ipv4_mapped is not None:
+            return str(address.ipv4_mapped)
+        return str(ipaddress.ip_network(f"{address}/64", strict=False))
+    return str(address)
 
 
 def check_throttle(throttle: Throttle, client: str) -> None:
