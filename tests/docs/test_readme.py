@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import os
 import re
-import shlex
 import shutil
 import signal
 import subprocess
@@ -154,9 +153,12 @@ class Newcomer:
     def sh(self, line: str, block: Block) -> None:
         command = self.substituted(line)
         if command.startswith("export "):
-            for assignment in shlex.split(command.split("#", 1)[0])[1:]:
-                name, _, value = assignment.partition("=")
-                self.env[name] = value
+            # As a shell would: a value may be a command's output (a token made on the spot).
+            shell = self.run(f"{command.split(' #', 1)[0]}\nenv -0", block, line)
+            for entry in filter(None, shell.split("\0")):
+                name, _, value = entry.partition("=")
+                if name not in ("_", "SHLVL", "PWD", "OLDPWD"):
+                    self.env[name] = value
             return
         if (self.home / ".venv" / "bin").is_dir():
             self.env["PATH"] = f"{self.home / '.venv' / 'bin'}{os.pathsep}{os.environ['PATH']}"

@@ -13,12 +13,14 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from hivejobs.broker import Broker
 from hivejobs.config import Settings
+from hivejobs.errors import ConfigError
 from hivejobs.metrics import BUCKETS, Recorder, _bucket
 from hivejobs.records import ChainJobState, ChainJobStatus, ClaimedJob, Completion, WorkerInfo
 from hivejobs.store.dashboard import EPOCH, FAR_FUTURE, decode_cursor, encode_cursor
-from hivejobs.web.auth import Tokens, bearer, parse_tokens
+from hivejobs.web.auth import Sessions, Throttle, Tokens, bearer, check_tokens, parse_tokens
 from hivejobs.web.render import dag, esc
 from hivejobs.web.schemas import LeaderOut, WorkerOut
+from hivejobs.web.shield import allowed_hosts, host_name, refuse_cross_site, refuse_host
 from hivejobs.worker.metrics_server import render_counters
 
 
@@ -36,6 +38,69 @@ def test_token_roles() -> None:
     assert parse_tokens(" a, ,b ") == ("a", "b") and parse_tokens(None) == ()
     assert bearer("Bearer xyz") == "xyz" and bearer("bearer  xyz ") == "xyz"
     assert bearer("Basic xyz") is None and bearer("Bearer ") is None and bearer(None) is None
+
+
+def test_tokens_shorter_than_20_characters_are_refused_by_name() -> None:
+    assert check_tokens(["x" * 20], "admin_tokens") == ("x" * 20,)
+    with pytest.raises(ConfigError, match="HIVEJOBS_READ_TOKENS: a token of 19 characters"):
+        check_tokens(["x" * 20, "y" * 19], "HIVEJOBS_READ_TOKENS")
+
+
+def test_sessions_are_signed_and_expire() -> None:
+    sessions = Sessions(lifetime_s=60)
+    cookie = sessions.issue("read", now=1000.0)
+    assert sessions.role_of(cookie, now=1059.0) == "read"
+    assert sessions.role_of(cookie, now=1060.0) is None  # expired
+    role, expires, nonce, mac = cookie.split(".")
+    assert sessions.role_of(f"admin.{expires}.{nonce}.{mac}", now=1000.0) is None
+    assert sessions.role_of(f"{role}.9999999999.{nonce}.{mac}", now=1000.0) is None
+    assert Sessions(lifetime_s=60).role_of(cookie, now=1000.0) is None  # another secret
+    for garbage in ("", "a.b.c", "a.b.c.d.e", None):
+        assert sessions.role_of(garbage) is None
+
+
+def test_throttle_blocks_after_failures_in_a_window_and_stays_bounded() -> None:
+    now = [0.0]
+    throttle = Throttle(
+        max_failures=3, window_s=10, block_s=30, max_clients=5, clock=lambda: now[0]
+    )
+    assert [throttle.failed("a") for _ in range(3)] == [False, False, True]
+    assert throttle.retry_after("a") == 30 and throttle.retry_after("b") is None
+    now[0] = 29.5
+    assert throttle.retry_after("a") == 1
+    now[0] = 30.0
+    assert throttle.retry_after("a") is None
+    # Failures further apart than the window never block.
+    for _ in range(5):
+        now[0] += 11
+        assert not throttle.failed("slow")
+    for n in range(100):
+        throttle.failed(f"client-{n}")
+    assert len(throttle) == 5
+    # An IPv6 host rotating through its /64 is one client.
+    assert [throttle.failed(f"2001:db8:0:1::{n:x}") for n in range(3)] == [False, False, True]
+    assert throttle.retry_after("2001:db8:0:1:ffff::1") == 30
+    assert throttle.retry_after("2001:db8:0:2::1") is None
+    assert [throttle.failed("192.0.2.7") for _ in range(3)] == [False, False, True]
+    assert throttle.retry_after("::ffff:192.0.2.7") == 30 and not throttle.retry_after("192.0.2.8")
+
+
+def test_host_and_origin_rules() -> None:
+    assert host_name("[::1]:8080") == "::1" and host_name("Jobs.Example.:80") == "jobs.example"
+    open_hosts = allowed_hosts([], open_mode=True)
+    for ok in ("127.0.0.1:1", "localhost", "a.localhost", "[::1]:9", "127.3.4.5"):
+        assert refuse_host(ok, open_hosts) is None, ok
+    for bad in ("evil.example", "localhost.evil.example", "10.0.0.1", "0.0.0.0:80"):
+        assert refuse_host(bad, open_hosts), bad
+    assert allowed_hosts([], open_mode=False) is None
+    assert refuse_host("a.b.example", allowed_hosts([".b.example"], open_mode=False)) is None
+    here = "127.0.0.1:8080"
+    assert refuse_cross_site("GET", here, "http://evil.example", "cross-site") is None
+    assert refuse_cross_site("POST", here, None, None) is None  # curl
+    assert refuse_cross_site("POST", here, "http://127.0.0.1:8080", None) is None
+    assert refuse_cross_site("POST", here, None, "none") is None  # typed in the address bar
+    for origin, site in (("http://evil.example", None), ("null", None), (None, "same-site")):
+        assert refuse_cross_site("DELETE", here, origin, site), (origin, site)
 
 
 def test_cursor_round_trip_and_garbage() -> None:

@@ -2,6 +2,9 @@
 updates itself without a reload, its cancel/replay buttons change the jobs' state, a paused
 type is marked, and a type's Pause/Resume button pauses and resumes it.
 
+Conditions on the page are polled from the test (`page.evaluate`): Playwright's
+`wait_for_function` polls with eval inside the page, which the dashboard's CSP refuses.
+
 Screenshots go to the test's tmp dir (and to $HJ_SCREENSHOTS when set, e.g. docs/screenshots).
 """
 
@@ -94,12 +97,11 @@ def test_dashboard_pages_live_updates_and_buttons(
     done = count(database_url, echo_done)
     c.post("/v1/jobs/echo/batch", json={"data": [{"text": "more"}] * 5})
     wait_until(lambda: count(database_url, echo_done) == done + 5, what="5 more echo jobs")
-    page.wait_for_function(
+    shown = (
         "n => [...document.querySelectorAll('tr')].some(r => r.cells[0] &&"
-        " r.cells[0].innerText === 'echo' && r.cells[4].innerText === String(n))",
-        arg=done + 5,
-        timeout=20_000,
+        " r.cells[0].innerText === 'echo' && r.cells[4].innerText === String(n))"
     )
+    wait_until(lambda: page.evaluate(shown, done + 5), 20, what="the live count of echo")
     assert page.locator("svg.chart").count() >= 4
     shot(page, "overview")
 
@@ -190,7 +192,8 @@ def test_dashboard_shows_a_paused_type_and_its_resume_live(
     assert "hivejobs resume echo" in page.inner_text("p.paused-notice")
     page.goto(base + "/dashboard")
     assert flow_cli(web_env, "resume", "echo") == "resumed"
-    page.wait_for_function(f"({cell})('echo').innerText === '-'", timeout=20_000)
+    resumed = f"({cell})('echo').innerText === '-'"
+    wait_until(lambda: page.evaluate(resumed), 20, what="echo's paused mark to go")
     page.goto(base + "/dashboard/types/echo")
     assert page.locator("p.paused-notice").count() == 0
 

@@ -20,8 +20,8 @@ from hivejobs import App
 from hivejobs.web import create_app
 from tests.harness import sql
 
-ADMIN = "admin-token"
-READER = "read-token"
+ADMIN = "admin-token-of-the-guard-test"  # 20 characters or more, as create_app requires
+READER = "read-token-of-the-guard-test"
 # OPTIONS is Litestar's own preflight answer on every path (no handler of ours runs).
 METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE")
 WRITES = frozenset(METHODS) - {"GET", "HEAD"}

@@ -26,11 +26,18 @@ def create_app(
     *,
     read_tokens: Sequence[str] = (),
     admin_tokens: Sequence[str] = (),
+    allow_open: bool = False,
+    allowed_hosts: Sequence[str] = (),
     max_body_bytes: int = 2 * 1024 * 1024,
     base_path: str = "",
     debug: bool = False,
 ) -> Litestar:
     """The ASGI app over `app` (its job types, its Postgres and Redis); see web/asgi.py.
+
+    Tokens have at least 20 characters. Without any token, `allow_open=True` must be passed:
+    every loopback client is then admin (others are refused), and only the loopback names
+    and `allowed_hosts` may be in the Host header. `allowed_hosts` (a leading dot: a domain
+    and its subdomains) also applies with tokens when given.
 
     `base_path`: where the host app mounts it, for the dashboard's links when the host does
     not say so in the ASGI `root_path` (Starlette's Mount does; Litestar's mounts do not)."""
@@ -40,6 +47,8 @@ def create_app(
         app,
         read_tokens=read_tokens,
         admin_tokens=admin_tokens,
+        allow_open=allow_open,
+        allowed_hosts=allowed_hosts,
         max_body_bytes=max_body_bytes,
         base_path=base_path,
         debug=debug,

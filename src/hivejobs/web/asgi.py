@@ -1,39 +1,85 @@
-"""The ASGI app: routes, the token guard, error mapping, OpenAPI at /schema.
+"""The ASGI app: routes, the guard (web pages, tokens), error mapping, OpenAPI at /schema.
 
     from hivejobs.web import create_app
     asgi = create_app(app, admin_tokens=["..."])   # mount it in your own ASGI app
 
 Needs the `web` extra (`pip install hivejobs[web]`). Every route but /healthz and the login
-page requires a token when tokens are configured (auth.py); with none, everyone is admin, and
-`hivejobs serve` then listens on loopback only.
+page requires a token or a dashboard session when tokens are configured (auth.py); with none
+(`allow_open=True`, which `hivejobs serve` passes on loopback only) every loopback client is
+admin. In both modes the guard first refuses what a web page in the operator's browser could
+send (shield.py), and every response carries the headers that keep pages from framing or
+sniffing it.
 """
 
 from __future__ import annotations
 
+import ipaddress
 from collections.abc import Sequence
 from typing import Any
 
 from litestar import Litestar
 from litestar.connection import ASGIConnection
-from litestar.exceptions import NotAuthorizedException, PermissionDeniedException
+from litestar.datastructures import MutableScopeHeaders, State
+from litestar.exceptions import (
+    HTTPException,
+    NotAuthorizedException,
+    PermissionDeniedException,
+)
 from litestar.handlers.base import BaseRouteHandler
 from litestar.openapi import OpenAPIConfig
-from litestar.openapi.plugins import SwaggerRenderPlugin
+from litestar.openapi.plugins import JsonRenderPlugin
+from litestar.types import Message, Scope
 from loguru import logger
 
 from hivejobs.client.app import App
-from hivejobs.web import api, dashboard, errors, fleet, flow
-from hivejobs.web.auth import COOKIE, Tokens, bearer
+from hivejobs.errors import ConfigError
+from hivejobs.web import api, dashboard, errors, fleet, flow, shield
+from hivejobs.web.auth import (
+    SESSION_COOKIE,
+    Role,
+    Sessions,
+    Throttle,
+    Tokens,
+    bearer,
+    check_throttle,
+    check_tokens,
+    client_address,
+    failed_authentication,
+)
 
 DEFAULT_MAX_BODY = 2 * 1024 * 1024
 
 
 def guard(connection: ASGIConnection[Any, Any, Any, Any], handler: BaseRouteHandler) -> None:
-    tokens: Tokens = connection.app.state.tokens
+    """Refuses, in this order: another Host (400), a non-loopback client in open mode (403),
+    a write from another site (403), a write whose body is not JSON (415); then, unless the
+    route is public or the server open, no credentials (401), a throttled client (429) and
+    a read-only role on an admin route (403)."""
+    state = connection.app.state
+    headers = connection.headers
+    host = headers.get("host")
+    refusal = shield.refuse_host(host, state.allowed_hosts)
+    if refusal:
+        raise HTTPException(status_code=400, detail=refusal)
+    tokens: Tokens = state.tokens
+    if tokens.open and not _loopback_client(connection):
+        raise PermissionDeniedException("no token configured: only loopback clients are served")
+    method = str(connection.scope.get("method", "GET"))
+    refusal = shield.refuse_cross_site(
+        method, host, headers.get("origin"), headers.get("sec-fetch-site")
+    )
+    if refusal:
+        raise PermissionDeniedException(refusal)
+    if not handler.opt.get("form"):
+        chunked = "chunked" in headers.get("transfer-encoding", "").lower()
+        refusal = shield.refuse_content_type(
+            method, headers.get("content-type"), headers.get("content-length"), chunked
+        )
+        if refusal:
+            raise HTTPException(status_code=415, detail=refusal)
     if handler.opt.get("public") or tokens.open:
         return
-    presented = bearer(connection.headers.get("authorization")) or connection.cookies.get(COOKIE)
-    role = tokens.role_of(presented)
+    role = authenticate(connection)
     if role is None:
         raise NotAuthorizedException(
             "a valid token is required: Authorization: Bearer <token>",
@@ -43,30 +89,87 @@ def guard(connection: ASGIConnection[Any, Any, Any, Any], handler: BaseRouteHand
         raise PermissionDeniedException("this token is read-only: an admin token is required")
 
 
+def authenticate(connection: ASGIConnection[Any, Any, Any, Any]) -> Role | None:
+    """The role of a bearer token (counted against the client when wrong), else of the
+    dashboard session cookie."""
+    state = connection.app.state
+    presented = bearer(connection.headers.get("authorization"))
+    if presented is None:
+        sessions: Sessions = state.sessions
+        return sessions.role_of(connection.cookies.get(SESSION_COOKIE))
+    client = client_address(connection)
+    check_throttle(state.throttle, client)
+    tokens: Tokens = state.tokens
+    role = tokens.role_of(presented)
+    if role is None:
+        failed_authentication(state.throttle, client, connection.url.path)
+    return role
+
+
+def _loopback_client(connection: ASGIConnection[Any, Any, Any, Any]) -> bool:
+    """A unix socket (no address) counts as local, as only local users can reach it."""
+    if connection.client is None:
+        return True
+    try:
+        return ipaddress.ip_address(connection.client.host).is_loopback
+    except ValueError:
+        return True
+
+
+async def security_headers(message: Message, scope: Scope) -> None:
+    """The same headers on every response, errors and 404s included (shield.HEADERS)."""
+    if message["type"] == "http.response.start":
+        headers = MutableScopeHeaders.from_message(message)
+        for name, value in shield.HEADERS:
+            headers[name.decode()] = value.decode()
+
+
 def create_app(
     app: App,
     *,
     read_tokens: Sequence[str] = (),
     admin_tokens: Sequence[str] = (),
+    allow_open: bool = False,
+    allowed_hosts: Sequence[str] = (),
     max_body_bytes: int = DEFAULT_MAX_BODY,
     base_path: str = "",
     debug: bool = False,
 ) -> Litestar:
     """The ASGI app over `app` (its job types, its Postgres and Redis)."""
-    tokens = Tokens(read=tuple(read_tokens), admin=tuple(admin_tokens))
+    tokens = Tokens(
+        read=check_tokens(read_tokens, "read_tokens"),
+        admin=check_tokens(admin_tokens, "admin_tokens"),
+    )
     if tokens.open:
-        logger.warning("hivejobs web: no token configured, every client is admin")
+        if not allow_open:
+            raise ConfigError(
+                "create_app: no read_tokens or admin_tokens, so every client would be admin; "
+                "pass admin_tokens=[...] (and read_tokens), or allow_open=True to serve "
+                "loopback clients without a token"
+            )
+        logger.warning("hivejobs web: no token configured, every loopback client is admin")
 
     def on_shutdown() -> None:
         app.close()
 
+    state = State(
+        {
+            "hivejobs": app,
+            "tokens": tokens,
+            "base_path": base_path.rstrip("/"),
+            "allowed_hosts": shield.allowed_hosts(allowed_hosts, tokens.open),
+            "sessions": Sessions(),
+            "throttle": Throttle(),
+        }
+    )
     return Litestar(
         route_handlers=[*api.HANDLERS, *fleet.HANDLERS, *flow.HANDLERS, *dashboard.HANDLERS],
         guards=[guard],
         exception_handlers=errors.HANDLERS,
         request_max_body_size=max_body_bytes,
-        state=_state(app, tokens, base_path.rstrip("/")),
+        state=state,
         on_shutdown=[on_shutdown],
+        before_send=[security_headers],
         openapi_config=OpenAPIConfig(
             title="hivejobs",
             version="1",
@@ -75,7 +178,9 @@ def create_app(
             "{error, status, details?}.",
             path="/schema",
             operation_id_creator=_operation_id,
-            render_plugins=[SwaggerRenderPlugin()],
+            # The spec only: the UIs Litestar offers load their scripts from a CDN, which
+            # would run third-party code on the admin origin.
+            render_plugins=[JsonRenderPlugin()],
         ),
         debug=debug,
     )
@@ -86,9 +191,3 @@ def _operation_id(handler: Any, method: Any, parts: list[Any]) -> str:
     fn = getattr(handler.fn, "ref", None) or getattr(handler.fn, "func", None) or handler.fn
     name = getattr(getattr(fn, "value", fn), "__name__", None)
     return str(name) if name else f"{method}_{'_'.join(map(str, parts))}"
-
-
-def _state(app: App, tokens: Tokens, base_path: str) -> Any:
-    from litestar.datastructures import State
-
-    return State({"hivejobs": app, "tokens": tokens, "base_path": base_path})

@@ -20,7 +20,14 @@ from hivejobs.client.app import App
 from hivejobs.errors import JobNotFound
 from hivejobs.store.dashboard import DashboardStore, JobRow, ListName
 from hivejobs.store.flow import FlowSettings, FlowStore
-from hivejobs.web.auth import COOKIE
+from hivejobs.web.auth import (
+    SESSION_COOKIE,
+    Sessions,
+    Tokens,
+    check_throttle,
+    client_address,
+    failed_authentication,
+)
 from hivejobs.web.fleet import job_type_rows, read_throughput
 from hivejobs.web.render import (
     badge,
@@ -336,7 +343,7 @@ def login_form(request: Request[Any, Any, Any]) -> Response[str]:
 
 @post(
     "/dashboard/login",
-    opt={"public": True},
+    opt={"public": True, "form": True},
     status_code=303,
     include_in_schema=False,
 )
@@ -346,15 +353,44 @@ def login(
     state: State,
     data: Annotated[dict[str, str], Body(media_type=RequestEncodingType.URL_ENCODED)],
 ) -> Redirect:
-    token = data.get("token", "")
-    ok = state.tokens.role_of(token) is not None
-    target = "/dashboard" if ok else "/dashboard/login"
-    response = Redirect(_base(request) + target, status_code=303)
-    if ok:
-        secure = request.url.scheme == "https"
-        response.set_cookie(
-            COOKIE, token, httponly=True, samesite="strict", secure=secure, path="/"
-        )
+    """Exchanges a token for a session cookie: signed, expiring, HttpOnly, SameSite=Strict,
+    scoped to where the dashboard is mounted. Wrong tokens count against the client as on
+    the API (auth.Throttle)."""
+    base = _base(request)
+    tokens: Tokens = state.tokens
+    if tokens.open:
+        return Redirect(base + "/dashboard", status_code=303)
+    client = client_address(request)
+    check_throttle(state.throttle, client)
+    role = tokens.role_of(data.get("token", ""))
+    if role is None:
+        failed_authentication(state.throttle, client, request.url.path)
+        return Redirect(base + "/dashboard/login", status_code=303)
+    sessions: Sessions = state.sessions
+    response = Redirect(base + "/dashboard", status_code=303)
+    response.set_cookie(
+        SESSION_COOKIE,
+        sessions.issue(role),
+        max_age=int(sessions.lifetime_s),
+        path=base or "/",
+        httponly=True,
+        samesite="strict",
+        secure=request.url.scheme == "https",
+    )
+    return response
+
+
+@post(
+    "/dashboard/logout",
+    opt={"public": True, "form": True},
+    status_code=303,
+    include_in_schema=False,
+)
+@threaded
+def logout(request: Request[Any, Any, Any]) -> Redirect:
+    base = _base(request)
+    response = Redirect(base + "/dashboard/login", status_code=303)
+    response.delete_cookie(SESSION_COOKIE, path=base or "/")
     return response
 
 
@@ -374,5 +410,6 @@ HANDLERS: list[Any] = [
     workers_page,
     login_form,
     login,
+    logout,
     root,
 ]

@@ -17,6 +17,8 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         help="larger request bodies are refused with 413",
     )
     p.epilog = (
-        "Tokens: HIVEJOBS_ADMIN_TOKENS and HIVEJOBS_READ_TOKENS (comma-separated). Without "
-        "any, everyone is admin and the server listens on loopback only."
+        "Tokens: HIVEJOBS_ADMIN_TOKENS and HIVEJOBS_READ_TOKENS (comma-separated, 20 "
+        "characters or more). Without any, every local client that is not a web page is admin "
+        "and the server listens on loopback only. HIVEJOBS_ALLOWED_HOSTS: Host names to "
+        "accept besides the loopback ones (checked always without tokens, with tokens when set)."
     )

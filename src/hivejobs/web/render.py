@@ -34,7 +34,8 @@ STATE_COLOURS = {
 
 CSS = """
 body{font:14px system-ui,sans-serif;margin:0;color:#1f2933;background:#f5f7fa}
-nav{background:#1f2933;padding:10px 16px}nav a{color:#e4e7eb;margin-right:18px;text-decoration:none}
+nav{background:#1f2933;padding:10px 16px}nav form{display:inline;float:right}
+nav button{margin:0;padding:1px 8px}nav a{color:#e4e7eb;margin-right:18px;text-decoration:none}
 main{padding:16px}table{border-collapse:collapse;background:#fff;width:100%;margin:8px 0}
 td,th{border-bottom:1px solid #e4e7eb;padding:5px 8px;text-align:left;vertical-align:top}
 th{background:#f0f4f8}.state{display:inline-block;padding:1px 6px;border-radius:8px;color:#fff}
@@ -118,9 +119,13 @@ def page(base: str, title: str, fragment: str, live: bool = True) -> str:
             ("/dashboard/workers", "Workers"),
         )
     )
+    signout = (
+        f'<form method="post" action="{esc(base)}/dashboard/logout" class="signout">'
+        '<button id="signout">Sign out</button></form>'
+    )
     return (
         f"<!doctype html><html><head><meta charset=utf-8><title>{esc(title)} - hivejobs</title>"
-        f"<style>{CSS}</style></head><body><nav>{nav}</nav><main><h2>{esc(title)}</h2>"
+        f"<style>{CSS}</style></head><body><nav>{nav}{signout}</nav><main><h2>{esc(title)}</h2>"
         f'<div id="flash"></div><div id="live">{fragment}</div></main>'
         + (f"<script>{SCRIPT}</script>" if live else "")
         + "</body></html>"

@@ -1,5 +1,6 @@
 """`hivejobs serve [MODULE:APP]`: uvicorn running create_app, with the binding rule: no token
-configured means loopback only (anyone who can connect would be admin)."""
+configured means loopback only (anyone who can connect would be admin), and tokens too short
+to resist guessing are refused before anything listens."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import socket
 from loguru import logger
 
 from hivejobs.errors import ConfigError
-from hivejobs.web.auth import parse_tokens
+from hivejobs.web.auth import check_tokens, parse_tokens
 
 
 def is_loopback(host: str) -> bool:
@@ -41,8 +42,11 @@ def serve_main(args: argparse.Namespace) -> int:
         raise UsageError(f"{exc.name} is missing: pip install 'hivejobs[web]'") from None
     spec = args.app_spec or os.environ.get("HIVEJOBS_APP")
     app = load_app(spec) if spec else App()
-    read = parse_tokens(os.environ.get("HIVEJOBS_READ_TOKENS"))
-    admin = parse_tokens(os.environ.get("HIVEJOBS_ADMIN_TOKENS"))
+    read, admin = (
+        check_tokens(parse_tokens(os.environ.get(name)), name)
+        for name in ("HIVEJOBS_READ_TOKENS", "HIVEJOBS_ADMIN_TOKENS")
+    )
+    hosts = parse_tokens(os.environ.get("HIVEJOBS_ALLOWED_HOSTS"))
     if not read and not admin:
         if not is_loopback(args.host):
             raise ConfigError(
@@ -51,13 +55,21 @@ def serve_main(args: argparse.Namespace) -> int:
                 "listen on 127.0.0.1"
             )
         logger.warning(
-            "no token configured: listening on loopback only, every local client is admin",
+            "no token configured: listening on loopback only, every local client that is not "
+            "a web page is admin",
             host=args.host,
         )
     if args.max_body_bytes <= 0:
         raise UsageError("--max-body-bytes must be positive")
     app.store.check_schema()  # a clear `hivejobs migrate` message before listening
-    asgi = create_app(app, read_tokens=read, admin_tokens=admin, max_body_bytes=args.max_body_bytes)
+    asgi = create_app(
+        app,
+        read_tokens=read,
+        admin_tokens=admin,
+        allow_open=not read and not admin,  # on loopback only, checked above
+        allowed_hosts=hosts,
+        max_body_bytes=args.max_body_bytes,
+    )
     logger.info("serving", host=args.host, port=args.port, tokens=len(read) + len(admin))
     uvicorn.run(asgi, host=args.host, port=args.port, log_level="warning", access_log=False)
     return 0
