@@ -37,7 +37,7 @@ def route_table() -> list[tuple[str, str, dict[str, object]]]:
             for method in sorted(getattr(handler, "http_methods", ())):
                 if method in METHODS:
                     table.append((method, route.path, dict(handler.opt)))
-    return table
+    return sorted(table, key=lambda r: (r[1], r[0]))  # the same order in every xdist worker
 
 
 ROUTES = route_table()
