@@ -38,7 +38,7 @@ from bench import (  # noqa: E402
     chaos_servers,
 )
 from bench.chaoslib import COLUMNS, Row, Scenario, error_row, leader  # noqa: E402
-from tests.harness import (  # noqa: E402
+from bench.harness import (  # noqa: E402
     RedisServer,
     pool_pids,
     running_in_pid,

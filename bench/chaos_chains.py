@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 from bench.chaoslib import Row, Scenario, leader
-from tests.harness import ledger_starts, pool_pids, wait_until
+from bench.harness import ledger_starts, pool_pids, wait_until
 
 from hivejobs import App, Chain
 

@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from tests.harness import (  # noqa: E402
+from bench.harness import (  # noqa: E402
     FAST_SETTINGS,
     REDIS_URL,
     Instance,
