@@ -135,6 +135,7 @@ def postgres_long_outage(scale: float) -> Row:
 
 # -- S10 -------------------------------------------------------------------------------
 
+SKEW_DIR = Path(__file__).resolve().parent / "skew"  # the skewed instance's sitecustomize
 LIBFAKETIME_GLOB = "/usr/lib/*/faketime/libfaketime.so.1"  # Debian's faketime, any arch
 
 
@@ -162,11 +163,15 @@ def _skewed(offset: str, scale: float) -> Row:
     s = Scenario(f"S10 clock skew {offset}")
     types = "alo,retry_once"
     try:
-        # Not FAKETIME_DONT_FAKE_MONOTONIC=1 as the plan says: with it, libfaketime 0.9.10
-        # makes clock_nanosleep(TIMER_ABSTIME) fail with EINVAL, so every time.sleep() of
-        # Python 3.11 raises. Without it the monotonic clock moves by the same constant,
-        # which keeps it monotonic: timeouts and intervals are unchanged.
-        skew = {"LD_PRELOAD": libfaketime(), "FAKETIME": offset}
+        # The wall clock alone is skewed, as on a host whose NTP is off: the monotonic clock
+        # stays true (faked, it stalled the instance's timed waits). bench/skew/ gives that
+        # instance a time.sleep that libfaketime does not break (see its sitecustomize.py).
+        skew = {
+            "LD_PRELOAD": libfaketime(),
+            "FAKETIME": offset,
+            "FAKETIME_DONT_FAKE_MONOTONIC": "1",
+            "PYTHONPATH": os.pathsep.join([str(SKEW_DIR), s.env("")["PYTHONPATH"]]),
+        }
         s.instance(types, **skew)
         wait_until(lambda: leader(s.url)[0], timeout=60, what="B leads")
         skewed_leader = leader(s.url)[0]
