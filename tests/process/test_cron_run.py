@@ -131,7 +131,7 @@ def test_without_catch_up_no_tick_is_skipped_while_a_leader_holds_the_lease(
     env = {"HJ_TYPES": "alo", "HJ_CRON": "* * * * * *", "HJ_CRON_CATCH_UP": "0"}
     first = start_instance(env)
     second = start_instance(env)
-    term, led_from = wait_until(lambda: (sql(database_url, LEASE) or [None])[0], what="a leader")
+    term, led_from = wait_until(lambda: next(iter(sql(database_url, LEASE)), None), what="leader")
     wait_until(lambda: len(ran_ticks(database_url)) >= 10, timeout=60, interval=0.5, what="ticks")
     paused = leader_pid(database_url)
     assert paused is not None
