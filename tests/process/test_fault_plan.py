@@ -73,7 +73,7 @@ def test_s16_every_failpoint_firing_once_loses_nothing() -> None:
 # Scales that keep each scenario's faults hitting work in flight, in as little time as it takes
 # (most of it is the faults' own durations: lease expiry, outages, pauses).
 CI_SIZES: dict[str, float] = {
-    "kill_pool": 0.2,  # S1: a drain of ~10 s, so that the 5 s kill period fires
+    "kill_pool": 0.1,  # S1: a drain of several seconds, so that the 5 s kill period fires
     "kill_coordinator": 0.01,  # S2
     "rolling": 0.02,  # S3
     "redis": 0.05,  # S4
@@ -97,6 +97,8 @@ OWN_TESTS = {
     "failpoints_raise",
     "failpoints_sleep",
 }
+# S11 measures a backlog that it does not drain (lost and twice are '-' in its row).
+UNDRAINED = {"backlog"}
 # Throughput and latency checks: the chaos table judges them at full size on a quiet machine.
 SPEED_CHECKS = ("slow queries", "throughput with the backlog", "started > 2 s late")
 
@@ -112,4 +114,5 @@ def test_scenario_at_ci_size(name: str) -> None:
     for row in got if isinstance(got, list) else [got]:
         found = [p for p in problems(row) if not p.startswith(SPEED_CHECKS)]
         assert found == [], row
-        assert (row["lost"], row["twice"]) == (0, 0), row
+        if name not in UNDRAINED:
+            assert (row["lost"], row["twice"]) == (0, 0), row
