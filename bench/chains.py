@@ -23,7 +23,7 @@ import psycopg
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tests.harness import (  # noqa: E402
+from bench.harness import (  # noqa: E402
     FAST_SETTINGS,
     REDIS_URL,
     db_url,

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 from bench.chaoslib import Row, Scenario, leader
-from tests.harness import ledger_starts, pool_pids, wait_until
+from bench.harness import ledger_starts, pool_pids, wait_until
 
 from hivejobs import App, Chain
 
@@ -38,7 +38,9 @@ def chain_coordinator_faults(scale: float) -> Row:
         # (1) the leader parks after a success, before the successors: kill it there.
         _kill_leader_at(s, once / "chain.after_success_before_successor")
         # (2) a chain of long jobs suspended by SIGTERM; B resumes it and is killed mid-resume.
-        long_chain = app.run_chain(_long_chain())
+        # Its long jobs hold at a gate opened after that kill: a fixed duration could end
+        # them before the SIGTERM on a slow machine, leaving nothing to suspend or resume.
+        long_chain = app.run_chain(_long_chain("s14-resumed"))
         wait_until(
             lambda: _running_keys(app, long_chain) >= 2, timeout=60, what="long jobs running"
         )
@@ -47,8 +49,9 @@ def chain_coordinator_faults(scale: float) -> Row:
         a.signal_group(signal.SIGTERM)
         s.check(a.wait(20) == 0, "A did not exit 0")
         _kill_leader_at(s, once / "chain.mid_resume")
-        # (3) stop a chain and kill the leader right away.
-        stopped = app.run_chain(_long_chain())
+        _open_gate(app, "s14-resumed")
+        # (3) stop a chain and kill the leader right away (its gate is never opened).
+        stopped = app.run_chain(_long_chain("s14-stopped"))
         wait_until(lambda: _running_keys(app, stopped) >= 1, timeout=60, what="stopped runs")
         app.stop_chain(stopped)
         at = time.monotonic()
@@ -105,12 +108,18 @@ def _fan_out(name: str, width: int) -> Chain:
     return chain
 
 
-def _long_chain() -> Chain:
+def _long_chain(gate: str) -> Chain:
     chain = Chain("long")
     first = chain.job("step", {"ms": 10}, key="first")
-    longs = [chain.job("long", {"s": 8}, key=f"long{i}", after=[first]) for i in range(3)]
+    longs = [chain.job("long", {"gate": gate}, key=f"long{i}", after=[first]) for i in range(3)]
     chain.job("step", {"ms": 10}, key="last", after=longs)
     return chain
+
+
+def _open_gate(app: App, name: str) -> None:
+    from tests.apps.gate import open_gate
+
+    open_gate(app.broker, name)
 
 
 def _running_keys(app: App, request_id: str) -> int:

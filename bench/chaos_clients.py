@@ -20,7 +20,7 @@ from datetime import UTC, datetime, timedelta
 import psycopg
 import redis
 from bench.chaoslib import ROOT, Row, Scenario, scaled
-from tests.harness import FAST_SETTINGS, ledger_starts, pool_pids, sql, wait_until
+from bench.harness import FAST_SETTINGS, ledger_starts, pool_pids, sql, wait_until
 
 from hivejobs import (
     App,

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from bench.chaoslib import Row, Scenario, leader, pause, scaled
-from tests.harness import (
+from bench.harness import (
     RedisServer,
     free_port,
     pool_pids,

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from bench.chaoslib import Row, Scenario, error_row, scaled
-from tests.harness import (
+from bench.harness import (
     alive,
     ledger_starts,
     pool_pids,

@@ -8,6 +8,10 @@ restarted. S11 uses a redis-server of its own, to measure its memory and flush i
 
 from __future__ import annotations
 
+import glob
+import os
+import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -17,7 +21,7 @@ from pathlib import Path
 
 import redis
 from bench.chaoslib import Row, Scenario, leader, pause, scaled
-from tests.harness import (
+from bench.harness import (
     PostgresServer,
     RedisServer,
     pool_pids,
@@ -131,7 +135,22 @@ def postgres_long_outage(scale: float) -> Row:
 
 # -- S10 -------------------------------------------------------------------------------
 
-LIBFAKETIME = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1"
+SKEW_DIR = Path(__file__).resolve().parent / "skew"  # the skewed instance's sitecustomize
+LIBFAKETIME_GLOB = "/usr/lib/*/faketime/libfaketime.so.1"  # Debian's faketime, any arch
+
+
+def libfaketime() -> str:
+    """The path of libfaketime, installed first (Debian's `faketime`) when missing, as
+    scripts/test installs the servers it needs: the scenario runs on a fresh machine."""
+    found = sorted(glob.glob(LIBFAKETIME_GLOB))
+    if not found and shutil.which("apt-get"):
+        sudo = [] if os.geteuid() == 0 else ["sudo"]
+        for argv in (["apt-get", "update", "-qq"], ["apt-get", "install", "-y", "-qq", "faketime"]):
+            subprocess.run([*sudo, *argv], check=False, timeout=600)
+        found = sorted(glob.glob(LIBFAKETIME_GLOB))
+    if not found:
+        raise RuntimeError("libfaketime missing: apt-get install -y faketime")
+    return found[0]
 
 
 def clock_skew(scale: float) -> list[Row]:
@@ -144,13 +163,15 @@ def _skewed(offset: str, scale: float) -> Row:
     s = Scenario(f"S10 clock skew {offset}")
     types = "alo,retry_once"
     try:
-        if not Path(LIBFAKETIME).exists():
-            raise RuntimeError("libfaketime missing: apt-get install -y faketime")
-        # Not FAKETIME_DONT_FAKE_MONOTONIC=1 as the plan says: with it, libfaketime 0.9.10
-        # makes clock_nanosleep(TIMER_ABSTIME) fail with EINVAL, so every time.sleep() of
-        # Python 3.11 raises. Without it the monotonic clock moves by the same constant,
-        # which keeps it monotonic: timeouts and intervals are unchanged.
-        skew = {"LD_PRELOAD": LIBFAKETIME, "FAKETIME": offset}
+        # The wall clock alone is skewed, as on a host whose NTP is off: the monotonic clock
+        # stays true (faked, it stalled the instance's timed waits). bench/skew/ gives that
+        # instance a time.sleep that libfaketime does not break (see its sitecustomize.py).
+        skew = {
+            "LD_PRELOAD": libfaketime(),
+            "FAKETIME": offset,
+            "FAKETIME_DONT_FAKE_MONOTONIC": "1",
+            "PYTHONPATH": os.pathsep.join([str(SKEW_DIR), s.env("")["PYTHONPATH"]]),
+        }
         s.instance(types, **skew)
         wait_until(lambda: leader(s.url)[0], timeout=60, what="B leads")
         skewed_leader = leader(s.url)[0]
@@ -290,6 +311,43 @@ def _empty_db_throughput(scale: float) -> float:
         s.close()
 
 
+# The statements whose plans S11 checks against the backlog (no Seq Scan on hivejobs_job).
+PLAN_CHECKED = (
+    "promote_due",
+    "end_waiting_jobs",
+    "find_dead_workers",
+    "rescue_requeue",
+    "queued_page",
+    "queued_counts",
+    "stale_queued",
+)
+# A value for each parameter those statements may take. What each one takes is read from its
+# text (plan_params), so a statement that gains a parameter is named at once here rather than
+# kept with an old statement's list.
+SAMPLE_PARAMS: dict[str, object] = {
+    "limit": 10_000,
+    "stuck_after_s": 30.0,
+    "after_at": "-infinity",
+    "after_id": "",
+    "name": "noop0",
+    "priority": 0,
+    "grace_s": 5.0,
+    "before": None,  # an empty Redis list: no head, before now
+    "worker_ids": [],
+    "poison_after": 3,
+}
+
+
+def plan_params(name: str) -> dict[str, object]:
+    """The parameters statement `name` takes, with sample values; KeyError naming any without
+    one."""
+    wanted = set(re.findall(r"%\((\w+)\)s", QUERIES[name]))
+    missing = sorted(wanted - SAMPLE_PARAMS.keys())
+    if missing:
+        raise KeyError(f"no sample value for {missing} of {name}: add them to SAMPLE_PARAMS")
+    return {k: SAMPLE_PARAMS[k] for k in wanted}
+
+
 def _query_checks(s: Scenario, app: App) -> tuple[dict[str, float], list[str]]:
     timings: dict[str, float] = {}
     one = sql(s.url, "SELECT id FROM hivejobs_job LIMIT 1")[0][0]
@@ -303,30 +361,10 @@ def _query_checks(s: Scenario, app: App) -> tuple[dict[str, float], list[str]]:
     t = time.monotonic()
     app.get_job(one)
     timings["get_job"] = time.monotonic() - t
-    queries = QUERIES
-    params = {
-        "limit": 10_000,
-        "stuck_after_s": 30.0,
-        "after_at": "-infinity",
-        "after_id": "",
-        "name": "noop0",
-        "priority": 0,
-        "grace_s": 5.0,
-        "worker_ids": [],
-        "poison_after": 3,
-    }
     seq: list[str] = []
-    for name in (
-        "promote_due",
-        "end_waiting_jobs",
-        "find_dead_workers",
-        "rescue_requeue",
-        "queued_page",
-        "queued_counts",
-        "stale_queued",
-    ):
+    for name in PLAN_CHECKED:
         t = time.monotonic()
-        plan = sql(s.url, "EXPLAIN (FORMAT JSON) " + queries[name], params)[0][0]
+        plan = sql(s.url, "EXPLAIN (FORMAT JSON) " + QUERIES[name], plan_params(name))[0][0]
         timings[name] = time.monotonic() - t
         if _seq_scans(plan):
             seq.append(name)

@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from tests.harness import (  # noqa: E402
+from bench.harness import (  # noqa: E402
     FAST_SETTINGS,
     REDIS_URL,
     Instance,
@@ -178,9 +178,12 @@ class Scenario:
         return took
 
     def progress_after(self, since: float, jobs: int = 50, timeout: float = 60) -> float:
-        """Recovery = `jobs` more jobs finished after the fault (throughput is back)."""
+        """Recovery = `jobs` more jobs finished after the fault (throughput is back), or all
+        that were left when fewer were (a small run may near its end at the fault)."""
         base = wait_until(lambda: self.done() + 1, timeout=timeout, what="Postgres") - 1
-        return self.recovery(since, lambda: self.done() >= base + jobs, "progress", timeout)
+        left = wait_until(lambda: self.live() + 1, timeout=timeout, what="Postgres") - 1
+        needed = min(jobs, left)
+        return self.recovery(since, lambda: self.done() >= base + needed, "progress", timeout)
 
     def result(
         self,

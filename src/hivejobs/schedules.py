@@ -3,13 +3,14 @@
 A schedule enqueues one job of its type per tick. The active coordinator alone enqueues
 (coordinator/scheduler.py), and it records the tick it reached in the same transaction, under
 its lease, as the jobs it enqueued: a failover or two coordinators for a moment can neither
-double a tick nor lose one that `catch_up` asks for. The job id is derived from the schedule
-and the tick as a second guard. Pure functions here; croniter parses the expressions.
+double a tick nor lose one that fell due while a coordinator led, or one that `catch_up` asks
+for. The job id is derived from the schedule and the tick as a second guard. Pure functions
+here; croniter parses the expressions.
 """
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from croniter import croniter
@@ -34,25 +35,33 @@ def check_cron(cron: str, tz: str) -> None:
         raise InvalidJobType(f"tz {tz!r} is not a known time zone (e.g. 'UTC')") from None
 
 
-def due_ticks(state: ScheduleState, now: datetime) -> list[datetime]:
-    """The ticks to enqueue now, oldest first, in UTC.
+def due_ticks(
+    state: ScheduleState,
+    now: datetime,
+    *,
+    led_since: datetime | None = None,
+    ahead_s: float = 0.0,
+) -> list[datetime]:
+    """The ticks to enqueue now, oldest first, in UTC: those after the last one enqueued, up
+    to `ahead_s` past `now`, at most MAX_TICKS_PER_PASS (the next pass goes on).
 
-    A schedule that never ran starts at its declaration (nothing before it is owed). Missed
-    ticks (nothing ran for a while) are all enqueued with `catch_up`, up to a cap per pass;
-    without it only the latest one is.
+    A tick after `led_since` (when the current leader took its lease) fell due, or will, while
+    that leader led: it is owed whatever `catch_up` says, however late this pass runs. A tick
+    before it was missed while no coordinator led: all are owed with `catch_up`, else only
+    the latest. A schedule that never ran starts at its declaration (nothing before is owed).
     """
     since = state.last_tick or state.declared_at
+    horizon = now + timedelta(seconds=ahead_s)
+    missed_until = now if led_since is None else min(led_since, now)
     it = croniter(state.cron, since.astimezone(ZoneInfo(state.tz)))
     ticks: list[datetime] = []
-    while True:
+    while len(ticks) < MAX_TICKS_PER_PASS:
         tick: datetime = it.get_next(datetime)
-        if tick > now:
+        if tick > horizon:
             break
+        if ticks and tick <= missed_until and not state.catch_up:
+            ticks.pop()  # missed ones come first: drop the previous, keep the latest
         ticks.append(tick.astimezone(UTC))
-        if state.catch_up and len(ticks) >= MAX_TICKS_PER_PASS:
-            break
-        if not state.catch_up and len(ticks) > 1:
-            ticks.pop(0)
     return ticks
 
 

@@ -36,8 +36,11 @@ def wait_at_gate(name: str, stopping: threading.Event | None = None, timeout: fl
     while time.monotonic() < deadline:
         if stopping is not None and stopping.is_set():
             return False
-        # Short blocking waits only when `stopping` must be watched too.
-        wait = 0.1 if stopping is not None else max(deadline - time.monotonic(), 0.01)
+        # Short blocking waits when `stopping` must be watched too; else at most 1 s, well
+        # under redis-py's socket timeout (5 s by default), which a longer blocking call would
+        # outlast on a slow machine (a TimeoutError failing the handler's attempt).
+        remaining = max(deadline - time.monotonic(), 0.01)
+        wait = 0.1 if stopping is not None else min(remaining, 1.0)
         if _client().blmove(key, key, wait, "RIGHT", "LEFT") is not None:  # type: ignore[arg-type]
             return True
     raise TimeoutError(f"gate {name!r} not opened within {timeout} s")

@@ -32,6 +32,7 @@ from hivejobs import (
 from hivejobs.broker import Broker
 from hivejobs.config import settings_from_env
 from hivejobs.coordinator import Coordinator
+from hivejobs.coordinator.reconciler import Reconciler
 from hivejobs.store import new_worker_id
 from hivejobs.store.migrate import latest_version, migration_files
 from tests.harness import REDIS_URL, db_url, sql, wait_until
@@ -353,12 +354,16 @@ def test_enqueue_in_committed_transaction_notifies_the_dispatcher_on_commit(
 def test_enqueue_in_committed_transaction_is_pushed_by_a_running_coordinator(
     app: App, database_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # Without the boot marker the reconciler's full restore would push the job too, and
-    # within its 2 s grace no other path than the dispatch LISTEN can push it.
+    # Without the boot marker the reconciler's full restore would push the job too, and its
+    # sweep would once the job is older than its grace: with an hour's grace, no other path
+    # than the dispatch LISTEN can push it, however long the machine takes.
     app.broker.set_boot_marker("test")
     # Coordinator.run installs signal handlers, which only the main thread may do.
     monkeypatch.setattr(signal, "signal", lambda *args: None)
     coordinator = Coordinator(app.settings, new_worker_id())
+    for service in coordinator.services:
+        if isinstance(service, Reconciler):
+            service.grace_s = 3600.0
     thread = threading.Thread(target=coordinator.run, name="coordinator", daemon=True)
     thread.start()
     try:
@@ -378,7 +383,7 @@ def test_enqueue_in_committed_transaction_is_pushed_by_a_running_coordinator(
             conn.commit()
         wait_until(
             lambda: queued_ids(app, "resize") == [job_id],
-            timeout=1.5,
+            timeout=30,
             what="the coordinator to push the committed job",
         )
     finally:

@@ -77,7 +77,7 @@ def start_pool(make_app: Callable[..., App]) -> Iterator[StartPool]:
                 pool.liveness.subscribed.is_set()
                 and any(w.id == pool.worker_id for w in app.store.workers())
             ),
-            timeout=5,
+            timeout=30,
             what="pool registered and listening for control messages",
         )
         return pool
@@ -114,7 +114,7 @@ def promote_until(
     return wait_until(reached, timeout=timeout, what=f"job {state}")  # type: ignore[no-any-return]
 
 
-def reach(app: App, job_id: str, state: str, timeout: float = 5.0) -> JobInfo:
+def reach(app: App, job_id: str, state: str, timeout: float = 30.0) -> JobInfo:
     def reached() -> JobInfo | None:
         info = app.get_job(job_id)
         return info if info.state == state else None
@@ -289,12 +289,12 @@ def test_retry_with_an_unusable_delay_does_not_stall_the_pool(
 
     bad = app.enqueue("odd", {"bad": 1})
     start_pool(app, "odd")
-    wait_until(lambda: app.get_job(bad).attempt == 1, timeout=5, what="bad job claimed")
+    wait_until(lambda: app.get_job(bad).attempt == 1, timeout=30, what="bad job claimed")
     good = app.enqueue("odd", {"bad": 0})
-    reach(app, good, "succeeded", timeout=3)
+    reach(app, good, "succeeded")
     wait_until(
         lambda: app.get_job(bad).state != "running",
-        timeout=3,
+        timeout=30,
         what="the retry of the bad job written",
     )
 
@@ -397,7 +397,7 @@ def test_cancel_running_job_sets_stopping_and_it_ends_cancelled(
 
     job_id = app.enqueue("long", {})
     start_pool(app, "long")
-    wait_until(started.is_set, timeout=5, what="handler started")
+    wait_until(started.is_set, timeout=30, what="handler started")
     assert app.get_job(job_id).state == "running"
     assert app.cancel(job_id) is True
     info = reach(app, job_id, "cancelled")

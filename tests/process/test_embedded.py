@@ -279,13 +279,14 @@ def test_dev_runs_the_worker_and_stops_all_on_sigint(data_dir: Path, tmp_path: P
     assert lines.next().startswith("# data in")
     export = lines.next()
     redis_url = export.split("HIVEJOBS_REDIS_URL=")[1].strip()
-    r = redis.Redis.from_url(redis_url)
+    # redis-py's default socket timeout (5 s) would end a longer blocking pop with an error.
+    r = redis.Redis.from_url(redis_url, socket_timeout=30)
     assert r.brpop(["worker"], timeout=20) == (b"worker", b"started")
     state = json.loads((data_dir / "servers.json").read_text())
     pids = descendants(state["postgres"]["pid"]) | {state["valkey"]["pid"]}
 
     proc.send_signal(signal.SIGINT)  # as Ctrl-C would
-    r2 = redis.Redis.from_url(redis_url)
+    r2 = redis.Redis.from_url(redis_url, socket_timeout=30)
     assert r2.brpop(["worker"], timeout=20) == (b"worker", b"drained with the servers up")
     out, err = proc.communicate(timeout=30)
     assert proc.returncode == 3, err.decode()  # the worker's exit code

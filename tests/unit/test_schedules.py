@@ -64,6 +64,37 @@ def test_catch_up_is_capped_per_pass() -> None:
     assert len(ticks) == 100 and ticks[0] == T0 + timedelta(seconds=1)
 
 
+S = timedelta(seconds=1)
+EVERY_SECOND = "* * * * * *"
+
+
+@pytest.mark.parametrize(
+    ("led_since", "now", "ahead_s", "expected"),
+    [
+        # The leader held the lease throughout: a pass that came 2.5 s after the last tick
+        # owes both ticks, with or without catch_up.
+        (T0 - 60 * S, T0 + 2.5 * S, 0.0, [T0 + S, T0 + 2 * S]),
+        # It took the lease at T0 + 3.5 s: of the ticks before, missed while nobody led, only
+        # the latest; every tick after is owed.
+        (T0 + 3.5 * S, T0 + 6 * S, 0.0, [T0 + 3 * S, T0 + 4 * S, T0 + 5 * S, T0 + 6 * S]),
+        # Written ahead: the ticks of the next 3 s too.
+        (T0 - 60 * S, T0 + 1.5 * S, 3.0, [T0 + k * S for k in (1, 2, 3, 4)]),
+        # A leader that learnt the lease only now owes the latest missed tick, as before.
+        (None, T0 + 10 * S, 0.0, [T0 + 10 * S]),
+    ],
+)
+def test_every_tick_due_under_the_lease_is_owed_without_catch_up(
+    led_since: datetime | None, now: datetime, ahead_s: float, expected: list[datetime]
+) -> None:
+    got = due_ticks(state(EVERY_SECOND, T0, False), now, led_since=led_since, ahead_s=ahead_s)
+    assert got == expected
+
+
+def test_owed_ticks_are_capped_per_pass() -> None:
+    ticks = due_ticks(state(EVERY_SECOND, T0, False), T0 + 3600 * S, led_since=T0)
+    assert ticks == [T0 + k * S for k in range(1, 101)]
+
+
 def test_time_zone_is_honoured() -> None:
     nine_in_paris = state("0 9 * * *", T0, False, tz="Europe/Paris")
     assert next_tick(nine_in_paris, T0) == datetime(2026, 1, 6, 8, 0, tzinfo=UTC)

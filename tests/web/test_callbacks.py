@@ -3,6 +3,7 @@ process (tests/apps/other_service.py) that reports each attempt over HTTP to `hi
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -37,7 +38,10 @@ def test_status_callbacks_from_another_process(
     ledger_dir: Path,
     database_url: str,
 ) -> None:
-    fleet({"HJ_CALLBACK_TIMEOUT_S": "2"})
+    # Answers must never race the timeout: the jobs that get one run under the type's long
+    # default (60 s). The timeout path runs afterwards, on a fleet whose timeout is short, with
+    # a job that nobody answers: its outcome depends on no one's speed.
+    answering = fleet()
     c = server.client
 
     def enqueue(plan: list[str]) -> str:
@@ -48,10 +52,12 @@ def test_status_callbacks_from_another_process(
     def job(job_id: str) -> dict[str, object]:
         return dict(c.get(f"/v1/jobs/remote/{job_id}").json())
 
+    def ended(job_id: str) -> bool:
+        return job(job_id)["state"] in ("succeeded", "failed", "cancelled")
+
     ok = enqueue(["succeed"])
     retried = enqueue(["fail_retry", "succeed"])
     failed = enqueue(["fail"])
-    timed_out = enqueue(["ignore", "ignore", "ignore"])
     by_python = enqueue(["ignore", "ignore", "ignore"])
     cancelled = enqueue(["ignore", "ignore", "ignore"])
 
@@ -70,12 +76,15 @@ def test_status_callbacks_from_another_process(
     assert result.outcome == "succeeded"
     wait_until(lambda: (ledger_dir / f"handed.{cancelled}").exists(), what="hand-over")
     assert c.delete(f"/v1/jobs/remote/{cancelled}").json()["outcome"] == "cancelled"
+    for job_id in (ok, retried, failed):
+        wait_until(lambda j=job_id: ended(j), timeout=60, what=f"job {job_id} to end")
+    answering.signal_group(signal.SIGTERM)
+    assert answering.wait(30) == 0
 
-    def ended(job_id: str) -> bool:
-        return job(job_id)["state"] in ("succeeded", "failed", "cancelled")
+    fleet({"HJ_CALLBACK_TIMEOUT_S": "1"})
+    timed_out = enqueue(["ignore", "ignore", "ignore"])
+    wait_until(lambda: ended(timed_out), timeout=60, what=f"job {timed_out} to end")
 
-    for job_id in (ok, retried, failed, timed_out):
-        wait_until(lambda j=job_id: ended(j), timeout=40, what=f"job {job_id} to end")
     assert (job(ok)["state"], job(ok)["attempt"]) == ("succeeded", 1)
     assert (job(retried)["state"], job(retried)["attempt"]) == ("succeeded", 2)
     assert (ledger_dir / f"handed.{retried}").read_text().split() == ["1", "2"]

@@ -28,3 +28,9 @@ SELECT last_tick FROM hivejobs_schedule WHERE name = %(name)s FOR UPDATE;
 
 -- name: advance_schedule
 UPDATE hivejobs_schedule SET last_tick = %(tick)s WHERE name = %(name)s;
+
+-- name: schedule_clock
+-- The database's time, and since when `holder` has held the lease in `term` (NULL: it does not).
+SELECT now(),
+       (SELECT acquired_at FROM hivejobs_leader
+         WHERE name = 'coordinator' AND holder = %(holder)s AND term = %(term)s);

@@ -61,6 +61,15 @@ class ScheduleStore:
         with self.store.connection() as conn:
             return db_now(conn)
 
+    def clock(self, lease: Lease) -> tuple[datetime, datetime | None]:
+        """The database's time, and since when `lease` has been held (None: it is not)."""
+        with self.store.connection() as conn:
+            row = conn.execute(
+                QUERIES["schedule_clock"], {"holder": lease[0], "term": lease[1]}
+            ).fetchone()
+        assert row is not None  # a SELECT without FROM returns its one row
+        return row[0], row[1]
+
     def enqueue_ticks_if_leader(
         self, lease: Lease, state: ScheduleState, jobs: Sequence[NewJob], tick: datetime
     ) -> list[Push] | None:
