@@ -87,3 +87,5 @@ register("wide", gated, 500)
 register("alo_async", gated, 8, attempts=5)
 register("amo_async", gated, 8, delivery="at_most_once")
 register("blocker", blocks_the_loop, 4)
+register("limited_async", gated, 8, global_concurrency=2)  # fleet-wide: 2 at once
+register("rated_async", gated, 8, rate="5/s", burst=1)

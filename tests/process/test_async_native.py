@@ -131,3 +131,38 @@ def test_a_handler_holding_the_loop_is_reported_and_its_pool_not_declared_dead(
     again = app.enqueue("blocker", {"block_s": 0.3})
     assert app.wait(again, timeout=30).state == "succeeded"
     assert len([ln for ln in inst.log_text().splitlines() if "held the event loop" in ln]) == 1
+
+
+def spans(folder: Path, ids: list[str]) -> list[tuple[int, int]]:
+    """(begin, end) ns of each job's run (one attempt each here)."""
+    begins = {p[1]: int(p[4]) for p in lines(folder, "abegin") if p[1] in ids}
+    return sorted((begins[p[1]], int(p[4])) for p in lines(folder, "aend") if p[1] in ids)
+
+
+def test_fleet_limits_hold_for_async_types_across_two_instances(
+    start_instance: Callable[..., Instance],
+    make_app: Callable[..., App],
+    database_url: str,
+    ledger_dir: Path,
+) -> None:
+    env = {"HJ_TYPES": "limited_async,rated_async"}
+    start_instance(env, app_spec=APP)
+    start_instance(env, app_spec=APP)
+    types = ["limited_async", "rated_async"]
+    wait_until(lambda: all(len(pool_pids(database_url, t)) == 2 for t in types), what="pools")
+    app = fleet_app(make_app, database_url, types)
+    limited = app.enqueue_many("limited_async", [{"ms": 300}] * 10)
+    rated = app.enqueue_many("rated_async", [{}] * 8)
+    for i in limited + rated:
+        assert app.wait(i, timeout=90).state == "succeeded"
+    # global_concurrency=2: never more than 2 at once in the fleet (16 tasks could run).
+    runs = spans(ledger_dir, limited)
+    events = sorted([(b, 1) for b, _ in runs] + [(e, -1) for _, e in runs])
+    peak = now = 0
+    for _, step in events:
+        now += step
+        peak = max(peak, now)
+    assert len(runs) == 10 and peak == 2
+    # 5/s with a burst of 1: 8 starts take at least 7 intervals of 0.2 s.
+    starts = [b for b, _ in spans(ledger_dir, rated)]
+    assert len(starts) == 8 and (starts[-1] - starts[0]) / 1e9 >= 7 * 0.2 * 0.9
