@@ -49,14 +49,29 @@ from bench.harness import (  # noqa: E402
 
 def kill_pool(scale: float) -> Row:
     """S1 chaos: a pool process kill -9 every 5 s, alternating pools, while 25k jobs drain."""
-    s = Scenario("S1 kill -9 pool every 5 s")
+    return _kill_pools("S1 kill -9 pool every 5 s", {}, int(20000 * scale), int(5000 * scale))
+
+
+def kill_serial_pool(scale: float) -> Row:
+    """S1b chaos: S1 with one runner per type (serialised types): the jobs a killed pool held
+    re-run alone, and the one runner of the new pool must hand back the neighbours it
+    fetched ahead itself. 2,500 jobs: one runner drains ~45 a second."""
+    return _kill_pools(
+        "S1b kill -9 one-runner pool every 5 s",
+        {"HJ_CONCURRENCY_ALO": "1", "HJ_CONCURRENCY_AMO": "1"},
+        int(2000 * scale),
+        int(500 * scale),
+    )
+
+
+def _kill_pools(title: str, env: dict[str, str], n_alo: int, n_amo: int) -> Row:
+    s = Scenario(title)
     try:
-        s.instance("alo,amo")
+        s.instance("alo,amo", **env)
         app = s.app(["alo", "amo"])
         rng = random.Random(1)
-        n = int(20000 * scale)
-        alo = app.enqueue_many("alo", [{"ms": rng.randint(5, 40)} for _ in range(n)])
-        amo = app.enqueue_many("amo", [{"ms": 20}] * int(5000 * scale))
+        alo = app.enqueue_many("alo", [{"ms": rng.randint(5, 40)} for _ in range(n_alo)])
+        amo = app.enqueue_many("amo", [{"ms": 20}] * n_amo)
         kinds = ["alo", "amo"]
         k = 0
         while s.live() > 0:
@@ -223,6 +238,7 @@ def rolling_restarts(scale: float) -> Row:
 Runner = Callable[[float], Row | list[Row]]
 SCENARIOS: dict[str, Runner] = {
     "kill_pool": kill_pool,  # S1
+    "kill_serial_pool": kill_serial_pool,  # S1b, one runner per type
     "kill_coordinator": kill_coordinator,  # S2
     "rolling": rolling_restarts,  # S3
     "redis": redis_faults,  # S4

@@ -74,6 +74,7 @@ def test_s16_every_failpoint_firing_once_loses_nothing() -> None:
 # (most of it is the faults' own durations: lease expiry, outages, pauses).
 CI_SIZES: dict[str, float] = {
     "kill_pool": 0.1,  # S1: a drain of several seconds, so that the 5 s kill period fires
+    "kill_serial_pool": 0.3,  # S1b: 750 jobs, one runner each: the 5 s kill period fires
     "kill_coordinator": 0.01,  # S2
     "rolling": 0.02,  # S3
     "redis": 0.05,  # S4
