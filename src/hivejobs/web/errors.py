@@ -86,6 +86,11 @@ def _json(status: int, message: str, details: list[dict[str, Any]] | None = None
 
 
 def on_hivejobs_error(_: Request[Any, Any, Any], exc: Exception) -> Response[Any]:
+    if isinstance(exc, ConnectionFailed):
+        # The message names the server (user, host, port, database): for our log, not for
+        # every HTTP client.
+        logger.warning("request failed: backend down", service=exc.service, error=str(exc))
+        return _json(503, f"{exc.service} does not answer; retry later")
     for cls, status in STATUS_OF:
         if isinstance(exc, cls):
             return _json(status, str(exc))
