@@ -183,6 +183,9 @@ def create_app(
             render_plugins=[JsonRenderPlugin()],
         ),
         debug=debug,
+        # Litestar's default installs a root `logging` handler: psycopg's and httpx's lines
+        # then bypassed our sink (unscrubbed, plain text among JSON lines). None keeps ours.
+        logging_config=None,
     )
 
 

@@ -71,5 +71,13 @@ def serve_main(args: argparse.Namespace) -> int:
         max_body_bytes=args.max_body_bytes,
     )
     logger.info("serving", host=args.host, port=args.port, tokens=len(read) + len(admin))
-    uvicorn.run(asgi, host=args.host, port=args.port, log_level="warning", access_log=False)
+    # No log_config: uvicorn's lines reach our one sink (scrubbed, JSON among JSON).
+    uvicorn.run(
+        asgi,
+        host=args.host,
+        port=args.port,
+        log_level="warning",
+        access_log=False,
+        log_config=None,
+    )
     return 0
