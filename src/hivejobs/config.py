@@ -299,6 +299,11 @@ def scrub_known(text: str) -> str:
     return scrub(text, _KNOWN_SECRETS) if _KNOWN_SECRETS else text
 
 
+def known_secrets() -> tuple[str, ...]:
+    """The passwords scrub_known() removes, longest first."""
+    return tuple(_KNOWN_SECRETS)
+
+
 def with_database(url: str, dbname: str) -> str:
     """The same server (URL or key=value DSN) naming another database; options kept."""
     return make_conninfo(url, dbname=dbname)

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from psycopg.rows import dict_row
 
+from hivejobs.config import scrub_known
 from hivejobs.records import ChainQuery, Completion, Lease, Push
 from hivejobs.store.enqueue import caller_savepoint, owns_transaction
 from hivejobs.store.leases import LEASES
@@ -318,16 +319,17 @@ class ChainStore:
     def save_output(
         self, job_id: str, stdout: str | None, stderr: str | None, truncated: bool
     ) -> None:
-        """Keep a chain try's captured output for the job log (no-op for other jobs)."""
+        """Keep a chain try's captured output for the job log (no-op for other jobs), without
+        the process's passwords (a handler that prints its DSN)."""
+        stdout, stderr = (scrub_known(t) if t else t for t in (stdout, stderr))
         params = {"job_id": job_id, "stdout": stdout, "stderr": stderr, "truncated": truncated}
         with self.store.connection() as conn:
             conn.execute(CHAIN_QUERIES["save_try_output"], params)
 
     def set_status(self, job_id: str, status: str) -> bool:
+        params = {"job_id": job_id, "status": scrub_known(status)}
         with self.store.connection() as conn:
-            row = conn.execute(
-                CHAIN_QUERIES["set_status"], {"job_id": job_id, "status": status}
-            ).fetchone()
+            row = conn.execute(CHAIN_QUERIES["set_status"], params).fetchone()
         return row is not None
 
     # -- traverser -----------------------------------------------------------------------
