@@ -9,12 +9,15 @@ so it never imports it back.
 
 from __future__ import annotations
 
+import random
 import re
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from psycopg.errors import DeadlockDetected
 from psycopg.rows import dict_row
 
 from hivejobs.config import scrub_known
@@ -34,6 +37,8 @@ if TYPE_CHECKING:
 
 CHAIN_QUERIES = load_queries("chain_queries.sql")
 LEASE_HOLD = LEASES["lease_hold"]  # pipelined with the reads
+# A stop that deadlocks with the traverser is tried again this many times in all.
+STOP_TRIES = 5
 
 
 def create_chain_plan(
@@ -248,13 +253,25 @@ class ChainStore:
         traverser. Returns (was live, running try ids to tell their pools)."""
         params = {"id": chain_id}
         stop = {"id": chain_id, "timeout_s": timeout_s}
-        with self.store.connection() as conn, conn.transaction():
-            if conn.execute(CHAIN_QUERIES["request_stop"], stop).fetchone() is None:
-                return False, []
-            conn.execute(CHAIN_QUERIES["cancel_waiting_tries"], params)
-            running = conn.execute(CHAIN_QUERIES["cancel_running_tries"], params).fetchall()
-            conn.execute(CHAIN_QUERIES["wake_traverser"], params)
-        return True, [r[0] for r in running]
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                with self.store.connection() as conn, conn.transaction():
+                    if conn.execute(CHAIN_QUERIES["request_stop"], stop).fetchone() is None:
+                        return False, []
+                    conn.execute(CHAIN_QUERIES["cancel_waiting_tries"], params)
+                    running = conn.execute(CHAIN_QUERIES["cancel_running_tries"], params)
+                    ids = [r[0] for r in running.fetchall()]
+                    conn.execute(CHAIN_QUERIES["wake_traverser"], params)
+                return True, ids
+            except DeadlockDetected:
+                # The traverser locks the same chain and tries in its own order: Postgres broke
+                # the cycle by rolling this transaction back, nothing of it is kept, and the
+                # traverser's side has committed or will soon: the same stop again succeeds.
+                if attempt >= STOP_TRIES:
+                    raise
+                time.sleep(random.uniform(0.0, 0.05 * attempt))
 
     # -- reads ---------------------------------------------------------------------------
 
