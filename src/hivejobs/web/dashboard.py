@@ -366,6 +366,8 @@ def login(
     if role is None:
         failed_authentication(state.throttle, client, request.url.path)
         return Redirect(base + "/dashboard/login", status_code=303)
+    if role == "callback":  # posts its type's callbacks over the API, never a session
+        return Redirect(base + "/dashboard/login", status_code=303)
     sessions: Sessions = state.sessions
     response = Redirect(base + "/dashboard", status_code=303)
     response.set_cookie(
