@@ -113,6 +113,9 @@ class Settings(msgspec.Struct, kw_only=True):
     # Listings and dashboards (status, workers, chain lists) read here, e.g. a replica;
     # empty: database_url. Never used for a read that decides a write.
     read_database_url: str = ""
+    # `hivejobs serve`'s public /healthz and `hivejobs run --metrics-port`'s /metrics reuse
+    # their answer this long: a flood of probes costs one Postgres round trip per interval.
+    probe_cache_s: Seconds = 2.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.prefix, str) or not PREFIX_RE.fullmatch(self.prefix):
