@@ -65,3 +65,13 @@ SELECT c.id, c.name, c.state, c.jobs,
 SELECT holder::text, term, acquired_at, expires_at, expires_at > now() AS valid,
        extract(epoch FROM expires_at - now())::float8 AS expires_in_s
   FROM hivejobs_leader WHERE name = 'coordinator';
+
+-- name: chain_log_page
+-- The chain page's job log, a page at a time and without the captured output (the job's own
+-- page shows that): a chain of 20,000 tries is not one response.
+SELECT key, try AS try_, state, finished_at, left(error, %(error_chars)s) AS error,
+       count(*) OVER () AS total
+  FROM hivejobs_job_log
+ WHERE chain_id = %(id)s
+ ORDER BY finished_at, key, try
+ LIMIT %(limit)s OFFSET %(offset)s;
