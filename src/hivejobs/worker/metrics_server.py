@@ -18,7 +18,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 import psycopg
 import redis
@@ -37,6 +37,8 @@ MAX_HANDLER_THREADS = 16
 # A connection must send its request within this long (an idle socket holds a thread).
 READ_TIMEOUT_S = 5.0
 T = TypeVar("T")
+# What socketserver hands a request handler (typeshed's _RequestType).
+Request = socket.socket | tuple[bytes, socket.socket]
 
 
 class Reused(Generic[T]):
@@ -186,19 +188,19 @@ class _BoundedServer(ThreadingHTTPServer):
         self._slots = threading.BoundedSemaphore(MAX_HANDLER_THREADS)
         super().__init__(address, handler)
 
-    def process_request(self, request: socket.socket, client_address: object) -> None:  # type: ignore[override]
+    def process_request(self, request: Request, client_address: Any) -> None:
         if not self._slots.acquire(blocking=False):
             self.shutdown_request(request)
             return
         try:
-            super().process_request(request, client_address)  # type: ignore[arg-type]
+            super().process_request(request, client_address)
         except BaseException:
             self._slots.release()
             raise
 
-    def process_request_thread(self, request: socket.socket, client_address: object) -> None:  # type: ignore[override]
+    def process_request_thread(self, request: Request, client_address: Any) -> None:
         try:
-            super().process_request_thread(request, client_address)  # type: ignore[arg-type]
+            super().process_request_thread(request, client_address)
         finally:
             self._slots.release()
 
