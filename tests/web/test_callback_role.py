@@ -16,6 +16,7 @@ from tests.web.conftest import Server
 
 CALLBACK = "callback-token-for-remote-jobs"
 SECRET = "hmac-key-of-remote-callbacks"
+MARK = "pw-9b1f2e77-marker"
 
 
 def signed(body: bytes, key: str = SECRET) -> dict[str, str]:
@@ -78,3 +79,24 @@ def test_a_callback_token_posts_its_types_callbacks_and_nothing_else(
         done = cb.post(path, content=body, headers=signed(body))
         assert done.status_code == 200, done.text
     assert admin.get(path).json()["state"] == "succeeded"
+
+
+def test_a_callback_error_is_stored_without_the_servers_password(
+    start_server: Callable[..., Server],
+    fleet: Callable[..., Instance],
+    ledger_dir: Path,
+    database_url: str,
+) -> None:
+    """The reporting service echoes the DSN it was handed: stored as `***`, as in the log."""
+    user, rest = database_url.split("://", 1)[1].split("@", 1)
+    secret_url = f"postgresql://{user}:{MARK}@{rest}"  # trust auth: any password connects
+    server = start_server(env={"HIVEJOBS_DATABASE_URL": secret_url})
+    fleet()
+    job_id = server.client.post("/v1/jobs/remote", json={"data": {}}).json()["id"]
+    wait_until(lambda: (ledger_dir / f"handed.{job_id}").exists(), what="the hand-over")
+    error = f"could not reach {secret_url}"
+    body = {"status": "failed", "attempt": 1, "error": error}
+    answer = server.client.post(f"/v1/jobs/remote/{job_id}", json=body)
+    assert answer.status_code == 200, answer.text
+    stored = server.client.get(f"/v1/jobs/remote/{job_id}").json()["error"]
+    assert MARK not in stored and f"{user}:***@" in stored
