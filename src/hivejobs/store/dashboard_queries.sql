@@ -1,5 +1,6 @@
 -- The dashboard's and the HTTP API's reads. Every page is a keyset page over an index: no
--- OFFSET, and no count(*) over the archive (counts come from the small hot table alone).
+-- OFFSET, and no count(*) over the archive (counts come from the small hot table alone). One
+-- exception, bounded by one chain's size: chain_log_page numbers the pages of a chain's log.
 
 -- name: live_counts
 -- The hot table holds live jobs only, so this stays cheap however big the archive grows.
