@@ -28,7 +28,8 @@ def test_a_huge_chain_page_is_paginated(
         database_url,
         "INSERT INTO hivejobs_job_log (chain_id, key, try, name, job_id, state, finished_at, "
         "error) SELECT %s, 'k' || lpad(i::text, 5, '0'), 1, 'echo', 'j' || i, 'failed', "
-        "now() + i * interval '1 ms', repeat('e', 2000) FROM generate_series(0, %s) i",
+        "now() + i * interval '1 ms', repeat('e', 2000) || 'RuntimeError: the end' "
+        "FROM generate_series(0, %s) i",
         (chain_id, JOBS - 1),
     )
     path = f"/dashboard/chains/{chain_id}"
@@ -39,6 +40,7 @@ def test_a_huge_chain_page_is_paginated(
     assert "page 1 of 200" in first.text and "next page" in first.text
     assert f"Job log ({JOBS} tries)" in first.text
     assert ">k00000<" in first.text and ">k00100<" not in first.text
+    assert "RuntimeError: the end" in first.text  # a long error keeps its tail
     last = server.client.get(path, params={"page": "200", "fragment": "1"})
     assert len(last.content) < 200_000
     assert ">k19999<" in last.text and "previous page" in last.text

@@ -78,7 +78,7 @@ class LogRow(msgspec.Struct, frozen=True, kw_only=True):
     total: int
 
 
-# The head of a try's error the chain page shows (the job's page has all of it).
+# The tail of a try's error the chain page shows (the job's page has all of it).
 ERROR_CHARS = 500
 Cursor = tuple[datetime, str]
 
@@ -141,7 +141,7 @@ class DashboardStore:
         return rows, nxt
 
     def chain_log(self, chain_id: str, offset: int, limit: int) -> tuple[list[LogRow], int]:
-        """A page of a chain's job log (errors cut to their head) and its total length."""
+        """A page of a chain's job log (long errors cut to their tail) and its total length."""
         params = {"id": chain_id, "offset": offset, "limit": limit, "error_chars": ERROR_CHARS}
         with self.store.connection() as conn:
             cur = conn.cursor(row_factory=class_row(LogRow))

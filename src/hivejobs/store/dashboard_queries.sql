@@ -70,7 +70,10 @@ SELECT holder::text, term, acquired_at, expires_at, expires_at > now() AS valid,
 -- name: chain_log_page
 -- The chain page's job log, a page at a time and without the captured output (the job's own
 -- page shows that): a chain of 20,000 tries is not one response.
-SELECT key, try AS try_, state, finished_at, left(error, %(error_chars)s) AS error,
+-- A long error keeps its tail: a traceback ends with the exception and its message.
+SELECT key, try AS try_, state, finished_at,
+       CASE WHEN length(error) > %(error_chars)s THEN '...' || right(error, %(error_chars)s)
+            ELSE error END AS error,
        count(*) OVER () AS total
   FROM hivejobs_job_log
  WHERE chain_id = %(id)s
