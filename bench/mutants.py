@@ -330,8 +330,8 @@ GUARDS: tuple[Guard, ...] = (
     Guard(
         "guard-token-needed",
         "src/hivejobs/web/asgi.py",
-        "    if role is None:\n",
-        "    if False:\n",
+        "    if role is None:\n        raise NotAuthorizedException(",
+        "    if False:\n        raise NotAuthorizedException(",
         (TOKEN_NEEDED + "[GET /v1/jobtypes]",),
         "a request without a token reads everything",
     ),
