@@ -44,6 +44,8 @@ EXECUTOR = "tests/unit/test_executor.py"
 ORDERING = "tests/unit/test_chain_ordering.py"
 READ_REFUSED = ROUTES + "::test_a_read_token_is_refused_by_every_admin_route_and_writes_nothing"
 TOKEN_NEEDED = ROUTES + "::test_every_guarded_route_needs_a_token"
+CALLBACK_ROLE = "tests/web/test_callback_role.py"
+HARDENING = "tests/web/test_hardening.py"
 
 
 @dataclass(frozen=True)
@@ -328,18 +330,100 @@ GUARDS: tuple[Guard, ...] = (
     Guard(
         "guard-token-needed",
         "src/hivejobs/web/asgi.py",
-        "    if role is None:\n",
-        "    if False:\n",
+        "    if role is None:\n        raise NotAuthorizedException(",
+        "    if False:\n        raise NotAuthorizedException(",
         (TOKEN_NEEDED + "[GET /v1/jobtypes]",),
         "a request without a token reads everything",
     ),
     Guard(
         "unknown-token-refused",
         "src/hivejobs/web/auth.py",
-        'return "admin" if admin else ("read" if read else None)',
+        'return "admin" if admin else ("read" if read else ("callback" if callback else None))',
         'return "admin" if admin else "read"',
         (TOKEN_NEEDED + "[GET /v1/jobtypes]",),
         "any token at all is a read token",
+    ),
+    # -- the HTTP surface's least privilege and bad input ------------------------------------
+    Guard(
+        "callback-token-own-type",
+        "src/hivejobs/web/asgi.py",
+        '        if not handler.opt.get("callback") or name not in tokens.callback_types(',
+        "        if False and (",
+        (CALLBACK_ROLE + "::test_a_callback_token_posts_its_types_callbacks_and_nothing_else",),
+        "a callback token reads, enqueues, cancels, replays, pauses and scales",
+    ),
+    Guard(
+        "callback-signature",
+        "src/hivejobs/web/auth.py",
+        "        return ok\n",
+        "        return True\n",
+        (CALLBACK_ROLE + "::test_a_callback_token_posts_its_types_callbacks_and_nothing_else",),
+        "a callback of a type with a secret is taken without the body's HMAC",
+    ),
+    Guard(
+        "nul-parameter-refused",
+        "src/hivejobs/web/asgi.py",
+        "        before_request=inputs.refuse_nul,\n",
+        "",
+        (HARDENING + "::test_nul_and_deep_input_is_a_4xx_naming_the_field",),
+        "a NUL in ?type= or a path is a 500 with a traceback per request",
+    ),
+    Guard(
+        "stop-deadlock-retried",
+        "src/hivejobs/store/chains.py",
+        "STOP_TRIES = 5\n",
+        "STOP_TRIES = 1\n",
+        (HARDENING + "::test_a_stop_that_deadlocks_is_retried_inside",),
+        "a chain stop that deadlocks with the traverser is a 503",
+    ),
+    Guard(
+        "backend-503-unnamed",
+        "src/hivejobs/web/errors.py",
+        "    if isinstance(exc, ConnectionFailed):\n",
+        "    if False:\n",
+        (HARDENING + "::test_a_503_with_postgres_down_names_no_server",),
+        "a 503 names the database's user, host, port and name",
+    ),
+    Guard(
+        "healthz-reused",
+        "src/hivejobs/web/fleet.py",
+        "Reused(app.settings.probe_cache_s,",
+        "Reused(0.0,",
+        ("tests/web/test_probes.py::test_healthz_reuses_its_answer",),
+        "every public /healthz is a Postgres and a Redis round trip",
+    ),
+    Guard(
+        "chain-page-paginated",
+        "src/hivejobs/web/dashboard.py",
+        "    shown = status.jobs[(page - 1) * CHAIN_PAGE : page * CHAIN_PAGE]\n",
+        "    shown = status.jobs\n",
+        ("tests/web/test_chain_page.py::test_a_huge_chain_page_is_paginated",),
+        "a 20,000-job chain is one page of megabytes, re-fetched every two seconds",
+    ),
+    # -- what is stored and accepted ---------------------------------------------------------
+    Guard(
+        "stored-text-scrubbed",
+        "src/hivejobs/serialization.py",
+        "raw = _utf8(scrub_known(text).replace(",
+        "raw = _utf8((text).replace(",
+        ("tests/process/test_stored_secrets.py::test_no_stored_text_keeps_the_password",),
+        "a DSN a handler raises is stored in clear in the job's error",
+    ),
+    Guard(
+        "run-at-bounded",
+        "src/hivejobs/jobtypes.py",
+        "            check_run_at(run_at)\n",
+        "            pass\n",
+        ("tests/integration/test_run_at_bounds.py",),
+        "a run_at in year 1 or 9999 is stored",
+    ),
+    Guard(
+        "embedded-shared-account-refused",
+        "src/hivejobs/embedded/postgres.py",
+        "    if name in SHARED_ACCOUNTS or pw.pw_uid in _shared_uids():\n",
+        "    if False:\n",
+        ("tests/process/test_embedded_user.py::test_a_shared_account_is_refused",),
+        "the embedded servers run as nobody, whose other processes read their passwords",
     ),
     # -- chain ordering ----------------------------------------------------------------------
     Guard(

@@ -7,6 +7,7 @@ password we were given from any text (error messages, log lines) before it is sh
 
 from __future__ import annotations
 
+import ipaddress
 import math
 import os
 import re
@@ -15,6 +16,7 @@ from typing import Annotated, Any, cast
 from urllib.parse import quote, unquote, urlencode, urlsplit, urlunsplit
 
 import msgspec
+from loguru import logger
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from redis.connection import parse_url as _redis_parse_url
 
@@ -113,6 +115,9 @@ class Settings(msgspec.Struct, kw_only=True):
     # Listings and dashboards (status, workers, chain lists) read here, e.g. a replica;
     # empty: database_url. Never used for a read that decides a write.
     read_database_url: str = ""
+    # `hivejobs serve`'s public /healthz and `hivejobs run --metrics-port`'s /metrics reuse
+    # their answer this long: a flood of probes costs one Postgres round trip per interval.
+    probe_cache_s: Seconds = 2.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.prefix, str) or not PREFIX_RE.fullmatch(self.prefix):
@@ -297,6 +302,55 @@ def remember_secrets(*urls: str) -> None:
 
 def scrub_known(text: str) -> str:
     return scrub(text, _KNOWN_SECRETS) if _KNOWN_SECRETS else text
+
+
+def known_secrets() -> tuple[str, ...]:
+    """The passwords scrub_known() removes, longest first."""
+    return tuple(_KNOWN_SECRETS)
+
+
+# sslmode values under which libpq may talk plain text, or trusts any certificate offered.
+_UNVERIFIED_SSLMODES = frozenset({"disable", "allow", "prefer"})
+_WARNED_TLS: set[str] = set()
+
+
+def postgres_tls_warning(url: str) -> str | None:
+    """Why a connection to `url` is not protected by TLS, or None: a host off this machine
+    with no sslmode (libpq's default `prefer` falls back to plain text, and checks no
+    certificate) or disable/allow/prefer. A Unix socket or a loopback address is fine."""
+    try:
+        params = conninfo_to_dict(url)
+    except Exception:  # unparseable: check_database_url says so elsewhere
+        return None
+    hosts = [h for h in str(params.get("host") or "").split(",") if h]
+    hosts += [h for h in str(params.get("hostaddr") or "").split(",") if h]
+    remote = [h for h in hosts if not h.startswith("/") and not _is_loopback_name(h)]
+    if not remote:
+        return None
+    mode = str(params.get("sslmode") or os.environ.get("PGSSLMODE") or "prefer")
+    if mode not in _UNVERIFIED_SSLMODES:
+        return None
+    return (
+        f"Postgres at {remote[0]} is reached with sslmode={mode}: passwords and jobs may cross "
+        "the network in plain text; add sslmode=verify-full (or require) to the database URL"
+    )
+
+
+def warn_plaintext_postgres(url: str) -> None:
+    """postgres_tls_warning as a log line, once per process and URL."""
+    warning = postgres_tls_warning(url)
+    if warning is not None and url not in _WARNED_TLS:
+        _WARNED_TLS.add(url)
+        logger.warning("Postgres connection without TLS guarantees", detail=warning)
+
+
+def _is_loopback_name(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def with_database(url: str, dbname: str) -> str:

@@ -25,6 +25,7 @@ class ConnectionFailed(HivejobsError):
     """Postgres or Redis did not answer; the message names which and where (redacted)."""
 
     def __init__(self, service: str, url: str, reason: str) -> None:
+        self.service = service
         super().__init__(
             f"cannot reach {service} at {url}: {reason}; "
             f"check that it runs and that the URL is right"

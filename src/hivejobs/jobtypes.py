@@ -50,6 +50,9 @@ NAME_RE = JOB_TYPE_NAME_RE
 # line and paragraph separators, and lone surrogates (undecodable bytes; not storable).
 _BAD_ID_CATEGORIES = frozenset({"Cc", "Cf", "Zl", "Zp", "Cs"})
 MAX_DELAY_S = 366 * 24 * 3600.0
+# How far in the past a run_at may lie: a little clock skew or a late retry of an enqueue is
+# "run now"; a date years back is a mistake (it would show as years of pickup latency).
+MAX_RUN_AT_PAST_S = 24 * 3600.0
 Handler = Callable[..., object]
 # A failed or cancelled job can be enqueued again at once, as Oban does by default.
 UNIQUE_STATES = ("scheduled", "queued", "running", "succeeded")
@@ -247,6 +250,8 @@ class JobType:
                 raise InvalidArgument(f"{label} must be a datetime, not {type(moment).__name__}")
             if moment is not None and moment.tzinfo is None:
                 raise InvalidArgument(f"{label} must be timezone-aware (e.g. datetime.now(UTC))")
+        if run_at is not None:
+            check_run_at(run_at)
         if expires_at is not None and expires_at.timestamp() <= time.time():
             raise InvalidArgument("expires_at is already in the past")
         return prio
@@ -396,6 +401,15 @@ def check_delay(delay: float) -> None:
         raise InvalidArgument(f"delay must be a number of seconds, not {type(delay).__name__}")
     if not (0 <= delay <= MAX_DELAY_S):  # also refuses NaN
         raise InvalidArgument(f"delay must be between 0 and {MAX_DELAY_S:.0f} seconds, not {delay}")
+
+
+def check_run_at(run_at: datetime) -> None:
+    """The same horizon as `delay` ahead, and at most a day behind now."""
+    ahead = run_at.timestamp() - time.time()
+    if not (-MAX_RUN_AT_PAST_S <= ahead <= MAX_DELAY_S):
+        raise InvalidArgument(
+            f"run_at must be between 1 day before now and 366 days after, not {run_at.isoformat()}"
+        )
 
 
 def check_priority(priority: int) -> None:

@@ -14,6 +14,7 @@ from typing import Any
 
 import msgspec
 
+from hivejobs.config import known_secrets, scrub_known
 from hivejobs.errors import PayloadInvalid, PayloadTooLarge
 
 _encoder = msgspec.json.Encoder(order="deterministic")
@@ -119,9 +120,34 @@ def decode_any(text: str | bytes, error: Callable[[str], Exception]) -> object:
 
 
 def encode_result(value: object) -> bytes | None:
+    """The stored form of a handler's return value, without the process's passwords."""
     if value is None:
         return None
-    return _encoder.encode(value)
+    return scrub_result(_encoder.encode(value))
+
+
+def scrub_result(raw: bytes) -> bytes:
+    """A result is shown to read tokens, on the dashboard and to a chain's next jobs: a
+    password the log sink hides (a DSN in a returned dict) must not be kept there in clear.
+    Strings are scrubbed one by one (keys too), so the result stays JSON whatever the
+    password's characters; the common case (no password in it) costs one search each."""
+    secrets = known_secrets()
+    if not secrets:
+        return raw
+    text = raw.decode()
+    if not any(s in text or _encoder.encode(s)[1:-1].decode() in text for s in secrets):
+        return raw
+    return _encoder.encode(_scrubbed(_any_decoder.decode(raw)))
+
+
+def _scrubbed(value: object) -> object:
+    if isinstance(value, str):
+        return scrub_known(value)
+    if isinstance(value, dict):
+        return {scrub_known(str(k)): _scrubbed(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_scrubbed(v) for v in value]
+    return value
 
 
 def decode_json(raw: bytes | None, name: str = "?") -> object:
@@ -144,7 +170,8 @@ def storable_text(text: str, max_bytes: int) -> str:
     over the limit keeps its head and its tail (where a traceback puts the exception) with a
     note of what was cut between them.
     """
-    raw = _utf8(text.replace("\x00", "\\x00"))
+    # The log sink's rule: no password this process knows is kept in what is stored.
+    raw = _utf8(scrub_known(text).replace("\x00", "\\x00"))
     if len(raw) <= max_bytes:
         return raw.decode()
     note = (

@@ -1,6 +1,6 @@
 """Embedded PostgreSQL + Valkey as real processes: serve, reuse, never outlive their parent.
 
-Runs as root here, so it also covers Postgres running as ``nobody`` from the copied binaries.
+Runs as root here, so it also covers Postgres running as its own user from the copied binaries.
 """
 
 from __future__ import annotations
@@ -136,7 +136,7 @@ def test_serves_sql_and_redis_reuses_and_restarts(data_dir: Path) -> None:
         assert servers.database_url.startswith("postgresql://postgres:")
         assert "@127.0.0.1:" in servers.database_url
         if os.geteuid() == 0:
-            assert uid_of(servers.postgres_pid) != 0  # Postgres refuses root: runs as nobody
+            assert uid_of(servers.postgres_pid) != 0  # Postgres refuses root: runs as `hivejobs`
         with psycopg.connect(servers.database_url, autocommit=True) as conn:
             assert conn.execute("SELECT current_database()").fetchone() == ("hivejobs",)
             conn.execute("CREATE TABLE kept (v text)")

@@ -70,7 +70,7 @@ from hivejobs.records import (
     TypeFlow,
 )
 from hivejobs.schedules import Schedule, check_cron
-from hivejobs.serialization import PayloadCodec, decode_json, payload_type_of
+from hivejobs.serialization import PayloadCodec, decode_json, payload_type_of, storable_text
 from hivejobs.store import Store
 from hivejobs.store.enqueue import Push, owns_transaction
 from hivejobs.worker.memory import checked_max_rss
@@ -511,10 +511,14 @@ class App:
             raise CallbackRefused(f"job type {name!r} does not take status callbacks")
         if status not in ("succeeded", "failed"):
             raise InvalidArgument(f"status must be 'succeeded' or 'failed', not {status!r}")
+        if error is not None and "\x00" in error:
+            raise InvalidArgument("error must not contain NUL characters (\\u0000)")
         delay = jt.backoff.delay_s(attempt) if status == "failed" and retryable else None
         text = (
             error if error is not None else (None if status == "succeeded" else "callback: failed")
         )
+        if text is not None:
+            text = storable_text(text, self.settings.max_result_bytes)
         result = CallbackStore(self.store).complete(name, job_id, attempt, status, delay, text)
         if result.outcome is None:
             if result.state is None:

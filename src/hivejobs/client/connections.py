@@ -17,7 +17,13 @@ import psycopg
 
 from hivejobs.broker import Broker, Pusher
 from hivejobs.client.aio import AsyncBackends, AsyncBackendsByLoop
-from hivejobs.config import DEFAULT_DATABASE_URL, DEFAULT_REDIS_URL, Settings, remember_secrets
+from hivejobs.config import (
+    DEFAULT_DATABASE_URL,
+    DEFAULT_REDIS_URL,
+    Settings,
+    remember_secrets,
+    warn_plaintext_postgres,
+)
 from hivejobs.store import Store, connection_failed
 
 if TYPE_CHECKING:
@@ -54,7 +60,18 @@ class Connections:
             raise connection_failed(self.settings.database_url, exc) from None
 
     def resolve(self) -> None:
-        """Without configured URLs, pick the local servers or start embedded ones (once)."""
+        """Without configured URLs, pick the local servers or start embedded ones (once).
+        Either way, say so if Postgres is off this machine without TLS guarantees."""
+        self._choose()
+        for url in (
+            self.settings.database_url,
+            self.settings.listen_database_url,
+            self.settings.read_database_url,
+        ):
+            if url:
+                warn_plaintext_postgres(url)
+
+    def _choose(self) -> None:
         if self.settings.backend_source != "default":
             return
         with self._lock:

@@ -19,12 +19,14 @@ system. Here the servers are plain child processes:
   context manager and an ``atexit`` hook shut down cleanly in the normal case.
 * They run in their own session, so a Ctrl-C typed in the terminal reaches the worker (which
   must drain its jobs while the database is still up) but not the servers.
-* Postgres refuses to run as root. When we are root, ``initdb``/``postgres`` run as the
-  existing unprivileged user ``nobody`` (``HIVEJOBS_EMBEDDED_PG_USER`` to change it). That user
+* Postgres refuses to run as root. When we are root, ``initdb``/``postgres`` and Valkey run
+  as the dedicated system user ``hivejobs``, created with ``useradd --system`` when missing
+  (``HIVEJOBS_EMBEDDED_PG_USER`` names another; a shared account such as ``nobody``, whose
+  other processes could read the servers' password files, is refused). That user
   cannot traverse ``/root`` (where venvs and the default data dir live), so the binary tree is
   copied to ``/var/tmp/hivejobs-root/pg-<version>`` and the cluster lives in
   ``/var/tmp/hivejobs-root/clusters/<hash of data dir>/pgdata``, symlinked as ``<data_dir>/pg``.
-  We never create users, and only create and chmod/chown directories of our own, after
+  We create no other user, and only create and chmod/chown directories of our own, after
   checking that a pre-existing one is a real directory owned by root.
 
 The data dir (``platformdirs.user_data_dir("hivejobs")`` unless given, or

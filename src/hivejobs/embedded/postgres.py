@@ -32,6 +32,9 @@ from hivejobs.embedded.process import (
 from hivejobs.store import create_database_if_missing
 
 DATABASE_NAME = "hivejobs"
+# As root, the servers run as this system user (created if missing), never a shared account.
+SERVER_USER = "hivejobs"
+SHARED_ACCOUNTS = ("nobody",)
 
 
 PG_SUPERUSER = "postgres"
@@ -51,19 +54,61 @@ def ensure_database(database_url: str) -> None:
 
 
 def pg_run_as() -> RunAs | None:
+    """As root, the user the servers run as: a dedicated system user (made with useradd the
+    first time), never a shared account such as `nobody`, whose other processes could read
+    the servers' password files and data."""
     if os.geteuid() != 0:
         return None
-    name = os.environ.get("HIVEJOBS_EMBEDDED_PG_USER", "nobody")
-    try:
-        pw = pwd.getpwnam(name)
-    except KeyError:
+    name = os.environ.get("HIVEJOBS_EMBEDDED_PG_USER", SERVER_USER)
+    pw = _user(name) or (_create_user(name) if name == SERVER_USER else None)
+    if pw is None:
         raise EmbeddedError(
-            f"running as root, Postgres needs an unprivileged user to run as; {name!r} does not"
-            " exist (set HIVEJOBS_EMBEDDED_PG_USER to an existing user; we never create one)"
-        ) from None
+            f"running as root, the embedded servers need a dedicated user to run as; {name!r}"
+            " does not exist (create it with `useradd --system --user-group --no-create-home"
+            f" --shell /usr/sbin/nologin {name}`, or unset HIVEJOBS_EMBEDDED_PG_USER to let"
+            f" hivejobs create {SERVER_USER!r})"
+        )
     if pw.pw_uid == 0:
         raise EmbeddedError(f"HIVEJOBS_EMBEDDED_PG_USER={name!r} is root; Postgres refuses it")
+    if name in SHARED_ACCOUNTS or pw.pw_uid in _shared_uids():
+        raise EmbeddedError(
+            f"HIVEJOBS_EMBEDDED_PG_USER={name!r} is a shared account: every process running as"
+            " it could read the servers' passwords and data; use a dedicated user (unset the"
+            f" variable and hivejobs creates {SERVER_USER!r})"
+        )
     return RunAs(name, pw.pw_uid, pw.pw_gid)
+
+
+def _user(name: str) -> pwd.struct_passwd | None:
+    try:
+        return pwd.getpwnam(name)
+    except KeyError:
+        return None
+
+
+def _shared_uids() -> set[int]:
+    return {pw.pw_uid for name in SHARED_ACCOUNTS if (pw := _user(name)) is not None}
+
+
+def _create_user(name: str) -> pwd.struct_passwd:
+    """A system user with its own group, no home and no login shell."""
+    cmd = ["useradd", "--system", "--user-group", "--no-create-home", "--home-dir"]
+    cmd += ["/nonexistent", "--shell", "/usr/sbin/nologin", name]
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=False)
+        failure = done.stderr.strip() if done.returncode != 0 else ""
+    except OSError as exc:  # no useradd on this system
+        failure = str(exc)
+    created = _user(name)  # a concurrent start may have made it: fine either way
+    if created is None:
+        raise EmbeddedError(
+            f"running as root, the embedded servers run as the dedicated user {name!r}, which"
+            f" could not be created ({failure}); create it with `useradd --system --user-group"
+            f" --no-create-home --shell /usr/sbin/nologin {name}` or set"
+            " HIVEJOBS_EMBEDDED_PG_USER to an existing dedicated user"
+        )
+    logger.info("created the embedded servers' user", user=name, uid=created.pw_uid)
+    return created
 
 
 def pg_bin_dir(run_as: RunAs | None) -> tuple[Path, str]:

@@ -9,14 +9,18 @@ so it never imports it back.
 
 from __future__ import annotations
 
+import random
 import re
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from psycopg.errors import DeadlockDetected
 from psycopg.rows import dict_row
 
+from hivejobs.config import scrub_known
 from hivejobs.records import ChainQuery, Completion, Lease, Push
 from hivejobs.store.enqueue import caller_savepoint, owns_transaction
 from hivejobs.store.leases import LEASES
@@ -33,6 +37,8 @@ if TYPE_CHECKING:
 
 CHAIN_QUERIES = load_queries("chain_queries.sql")
 LEASE_HOLD = LEASES["lease_hold"]  # pipelined with the reads
+# A stop that deadlocks with the traverser is tried again this many times in all.
+STOP_TRIES = 5
 
 
 def create_chain_plan(
@@ -247,13 +253,25 @@ class ChainStore:
         traverser. Returns (was live, running try ids to tell their pools)."""
         params = {"id": chain_id}
         stop = {"id": chain_id, "timeout_s": timeout_s}
-        with self.store.connection() as conn, conn.transaction():
-            if conn.execute(CHAIN_QUERIES["request_stop"], stop).fetchone() is None:
-                return False, []
-            conn.execute(CHAIN_QUERIES["cancel_waiting_tries"], params)
-            running = conn.execute(CHAIN_QUERIES["cancel_running_tries"], params).fetchall()
-            conn.execute(CHAIN_QUERIES["wake_traverser"], params)
-        return True, [r[0] for r in running]
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                with self.store.connection() as conn, conn.transaction():
+                    if conn.execute(CHAIN_QUERIES["request_stop"], stop).fetchone() is None:
+                        return False, []
+                    conn.execute(CHAIN_QUERIES["cancel_waiting_tries"], params)
+                    running = conn.execute(CHAIN_QUERIES["cancel_running_tries"], params)
+                    ids = [r[0] for r in running.fetchall()]
+                    conn.execute(CHAIN_QUERIES["wake_traverser"], params)
+                return True, ids
+            except DeadlockDetected:
+                # The traverser locks the same chain and tries in its own order: Postgres broke
+                # the cycle by rolling this transaction back, nothing of it is kept, and the
+                # traverser's side has committed or will soon: the same stop again succeeds.
+                if attempt >= STOP_TRIES:
+                    raise
+                time.sleep(random.uniform(0.0, 0.05 * attempt))
 
     # -- reads ---------------------------------------------------------------------------
 
@@ -318,16 +336,17 @@ class ChainStore:
     def save_output(
         self, job_id: str, stdout: str | None, stderr: str | None, truncated: bool
     ) -> None:
-        """Keep a chain try's captured output for the job log (no-op for other jobs)."""
+        """Keep a chain try's captured output for the job log (no-op for other jobs), without
+        the process's passwords (a handler that prints its DSN)."""
+        stdout, stderr = (scrub_known(t) if t else t for t in (stdout, stderr))
         params = {"job_id": job_id, "stdout": stdout, "stderr": stderr, "truncated": truncated}
         with self.store.connection() as conn:
             conn.execute(CHAIN_QUERIES["save_try_output"], params)
 
     def set_status(self, job_id: str, status: str) -> bool:
+        params = {"job_id": job_id, "status": scrub_known(status)}
         with self.store.connection() as conn:
-            row = conn.execute(
-                CHAIN_QUERIES["set_status"], {"job_id": job_id, "status": status}
-            ).fetchone()
+            row = conn.execute(CHAIN_QUERIES["set_status"], params).fetchone()
         return row is not None
 
     # -- traverser -----------------------------------------------------------------------

@@ -67,6 +67,19 @@ class LeaderRow(msgspec.Struct, frozen=True, kw_only=True):
     expires_in_s: float
 
 
+class LogRow(msgspec.Struct, frozen=True, kw_only=True):
+    """One try of the chain page's job log; `total`: the whole log's length."""
+
+    key: str
+    try_: int
+    state: str
+    finished_at: datetime
+    error: str | None
+    total: int
+
+
+# The tail of a try's error the chain page shows (the job's page has all of it).
+ERROR_CHARS = 500
 Cursor = tuple[datetime, str]
 
 
@@ -126,6 +139,14 @@ class DashboardStore:
         rows = rows[:limit]
         nxt = encode_cursor(rows[-1].sort_at, rows[-1].id) if more and rows else None
         return rows, nxt
+
+    def chain_log(self, chain_id: str, offset: int, limit: int) -> tuple[list[LogRow], int]:
+        """A page of a chain's job log (long errors cut to their tail) and its total length."""
+        params = {"id": chain_id, "offset": offset, "limit": limit, "error_chars": ERROR_CHARS}
+        with self.store.connection() as conn:
+            cur = conn.cursor(row_factory=class_row(LogRow))
+            rows = cur.execute(QUERIES["chain_log_page"], params).fetchall()
+        return rows, rows[0].total if rows else 0
 
     def leader(self) -> LeaderRow | None:
         with self.store.connection() as conn:

@@ -1,5 +1,6 @@
 -- The dashboard's and the HTTP API's reads. Every page is a keyset page over an index: no
--- OFFSET, and no count(*) over the archive (counts come from the small hot table alone).
+-- OFFSET, and no count(*) over the archive (counts come from the small hot table alone). One
+-- exception, bounded by one chain's size: chain_log_page numbers the pages of a chain's log.
 
 -- name: live_counts
 -- The hot table holds live jobs only, so this stays cheap however big the archive grows.
@@ -65,3 +66,16 @@ SELECT c.id, c.name, c.state, c.jobs,
 SELECT holder::text, term, acquired_at, expires_at, expires_at > now() AS valid,
        extract(epoch FROM expires_at - now())::float8 AS expires_in_s
   FROM hivejobs_leader WHERE name = 'coordinator';
+
+-- name: chain_log_page
+-- The chain page's job log, a page at a time and without the captured output (the job's own
+-- page shows that): a chain of 20,000 tries is not one response.
+-- A long error keeps its tail: a traceback ends with the exception and its message.
+SELECT key, try AS try_, state, finished_at,
+       CASE WHEN length(error) > %(error_chars)s THEN '...' || right(error, %(error_chars)s)
+            ELSE error END AS error,
+       count(*) OVER () AS total
+  FROM hivejobs_job_log
+ WHERE chain_id = %(id)s
+ ORDER BY finished_at, key, try
+ LIMIT %(limit)s OFFSET %(offset)s;

@@ -18,7 +18,7 @@ import psycopg
 import psycopg.sql
 from psycopg_pool import ConnectionPool
 
-from hivejobs.config import redact_url, scrub, url_secrets
+from hivejobs.config import redact_url, scrub, url_secrets, warn_plaintext_postgres
 from hivejobs.errors import ConfigError, ConnectionFailed
 from hivejobs.store.migrate import apply_migrations, check_schema
 from hivejobs.store.session_settings import (
@@ -129,6 +129,7 @@ class Database:
         kwargs = connect_kwargs(pooled, session)
         if role is not None and "application_name" not in psycopg.conninfo.conninfo_to_dict(url):
             kwargs["application_name"] = role
+        warn_plaintext_postgres(url)
         connect(url, **kwargs).close()  # fail fast with a clear message
         connection_class, configure = configure_for(pooled, session, settable=synchronous_view)
         self._pool: ConnectionPool[Conn] = ConnectionPool(

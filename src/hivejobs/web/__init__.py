@@ -26,6 +26,8 @@ def create_app(
     *,
     read_tokens: Sequence[str] = (),
     admin_tokens: Sequence[str] = (),
+    callback_tokens: Sequence[tuple[str, str]] = (),
+    callback_secrets: Sequence[tuple[str, str]] = (),
     allow_open: bool = False,
     allowed_hosts: Sequence[str] = (),
     max_body_bytes: int = 2 * 1024 * 1024,
@@ -40,13 +42,17 @@ def create_app(
     and its subdomains) also applies with tokens when given.
 
     `base_path`: where the host app mounts it, for the dashboard's links when the host does
-    not say so in the ASGI `root_path` (Starlette's Mount does; Litestar's mounts do not)."""
+    not say so in the ASGI `root_path` (Starlette's Mount does; Litestar's mounts do not).
+    `callback_tokens` (job type, token): may only post that type's status callbacks;
+    `callback_secrets` (job type, key): that type's callbacks must carry the body's HMAC."""
     from hivejobs.web.asgi import create_app as build
 
     return build(
         app,
         read_tokens=read_tokens,
         admin_tokens=admin_tokens,
+        callback_tokens=callback_tokens,
+        callback_secrets=callback_secrets,
         allow_open=allow_open,
         allowed_hosts=allowed_hosts,
         max_body_bytes=max_body_bytes,

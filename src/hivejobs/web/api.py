@@ -11,8 +11,9 @@ import asyncio
 from typing import Annotated, Any
 
 import msgspec
-from litestar import Response, delete, get, post, put
+from litestar import Request, Response, delete, get, post, put
 from litestar.datastructures import State
+from litestar.exceptions import NotAuthorizedException
 from litestar.params import Parameter, QueryParameter
 
 from hivejobs.chains import Chain
@@ -21,6 +22,7 @@ from hivejobs.client.app import App
 from hivejobs.errors import ChainAlreadyFinished, HivejobsError, JobAlreadyFinished, JobNotFound
 from hivejobs.records import JobInfo
 from hivejobs.store.dashboard import DashboardStore, ListName
+from hivejobs.web.auth import SIGNATURE_HEADER, Tokens
 from hivejobs.web.errors import ERROR_RESPONSES
 from hivejobs.web.schemas import (
     BatchBody,
@@ -198,17 +200,29 @@ def replay_job(state: State, name: Name, job_id: JobId) -> JobOut:
 @post(
     "/v1/jobs/{name:str}/{job_id:str}",
     operation_id="post_callback",
-    opt=ADMIN,
+    opt={**ADMIN, "callback": True},
     status_code=200,
     summary="Status callback (rickover)",
     description="The other service reports the outcome of attempt `attempt` of a job whose "
     "type was declared `callback=True`. A failed, retryable callback with attempts left is "
-    "retried after the backoff. 409: wrong attempt, or the job is not running.",
+    "retried after the backoff. 409: wrong attempt, or the job is not running. An admin "
+    "token or this type's callback token (HIVEJOBS_CALLBACK_TOKENS); when the type has a "
+    "callback secret, `X-Hivejobs-Signature: sha256=<hex HMAC-SHA256 of the body>`.",
     responses=ERROR_RESPONSES(404, 409, 422),
 )
-@threaded
-def post_callback(state: State, name: Name, job_id: JobId, data: CallbackBody) -> JobOut:
-    app = hj(state)
+async def post_callback(
+    request: Request[Any, Any, Any], state: State, name: Name, job_id: JobId, data: CallbackBody
+) -> JobOut:
+    tokens: Tokens = state.tokens
+    if not tokens.signature_ok(name, await request.body(), request.headers.get(SIGNATURE_HEADER)):
+        raise NotAuthorizedException(
+            f"{SIGNATURE_HEADER} must be sha256=<hex HMAC-SHA256 of the body> keyed with the "
+            f"callback secret of job type {name!r}"
+        )
+    return await asyncio.to_thread(_post_callback, hj(state), name, job_id, data)
+
+
+def _post_callback(app: App, name: str, job_id: str, data: CallbackBody) -> JobOut:
     app.complete_callback(
         name,
         job_id,

@@ -33,7 +33,7 @@ from loguru import logger
 
 from hivejobs.client.app import App
 from hivejobs.errors import ConfigError
-from hivejobs.web import api, dashboard, errors, fleet, flow, shield
+from hivejobs.web import api, dashboard, errors, fleet, flow, inputs, shield
 from hivejobs.web.auth import (
     SESSION_COOKIE,
     Role,
@@ -85,6 +85,15 @@ def guard(connection: ASGIConnection[Any, Any, Any, Any], handler: BaseRouteHand
             "a valid token is required: Authorization: Bearer <token>",
             headers={"WWW-Authenticate": 'Bearer realm="hivejobs"'},
         )
+    if role == "callback":
+        # Least privilege: the reporting service posts its type's callbacks, nothing else.
+        name = connection.path_params.get("name")
+        presented = bearer(connection.headers.get("authorization")) or ""
+        if not handler.opt.get("callback") or name not in tokens.callback_types(presented):
+            raise PermissionDeniedException(
+                "a callback token may only post status callbacks of its own job type"
+            )
+        return
     if handler.opt.get("admin") and role != "admin":
         raise PermissionDeniedException("this token is read-only: an admin token is required")
 
@@ -129,16 +138,24 @@ def create_app(
     *,
     read_tokens: Sequence[str] = (),
     admin_tokens: Sequence[str] = (),
+    callback_tokens: Sequence[tuple[str, str]] = (),
+    callback_secrets: Sequence[tuple[str, str]] = (),
     allow_open: bool = False,
     allowed_hosts: Sequence[str] = (),
     max_body_bytes: int = DEFAULT_MAX_BODY,
     base_path: str = "",
     debug: bool = False,
 ) -> Litestar:
-    """The ASGI app over `app` (its job types, its Postgres and Redis)."""
+    """The ASGI app over `app` (its job types, its Postgres and Redis). `callback_tokens`:
+    (job type, token) pairs that may only post that type's status callbacks;
+    `callback_secrets`: (job type, key) pairs whose callbacks must carry the body's HMAC."""
+    check_tokens([token for _, token in callback_tokens], "callback_tokens")
+    check_tokens([key for _, key in callback_secrets], "callback_secrets")
     tokens = Tokens(
         read=check_tokens(read_tokens, "read_tokens"),
         admin=check_tokens(admin_tokens, "admin_tokens"),
+        callback=tuple(callback_tokens),
+        secrets=tuple(callback_secrets),
     )
     if tokens.open:
         if not allow_open:
@@ -165,6 +182,7 @@ def create_app(
     return Litestar(
         route_handlers=[*api.HANDLERS, *fleet.HANDLERS, *flow.HANDLERS, *dashboard.HANDLERS],
         guards=[guard],
+        before_request=inputs.refuse_nul,
         exception_handlers=errors.HANDLERS,
         request_max_body_size=max_body_bytes,
         state=state,
@@ -183,6 +201,9 @@ def create_app(
             render_plugins=[JsonRenderPlugin()],
         ),
         debug=debug,
+        # Litestar's default installs a root `logging` handler: psycopg's and httpx's lines
+        # then bypassed our sink (unscrubbed, plain text among JSON lines). None keeps ours.
+        logging_config=None,
     )
 
 

@@ -1,5 +1,11 @@
-"""Who may do what: bearer tokens (read-only and admin), dashboard sessions, and the back-off
-of clients that keep presenting wrong tokens.
+"""Who may do what: bearer tokens (read-only, admin and callback), dashboard sessions, and the
+back-off of clients that keep presenting wrong tokens.
+
+A callback token belongs to one job type (HIVEJOBS_CALLBACK_TOKENS="type:token,..."): the
+service that reports a callback job's outcome may post that type's status callbacks and
+nothing else (no reading, enqueueing, cancelling, replaying, pausing or scaling, no dashboard
+session). A type with a callback secret (HIVEJOBS_CALLBACK_SECRETS="type:secret,...") also
+needs the body's HMAC-SHA256 in `X-Hivejobs-Signature: sha256=<hex>`, whoever posts it.
 
 An API client sends `Authorization: Bearer <token>`. A browser signs in once at
 /dashboard/login and then carries a session cookie: the role and an expiry signed with a
@@ -11,6 +17,7 @@ when asked (`allow_open=True`). Never logs a token, only the client's address.
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import ipaddress
 import math
@@ -27,8 +34,10 @@ from litestar.exceptions import TooManyRequestsException
 from loguru import logger
 
 from hivejobs.errors import ConfigError
+from hivejobs.jobtypes import NAME_RE
 
-Role = Literal["read", "admin"]
+Role = Literal["read", "admin", "callback"]
+SIGNATURE_HEADER = "X-Hivejobs-Signature"
 SESSION_COOKIE = "hivejobs_session"
 SESSION_S = 12 * 3600.0
 # Shorter tokens can be guessed online even at the back-off's pace; 20 URL-safe characters
@@ -39,6 +48,8 @@ MIN_TOKEN_CHARS = 20
 class Tokens(msgspec.Struct, frozen=True, kw_only=True):
     read: tuple[str, ...] = ()
     admin: tuple[str, ...] = ()
+    callback: tuple[tuple[str, str], ...] = ()  # (job type, token)
+    secrets: tuple[tuple[str, str], ...] = ()  # (job type, HMAC key of its callback bodies)
 
     @property
     def open(self) -> bool:
@@ -59,7 +70,27 @@ class Tokens(msgspec.Struct, frozen=True, kw_only=True):
             admin |= hmac.compare_digest(given, token.encode())
         for token in self.read:
             read |= hmac.compare_digest(given, token.encode())
-        return "admin" if admin else ("read" if read else None)
+        callback = bool(self.callback_types(presented))
+        return "admin" if admin else ("read" if read else ("callback" if callback else None))
+
+    def callback_types(self, presented: str) -> frozenset[str]:
+        """The job types whose callbacks `presented` may post (every token compared)."""
+        given = presented.encode()
+        return frozenset(
+            [name for name, token in self.callback if hmac.compare_digest(given, token.encode())]
+        )
+
+    def signature_ok(self, name: str, body: bytes, header: str | None) -> bool:
+        """True when `name` has no callback secret, or `header` carries the body's HMAC."""
+        keys = [secret for job_type, secret in self.secrets if job_type == name]
+        if not keys:
+            return True
+        given = (header or "").strip()
+        ok = False
+        for key in keys:
+            mac = hmac.new(key.encode(), body, hashlib.sha256).hexdigest()
+            ok |= hmac.compare_digest(given.encode(), f"sha256={mac}".encode())
+        return ok
 
 
 def check_tokens(tokens: Sequence[str], name: str) -> tuple[str, ...]:
@@ -78,6 +109,19 @@ def check_tokens(tokens: Sequence[str], name: str) -> tuple[str, ...]:
 def parse_tokens(raw: str | None) -> tuple[str, ...]:
     """Comma-separated tokens; blanks dropped."""
     return tuple(t.strip() for t in (raw or "").split(",") if t.strip())
+
+
+def parse_typed(raw: str | None, variable: str) -> tuple[tuple[str, str], ...]:
+    """`type:value,...` (HIVEJOBS_CALLBACK_TOKENS, HIVEJOBS_CALLBACK_SECRETS); blanks dropped,
+    each value at least MIN_TOKEN_CHARS long (check_tokens)."""
+    pairs = []
+    for item in parse_tokens(raw):
+        name, sep, value = item.partition(":")
+        if not sep or not NAME_RE.fullmatch(name.strip()) or not value.strip():
+            raise ConfigError(f"{variable}: each item must be JOB_TYPE:VALUE, comma-separated")
+        pairs.append((name.strip(), value.strip()))
+    check_tokens([value for _, value in pairs], variable)
+    return tuple(pairs)
 
 
 def bearer(header: str | None) -> str | None:

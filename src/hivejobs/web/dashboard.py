@@ -3,10 +3,12 @@
 Pages: job types with throughput charts (and which are paused), a type's jobs by state (and
 its Pause/Resume button), one job, failed jobs with bulk replay/cancel, chains and one chain's
 DAG, workers and the coordinator. Lists are keyset pages (store/dashboard.py): no OFFSET, no
-count over the archive. Nothing here writes: the buttons call the JSON API, whose admin guard
+count over the archive; one chain's jobs and job log come in numbered pages (bounded by the
+chain's own size). Nothing here writes: the buttons call the JSON API, whose admin guard
 applies (a read-only sign-in sees the API's 403 in the page's flash line).
 """
 
+from collections import Counter
 from datetime import datetime
 from typing import Annotated, Any
 
@@ -18,6 +20,7 @@ from litestar.response import Redirect
 
 from hivejobs.client.app import App
 from hivejobs.errors import JobNotFound
+from hivejobs.records import ChainJobStatus
 from hivejobs.store.dashboard import DashboardStore, JobRow, ListName
 from hivejobs.store.flow import FlowSettings, FlowStore
 from hivejobs.web.auth import (
@@ -45,9 +48,13 @@ from hivejobs.web.render import (
 from hivejobs.web.threads import threaded
 
 PAGE = 50
+# The chain page: jobs and job-log tries per page, and the largest chain drawn as a graph.
+CHAIN_PAGE = 100
+DAG_MAX_JOBS = 200
 
 Fragment = Annotated[bool, QueryParameter(name="fragment")]
 After = Annotated[str | None, Parameter(max_length=600)]
+ChainPageNumber = Annotated[int, QueryParameter(ge=1, le=1_000_000)]
 SERVICES = (
     ("traverser", "runs chains: starts jobs whose predecessors succeeded"),
     ("promoter", "queues scheduled and retry-delayed jobs when due; ends expired ones"),
@@ -262,15 +269,24 @@ def chains(
 @get("/dashboard/chains/{request_id:str}", include_in_schema=False)
 @threaded
 def chain_page(
-    request: Request[Any, Any, Any], state: State, request_id: str, fragment: Fragment = False
+    request: Request[Any, Any, Any],
+    state: State,
+    request_id: str,
+    page: ChainPageNumber = 1,
+    fragment: Fragment = False,
 ) -> Any:
+    """A chain: its DAG (up to DAG_MAX_JOBS jobs), then CHAIN_PAGE jobs and CHAIN_PAGE tries
+    of its log per page: a 20,000-job chain re-fetched every two seconds stays a small page."""
     app, base = _app(state), _base(request)
     status = app.chain_status(request_id)
-    log = app.job_log(request_id)
+    log, log_total = DashboardStore(app.store).chain_log(
+        request_id, (page - 1) * CHAIN_PAGE, CHAIN_PAGE
+    )
     stop = ""
     if status.state in ("pending", "running", "suspended") and not status.stop_requested:
         url = f"{esc(base)}/v1/chains/{esc(seg(request_id))}/stop"
         stop = f'<button id="stop" data-url="{url}">Stop chain</button>'
+    shown = status.jobs[(page - 1) * CHAIN_PAGE : page * CHAIN_PAGE]
     jobs = [
         [
             esc(j.key),
@@ -282,20 +298,44 @@ def chain_page(
             if j.job_id
             else "-",
         ]
-        for j in status.jobs
+        for j in shown
     ]
     entries = [
         [esc(e.key), str(e.try_), badge(e.state), esc(when(e.finished_at)), esc(e.error or "")]
         for e in log
     ]
+    pages = max(1, -(-max(len(status.jobs), log_total) // CHAIN_PAGE))
+    path = f"/dashboard/chains/{seg(request_id)}"
+    pager = _pager(base, path, page, pages)
     body = (
         f"<p>{esc(status.name)} {badge(status.state)} created {esc(when(status.created_at))}</p>"
-        f"{stop}{dag(base, status.jobs)}"
+        f"{stop}{_chain_graph(base, status.jobs)}{pager}"
         + table(["key", "type", "state", "try", "status", "job"], jobs)
-        + "<h3>Job log</h3>"
+        + f"<h3>Job log ({log_total} tries)</h3>"
         + table(["key", "try", "state", "finished", "error"], entries, "no tries yet")
+        + pager
     )
     return _html(request, f"Chain {request_id}", body, fragment)
+
+
+def _chain_graph(base: str, jobs: list[ChainJobStatus]) -> str:
+    """The DAG while it is readable; above that, the jobs counted by state."""
+    if len(jobs) <= DAG_MAX_JOBS:
+        return dag(base, jobs)
+    counts = Counter(j.state for j in jobs)
+    states = ", ".join(f"{n} {esc(s)}" for s, n in sorted(counts.items()))
+    return f"<p>{len(jobs)} jobs: {states} (the graph is drawn up to {DAG_MAX_JOBS} jobs)</p>"
+
+
+def _pager(base: str, path: str, page: int, pages: int) -> str:
+    if pages <= 1:
+        return ""
+    parts = [f"page {page} of {pages}"]
+    if page > 1:
+        parts.append(link(base, path, "previous page", page=str(page - 1)))
+    if page < pages:
+        parts.append(link(base, path, "next page", page=str(page + 1)))
+    return f'<p class="pager">{" · ".join(parts)}</p>'
 
 
 @get("/dashboard/workers", include_in_schema=False)
@@ -365,6 +405,8 @@ def login(
     role = tokens.role_of(data.get("token", ""))
     if role is None:
         failed_authentication(state.throttle, client, request.url.path)
+        return Redirect(base + "/dashboard/login", status_code=303)
+    if role == "callback":  # posts its type's callbacks over the API, never a session
         return Redirect(base + "/dashboard/login", status_code=303)
     sessions: Sessions = state.sessions
     response = Redirect(base + "/dashboard", status_code=303)

@@ -32,6 +32,7 @@ from hivejobs.errors import (
     UnknownJobType,
 )
 from hivejobs.logs import error_fields
+from hivejobs.serialization import TOO_DEEP
 from hivejobs.web.schemas import ErrorOut
 
 STATUS_OF: list[tuple[type[HivejobsError], int]] = [
@@ -86,6 +87,11 @@ def _json(status: int, message: str, details: list[dict[str, Any]] | None = None
 
 
 def on_hivejobs_error(_: Request[Any, Any, Any], exc: Exception) -> Response[Any]:
+    if isinstance(exc, ConnectionFailed):
+        # The message names the server (user, host, port, database): for our log, not for
+        # every HTTP client.
+        logger.warning("request failed: backend down", service=exc.service, error=str(exc))
+        return _json(503, f"{exc.service} does not answer; retry later")
     for cls, status in STATUS_OF:
         if isinstance(exc, cls):
             return _json(status, str(exc))
@@ -127,6 +133,12 @@ def on_backend_down(_: Request[Any, Any, Any], exc: Exception) -> Response[Any]:
     return _json(503, f"{service} does not answer; retry later")
 
 
+def on_too_deep(_: Request[Any, Any, Any], exc: Exception) -> Response[Any]:
+    """A body nested deeper than the decoder walks (its recursion limit): the client's error,
+    answered without a traceback in the log."""
+    return _json(400, f"request body is {TOO_DEEP}")
+
+
 def on_unexpected(_: Request[Any, Any, Any], exc: Exception) -> Response[Any]:
     logger.opt(exception=exc).error("request failed unexpectedly")
     return _json(500, "internal error: see the server's log")
@@ -138,5 +150,6 @@ HANDLERS: dict[int | type[Exception], Any] = {
     HTTPException: on_http,
     psycopg.OperationalError: on_backend_down,
     redis.RedisError: on_backend_down,
+    RecursionError: on_too_deep,
     Exception: on_unexpected,
 }

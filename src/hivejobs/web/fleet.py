@@ -21,7 +21,7 @@ from hivejobs.web.api import PUBLIC, hj
 from hivejobs.web.errors import ERROR_RESPONSES
 from hivejobs.web.schemas import Health, JobTypeOut, LeaderOut, ThroughputOut, WorkerOut, WorkersOut
 from hivejobs.web.threads import threaded
-from hivejobs.worker.metrics_server import CONTENT_TYPE, render
+from hivejobs.worker.metrics_server import CONTENT_TYPE, Reused, render
 
 
 @get(
@@ -125,7 +125,18 @@ def read_throughput(app: App, minutes: int) -> ThroughputOut:
 )
 @threaded
 def healthz(state: State) -> Response[Health]:
-    app = hj(state)
+    # Public, so anyone can flood it: the answer is reused for `probe_cache_s`, one round
+    # trip to each backend per interval instead of one per request.
+    probe: Reused[Health] | None = state.get("healthz")
+    if probe is None:
+        app = hj(state)
+        probe = Reused(app.settings.probe_cache_s, lambda: _health(app))
+        state["healthz"] = probe  # two first requests may each make one: harmless
+    body = probe.get()
+    return Response(body, status_code=200 if body.status == "ok" else 503)
+
+
+def _health(app: App) -> Health:
     pg = rd = True
     try:
         app.store.now()
@@ -135,9 +146,7 @@ def healthz(state: State) -> Response[Health]:
         app.broker.redis.ping()
     except (redis.RedisError, OSError):
         rd = False
-    ok = pg and rd
-    body = Health(status="ok" if ok else "degraded", postgres=pg, redis=rd)
-    return Response(body, status_code=200 if ok else 503)
+    return Health(status="ok" if pg and rd else "degraded", postgres=pg, redis=rd)
 
 
 @get(

@@ -20,5 +20,7 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         "Tokens: HIVEJOBS_ADMIN_TOKENS and HIVEJOBS_READ_TOKENS (comma-separated, 20 "
         "characters or more). Without any, every local client that is not a web page is admin "
         "and the server listens on loopback only. HIVEJOBS_ALLOWED_HOSTS: Host names to "
-        "accept besides the loopback ones (checked always without tokens, with tokens when set)."
+        "accept besides the loopback ones (checked always without tokens, with tokens when set). "
+        "HIVEJOBS_CALLBACK_TOKENS=type:token,... may only post that type's status callbacks; "
+        "HIVEJOBS_CALLBACK_SECRETS=type:key,... requires the body's HMAC on them."
     )

@@ -12,7 +12,7 @@ import socket
 from loguru import logger
 
 from hivejobs.errors import ConfigError
-from hivejobs.web.auth import check_tokens, parse_tokens
+from hivejobs.web.auth import check_tokens, parse_tokens, parse_typed
 
 
 def is_loopback(host: str) -> bool:
@@ -47,6 +47,8 @@ def serve_main(args: argparse.Namespace) -> int:
         for name in ("HIVEJOBS_READ_TOKENS", "HIVEJOBS_ADMIN_TOKENS")
     )
     hosts = parse_tokens(os.environ.get("HIVEJOBS_ALLOWED_HOSTS"))
+    callback = parse_typed(os.environ.get("HIVEJOBS_CALLBACK_TOKENS"), "HIVEJOBS_CALLBACK_TOKENS")
+    secrets = parse_typed(os.environ.get("HIVEJOBS_CALLBACK_SECRETS"), "HIVEJOBS_CALLBACK_SECRETS")
     if not read and not admin:
         if not is_loopback(args.host):
             raise ConfigError(
@@ -66,10 +68,20 @@ def serve_main(args: argparse.Namespace) -> int:
         app,
         read_tokens=read,
         admin_tokens=admin,
+        callback_tokens=callback,
+        callback_secrets=secrets,
         allow_open=not read and not admin,  # on loopback only, checked above
         allowed_hosts=hosts,
         max_body_bytes=args.max_body_bytes,
     )
     logger.info("serving", host=args.host, port=args.port, tokens=len(read) + len(admin))
-    uvicorn.run(asgi, host=args.host, port=args.port, log_level="warning", access_log=False)
+    # No log_config: uvicorn's lines reach our one sink (scrubbed, JSON among JSON).
+    uvicorn.run(
+        asgi,
+        host=args.host,
+        port=args.port,
+        log_level="warning",
+        access_log=False,
+        log_config=None,
+    )
     return 0

@@ -1,15 +1,24 @@
 """Prometheus text exposition (format 0.0.4) of the fleet's metrics, and the small HTTP server
 behind `hivejobs run --metrics-port`.
 
-Counters and histograms come from Redis (metrics.py says why); queue depth, scheduled, in-flight
-and the coordinator lease are read from Postgres at scrape time. Needs no web framework.
+Counters and histograms come from Redis (metrics.py says why) at every scrape; queue depth,
+scheduled, in-flight and the coordinator lease from Postgres, at most once per `probe_cache_s`
+(the scrapes in between reuse those lines). The server has a bounded number
+of handler threads, each connection a read timeout, and an optional bearer token
+(HIVEJOBS_METRICS_TOKEN). Needs no web framework.
 """
 
 from __future__ import annotations
 
+import hmac
+import ipaddress
+import socket
 import threading
+import time
 from collections import defaultdict
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Generic, TypeVar
 
 import psycopg
 import redis
@@ -23,6 +32,33 @@ from hivejobs.store import Store
 from hivejobs.store.dashboard import DashboardStore
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+# Connections served at once; one more is closed at once instead of costing a thread.
+MAX_HANDLER_THREADS = 16
+# A connection must send its request within this long (an idle socket holds a thread).
+READ_TIMEOUT_S = 5.0
+T = TypeVar("T")
+# What socketserver hands a request handler (typeshed's _RequestType).
+Request = socket.socket | tuple[bytes, socket.socket]
+
+
+class Reused(Generic[T]):
+    """`compute()`'s value, reused for `max_age_s`: a probe flood costs one backend round trip
+    per interval. Owns the last value and its time, both guarded by `_lock`; callers that
+    arrive while it is computed wait for that value instead of computing it again."""
+
+    def __init__(self, max_age_s: float, compute: Callable[[], T]) -> None:
+        self._max_age_s = max_age_s
+        self._compute = compute
+        self._lock = threading.Lock()
+        self._value: T | None = None
+        self._at = float("-inf")
+
+    def get(self) -> T:
+        with self._lock:
+            if self._value is None or time.monotonic() - self._at >= self._max_age_s:
+                self._value = self._compute()
+                self._at = time.monotonic()
+            return self._value
 
 
 def _label(value: str) -> str:
@@ -109,9 +145,16 @@ def render_gauges(store: Store, out: list[str]) -> None:
         out.append(f'hivejobs_worker_processes{{role="{role}"}} {len(roles[role])}')
 
 
-def render(store: Store, broker: Broker) -> str:
+def gauge_lines(store: Store) -> list[str]:
+    out: list[str] = []
+    render_gauges(store, out)
+    return out
+
+
+def render(store: Store, broker: Broker, gauges: Callable[[], list[str]] | None = None) -> str:
     """The whole exposition; a part whose backend fails is left out and `hivejobs_up` says
-    which (a scrape never fails outright because Redis or Postgres blinked)."""
+    which (a scrape never fails outright because Redis or Postgres blinked). `gauges`: the
+    Postgres part's lines (reused ones), instead of reading them now."""
     out: list[str] = []
     redis_ok = pg_ok = 1
     try:
@@ -120,7 +163,7 @@ def render(store: Store, broker: Broker) -> str:
         redis_ok = 0
         logger.warning("metrics: Redis unreadable", **error_fields(exc))
     try:
-        render_gauges(store, out)
+        out += gauges() if gauges is not None else gauge_lines(store)
     except psycopg.Error as exc:
         pg_ok = 0
         logger.warning("metrics: Postgres unreadable", **error_fields(exc))
@@ -133,20 +176,61 @@ def render(store: Store, broker: Broker) -> str:
     return "\n".join(out) + "\n"
 
 
-class MetricsServer:
-    """`hivejobs run --metrics-port`: GET /metrics on a thread of the metrics child process."""
+class _BoundedServer(ThreadingHTTPServer):
+    """ThreadingHTTPServer with at most MAX_HANDLER_THREADS handler threads: a connection
+    beyond them is closed at once (a scraper retries at its next interval) instead of
+    costing a thread each, so 400 idle sockets do not make 400 threads."""
 
-    def __init__(self, settings: Settings, host: str, port: int) -> None:
+    daemon_threads = True
+    request_queue_size = 128  # the listen backlog: a burst of connects is taken, not stalled
+
+    def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler]) -> None:
+        self._slots = threading.BoundedSemaphore(MAX_HANDLER_THREADS)
+        super().__init__(address, handler)
+
+    def process_request(self, request: Request, client_address: Any) -> None:
+        if not self._slots.acquire(blocking=False):
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request: Request, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
+
+class MetricsServer:
+    """`hivejobs run --metrics-port`: GET /metrics on a thread of the metrics child process;
+    with `token`, only for `Authorization: Bearer <token>`."""
+
+    def __init__(self, settings: Settings, host: str, port: int, token: str = "") -> None:
         self.store = Store(settings.database_url, max_size=2)
         self.broker = Broker(settings)
+        self.gauges = Reused(settings.probe_cache_s, lambda: gauge_lines(self.store))
         outer = self
+        expected = f"Bearer {token}".encode()
 
         class Handler(BaseHTTPRequestHandler):
+            timeout = READ_TIMEOUT_S  # socketserver sets it on the connection
+
             def do_GET(self) -> None:  # http.server's name
                 if self.path.split("?", 1)[0] != "/metrics":
                     self.send_error(404, "only /metrics here")
                     return
-                body = render(outer.store, outer.broker).encode()
+                given = (self.headers.get("Authorization") or "").strip().encode()
+                if token and not hmac.compare_digest(given, expected):
+                    self.send_response(401)
+                    self.send_header("WWW-Authenticate", 'Bearer realm="hivejobs metrics"')
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
+                body = render(outer.store, outer.broker, outer.gauges.get).encode()
                 self.send_response(200)
                 self.send_header("Content-Type", CONTENT_TYPE)
                 self.send_header("Content-Length", str(len(body)))
@@ -156,8 +240,13 @@ class MetricsServer:
             def log_message(self, format: str, *args: object) -> None:
                 return  # scrapes are not news
 
-        self.httpd = ThreadingHTTPServer((host, port), Handler)
-        self.httpd.daemon_threads = True
+        self.httpd = _BoundedServer((host, port), Handler)
+        if not token and not _loopback(host):
+            logger.warning(
+                "metrics: no HIVEJOBS_METRICS_TOKEN, anyone who reaches this address reads "
+                "the fleet's metrics",
+                host=host,
+            )
 
     def serve(self, stop: threading.Event) -> None:
         thread = threading.Thread(target=self.httpd.serve_forever, name="metrics", daemon=True)
@@ -167,3 +256,10 @@ class MetricsServer:
         self.httpd.shutdown()
         self.store.close()
         self.broker.close()
+
+
+def _loopback(host: str) -> bool:
+    try:
+        return host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

@@ -413,7 +413,8 @@ def run_metrics_child(settings: Settings, host: str, port: int) -> int:
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    MetricsServer(settings, host, port).serve(stop)
+    token = os.environ.get("HIVEJOBS_METRICS_TOKEN", "").strip()
+    MetricsServer(settings, host, port, token).serve(stop)
     return 0
 
 
