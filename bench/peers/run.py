@@ -13,12 +13,20 @@ process is gone; anything else is refused with the db's key count, never flushed
 
     python bench/peers/run.py [--systems rq,dramatiq,...] [--jobs 20000] [--repeats 3]
                               [--work sleep|cpu|redis] [--work-ms 0.1 | --sweep 0,0.1,1,10]
+                              [--body native|sync|async|both]
                               [--json out.json] [--redis-url URL] [--redis-db N] [--pg-url URL]
                               [--pg-port PORT]
 
 With ``--sweep`` every duration is one table; within it the repeats are interleaved (run 1
-of every system, then run 2 of every system...), so that each ratio compares the same
-minutes of a noisy machine.
+of every row, then run 2 of every row...), so that each ratio compares the same minutes of a
+noisy machine.
+
+Each row is a system and the body it ran: the blocking body (``sync``: redis-py and
+``time.sleep``, on the system's threads or processes) or the asyncio body (``async``:
+``redis.asyncio`` and ``asyncio.sleep``, on its loop). By default (``--body native``) each
+system runs the body its users write, and hivejobs runs both, a ``def`` and an ``async def``
+handler, one row each. The jobs report which body they ran, and a run whose jobs ran another
+one (a blocking body on an event loop above all) fails instead of filling a row.
 """
 
 from __future__ import annotations
@@ -54,6 +62,7 @@ if holder then return holder end
 return redis.call('DBSIZE')
 """
 WORK_KINDS = ("sleep", "cpu", "redis")
+BODY_MODES = ("native", "sync", "async", "both")
 REDIS_PIN = "redis==8.1.0"  # the completion counter's client, same in every venv
 
 
@@ -70,30 +79,42 @@ class System:
     variant: str = ""
     pg_port: str = ""  # defaults to --pg-port
     pythonpath: str = ""  # hivejobs from another tree (a `NAME=SRC` of --hivejobs-src)
+    # the bodies it can run, its users' own first; hivejobs' users write both kinds
+    bodies: tuple[str, ...] = ("sync",)
+    native: tuple[str, ...] = ("sync",)
+
+
+ASYNCIO = {"bodies": ("async", "sync"), "native": ("async",)}  # sync: in asyncio.to_thread
 
 
 SYSTEMS = {
     s.name: s
     for s in [
-        System("hivejobs", 8, needs_pg=True),
+        System("hivejobs", 8, needs_pg=True, bodies=("sync", "async"), native=("sync", "async")),
         System("rq", 1, ("rq==3.0.0", REDIS_PIN)),
         System("dramatiq", 2, ("dramatiq[redis]==2.2.1", REDIS_PIN)),
         System("celery", 3, ("celery[redis]==5.7.0", REDIS_PIN)),
-        System("procrastinate", 4, ("procrastinate==3.10.0", REDIS_PIN), needs_pg=True),
+        System("procrastinate", 4, ("procrastinate==3.10.0", REDIS_PIN), needs_pg=True, **ASYNCIO),
         # typer pinned: pgqueuer 1.6.0's `pgq run` crashes on startup with typer 0.29
         System(
-            "pgqueuer", 5, ("pgqueuer[asyncpg]==1.6.0", "typer==0.20.1", REDIS_PIN), needs_pg=True
+            "pgqueuer",
+            5,
+            ("pgqueuer[asyncpg]==1.6.0", "typer==0.20.1", REDIS_PIN),
+            needs_pg=True,
+            **ASYNCIO,
         ),
         System("huey", 6, ("huey==3.5.4", REDIS_PIN)),
         # saq 0.26.4 imports typing_extensions without declaring it
-        System("saq", 7, ("saq==0.26.4", "typing_extensions", REDIS_PIN)),
+        System("saq", 7, ("saq==0.26.4", "typing_extensions", REDIS_PIN), **ASYNCIO),
         # RQ's default forking Worker (a fork per job): opt-in, it is far slower
         System(
             "rq-fork", 9, ("rq==3.0.0", REDIS_PIN), venv="rq", driver="rq_driver.py", variant="fork"
         ),
+        # arq 0.28.0 requires redis < 6: the counter's client is redis 5.3.1 there
+        System("arq", 10, ("arq==0.28.0", "redis==5.3.1"), **ASYNCIO),
     ]
 }
-DEFAULT_SYSTEMS = "hivejobs,rq,dramatiq,celery,procrastinate,pgqueuer,huey,saq"
+DEFAULT_SYSTEMS = "hivejobs,rq,dramatiq,celery,procrastinate,pgqueuer,huey,saq,arq"
 METRICS = [
     "enqueue_single_per_s",
     "enqueue_bulk_per_s",
@@ -214,8 +235,40 @@ def hivejobs_importable(pythonpath: str = "") -> str | None:
     return None if proc.returncode == 0 else (proc.stderr.strip().splitlines() or ["?"])[-1]
 
 
+def bodies_for(system: System, mode: str) -> tuple[str, ...]:
+    """The bodies `system` runs under ``--body mode``, one row each. ``async`` leaves a system
+    without an asyncio API on its blocking body (its row says so); ``sync`` runs an asyncio
+    system's blocking body in a thread, never on its loop."""
+    if mode == "native":
+        return system.native
+    if mode == "both":
+        return system.bodies
+    return (mode,) if mode in system.bodies else system.native
+
+
+def row_name(name: str, body: str) -> str:
+    return f"{name}/{body}"
+
+
+def check_ran(result: dict, body: str) -> None:
+    """Refuse a run whose jobs did not all run `body` (each job reports what it ran: a
+    blocking body on a running event loop reports `sync-in-loop`)."""
+    ran = result.get("ran") or {}
+    if set(ran) != {body} or ran[body] != result.get("completions"):
+        raise RuntimeError(
+            f"asked for the {body} body, but the jobs ran {ran or 'nothing reported'} "
+            f"({result.get('completions')} completions)"
+        )
+
+
 def run_driver(
-    servers: Servers, system: System, py: str, jobs: int, timeout: float, work: tuple[str, float]
+    servers: Servers,
+    system: System,
+    py: str,
+    jobs: int,
+    timeout: float,
+    work: tuple[str, float],
+    body: str,
 ) -> dict:
     """One isolated run: claim its Redis db, create its database, run the driver, clean up."""
     name = system.name.replace("-", "_").replace("@", "_")
@@ -242,7 +295,12 @@ def run_driver(
         servers.psql(f"CREATE DATABASE {db_name}", port)
     with tempfile.TemporaryFile() as err:
         # own session: on timeout we SIGTERM the driver, whose finally stops its workers
-        env = {**os.environ, "PEERS_WORK": work[0], "PEERS_WORK_MS": repr(work[1])}
+        env = {
+            **os.environ,
+            "PEERS_WORK": work[0],
+            "PEERS_WORK_MS": repr(work[1]),
+            "PEERS_BODY": body,
+        }
         if system.pythonpath:
             env["PYTHONPATH"] = system.pythonpath
         proc = subprocess.Popen(
@@ -268,7 +326,10 @@ def run_driver(
             err.seek(0)
             tail = err.read().decode(errors="replace")[-3000:]
             raise RuntimeError(f"driver exited {proc.returncode}\n{tail}")
-    return json.loads(lines[-1])
+    result = json.loads(lines[-1])
+    if "unavailable" not in result:
+        check_ran(result, body)
+    return result
 
 
 def stop_group(proc: subprocess.Popen) -> None:
@@ -285,7 +346,7 @@ def stop_group(proc: subprocess.Popen) -> None:
 
 def median_of(runs: list[dict]) -> dict:
     """Per-metric median over the successful runs (None when no run had the metric)."""
-    med = {k: runs[0][k] for k in ("system", "version", "keeps_jobs_in", "settings")}
+    med = {k: runs[0].get(k) for k in ("system", "body", "version", "keeps_jobs_in", "settings")}
     for key in METRICS:
         values = [r[key] for r in runs if r.get(key) is not None]
         med[key] = round(statistics.median(values), 2) if values else None
@@ -320,10 +381,22 @@ def fmt(value: float | None, digits: int = 0) -> str:
     return "-" if value is None else f"{value:,.{digits}f}"
 
 
+BODY_NAMES = {"sync": "blocking", "async": "asyncio"}
+
+
 def print_table(medians: dict[str, dict], failures: dict[str, str]) -> None:
-    base = (medians.get("hivejobs") or {}).get("throughput_per_s")
+    """One row per system and body; a ratio column for each hivejobs row (its `def` and
+    `async def` handlers), then each row's settings."""
+    bases = {
+        body: m["throughput_per_s"]
+        for key, m in medians.items()
+        for body in [key.rpartition("/")[2]]
+        if key.rpartition("/")[0] == "hivejobs" and m.get("throughput_per_s")
+    }
+    handler = {"sync": "def", "async": "async def"}
     header = [
         "system",
+        "body",
         "version",
         "keeps jobs in",
         "enqueue/s (single)",
@@ -333,15 +406,16 @@ def print_table(medians: dict[str, dict], failures: dict[str, str]) -> None:
         "worker CPU ms/job",
         "pickup p50 ms",
         "pickup p99 ms",
-        "hivejobs / this",
+        *(f"hivejobs {handler[b]} / this" for b in bases),
     ]
     rows = []
-    for name, m in medians.items():
+    for key, m in medians.items():
+        name, _, body = key.rpartition("/")
         tp = m["throughput_per_s"]
-        ratio = f"{base / tp:.2f}x" if base and tp else "-"
         rows.append(
             [
                 name,
+                BODY_NAMES.get(body, body),
                 m["version"],
                 m["keeps_jobs_in"],
                 fmt(m["enqueue_single_per_s"]),
@@ -351,16 +425,20 @@ def print_table(medians: dict[str, dict], failures: dict[str, str]) -> None:
                 fmt(m.get("worker_cpu_ms_per_job"), 3),
                 fmt(m["pickup_p50_ms"], 1),
                 fmt(m["pickup_p99_ms"], 1),
-                ratio,
+                *(f"{base / tp:.2f}x" if tp else "-" for base in bases.values()),
             ]
         )
-    for name, why in failures.items():
-        rows.append([name, "-", why.splitlines()[0][:40], *["-"] * (len(header) - 3)])
+    for key, why in failures.items():
+        name, _, body = key.rpartition("/")
+        row = [name, BODY_NAMES.get(body, body), "-", why.splitlines()[0][:40]]
+        rows.append(row + ["-"] * (len(header) - len(row)))
     widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
     for i, row in enumerate([header, *rows]):
         print(" | ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)))
         if i == 0:
             print("-+-".join("-" * w for w in widths))
+    for key, m in medians.items():
+        print(f"  {key}: {m.get('settings')}")
 
 
 def add_systems(names: list[str], sources: list[str], free_db: int = 10) -> None:
@@ -414,6 +492,16 @@ def main() -> int:
     p.add_argument("--work", default="sleep", choices=WORK_KINDS, help="the job body")
     p.add_argument("--work-ms", type=float, default=0.0, help="job duration in ms")
     p.add_argument("--sweep", help="comma list of job durations in ms (replaces --work-ms)")
+    p.add_argument(
+        "--body",
+        default="native",
+        choices=BODY_MODES,
+        help="native (default): each system the body its users write (asyncio systems the "
+        "asyncio one, thread/process systems the blocking one), hivejobs both a `def` and an "
+        "`async def` handler; sync: the blocking body everywhere (asyncio systems in "
+        "asyncio.to_thread); async: the asyncio body wherever there is an asyncio API; "
+        "both: every body each system can run; one row per system and body",
+    )
     p.add_argument("--pg-port", default="", help="the port of --pg-url's host to use instead")
     p.add_argument(
         "--hivejobs-src",
@@ -426,8 +514,8 @@ def main() -> int:
     p.add_argument(
         "--redis-db-from",
         type=int,
-        default=10,
-        help="first Redis db of the NAME@PORT and --hivejobs-src systems (default 10)",
+        default=11,
+        help="first Redis db of the NAME@PORT and --hivejobs-src systems (default 11)",
     )
     p.add_argument(
         "--redis-url",
@@ -439,7 +527,7 @@ def main() -> int:
         "--redis-db",
         type=int,
         help="one db for every system, used one after the other (default: a db per system, "
-        "1-9); a db that holds keys not from this script is refused, never flushed",
+        "1-10); a db that holds keys not from this script is refused, never flushed",
     )
     p.add_argument(
         "--pg-url",
@@ -474,7 +562,8 @@ def main() -> int:
         f"python {env['python']}, redis {env['redis']}, postgres {env['postgres']} "
         f"(port {servers.pg_port or 'of --pg-url'}, "
         f"autovacuum {servers.psql('SHOW autovacuum').strip()}), "
-        f"{env['cpu_count']} cpus; jobs={args.jobs} repeats={args.repeats} work={args.work}",
+        f"{env['cpu_count']} cpus; jobs={args.jobs} repeats={args.repeats} work={args.work} "
+        f"body={args.body}",
         flush=True,
     )
     pythons: dict[str, str] = {}
@@ -493,32 +582,36 @@ def main() -> int:
             pythons[name] = python_for(system)
         except subprocess.CalledProcessError as exc:
             failures[name] = f"venv install failed: {exc}"
+    rows = [(n, b) for n in names for b in bodies_for(SYSTEMS[n], args.body)]
     tables: dict[str, dict] = {}
     for ms in sweep:
         label = f"{args.work} {ms:g} ms"
         jobs = jobs_for(args.jobs, ms)
         timeout = args.timeout or max(120.0, jobs / 50)
         runs: dict[str, list[dict]] = {}
-        failed: dict[str, str] = dict(failures)
+        failed: dict[str, str] = {
+            row_name(n, b): why for n, b in rows for why in [failures.get(n)] if why
+        }
         for i in range(args.repeats):
-            for name in names:
-                if name in failed:
+            for name, body in rows:
+                key = row_name(name, body)
+                if key in failed:
                     continue
                 t0 = time.monotonic()
                 try:
                     result = run_driver(
-                        servers, SYSTEMS[name], pythons[name], jobs, timeout, (args.work, ms)
+                        servers, SYSTEMS[name], pythons[name], jobs, timeout, (args.work, ms), body
                     )
                 except Exception as exc:  # one peer failing must not stop the others
-                    failed[name] = f"failed: {exc}"
-                    print(f"[{name}] {label} run {i + 1} FAILED: {exc}", flush=True)
+                    failed[key] = f"failed: {exc}"
+                    print(f"[{key}] {label} run {i + 1} FAILED: {exc}", flush=True)
                     continue
                 if "unavailable" in result:
-                    failed[name] = f"unavailable: {result['unavailable']}"
+                    failed[key] = f"unavailable: {result['unavailable']}"
                     continue
-                runs.setdefault(name, []).append(result)
+                runs.setdefault(key, []).append(result)
                 print(
-                    f"[{name}] {label} run {i + 1}/{args.repeats} "
+                    f"[{key}] {label} run {i + 1}/{args.repeats} "
                     f"({time.monotonic() - t0:.0f}s): {fmt(result['throughput_per_s'])} jobs/s, "
                     f"PG CPU {fmt(result.get('pg_cpu_ms_per_job'), 3)} ms/job, "
                     f"worker CPU {fmt(result.get('worker_cpu_ms_per_job'), 3)} ms/job, "
@@ -529,7 +622,7 @@ def main() -> int:
         for name in list(failed):
             if name in medians:  # some runs succeeded: keep them, note the failure
                 medians[name]["note"] = failed.pop(name)
-        print(f"\n{label}, {jobs:,} jobs per run, medians of {args.repeats}:")
+        print(f"\n{label}, {jobs:,} jobs per run, medians of {args.repeats}, body {args.body}:")
         print_table(medians, failed)
         print()
         tables[label] = {"jobs": jobs, "medians": medians, "runs": runs, "failures": failed}
@@ -544,6 +637,8 @@ def main() -> int:
                         "systems": names,
                         "work": args.work,
                         "sweep": sweep,
+                        "body": args.body,
+                        "rows": [row_name(n, b) for n, b in rows],
                         "pg_port": args.pg_port,
                     },
                     "tables": tables,

@@ -23,6 +23,8 @@ the run with that error instead of waiting for its timeout on a counter nobody s
 from __future__ import annotations
 
 import argparse
+import asyncio
+import collections
 import functools
 import itertools
 import json
@@ -38,18 +40,33 @@ from collections.abc import Callable
 from pathlib import Path
 
 import redis
+import redis.asyncio
 
 DRIVERS_DIR = Path(__file__).resolve().parent
 REDIS_URL_ENV = "PEERS_REDIS_URL"
 PG_URL_ENV = "PEERS_PG_URL"
-# The job body (issue 13), the same for every system: run.py sets these for the driver, whose
-# worker processes inherit them. sleep: blocking sleep; cpu: a busy loop holding the GIL;
-# redis: ONE blocking Redis round trip (a GET on the system's own db), then a sleep for the
-# rest of PEERS_WORK_MS (a network call of that latency). Async peers run the same blocking
-# body inside their event loop, as a user's unchanged function would.
+# The job's work, the same for every system: run.py sets these for the driver, whose worker
+# processes inherit them. sleep: a sleep; cpu: a busy loop holding the GIL; redis: ONE Redis
+# round trip (a GET on the system's own db), then a sleep for the rest of PEERS_WORK_MS (a
+# network call of that latency).
 WORK_ENV, WORK_MS_ENV = "PEERS_WORK", "PEERS_WORK_MS"
+# Which body runs that work, written the way each system's users write it: "sync" (redis-py,
+# time.sleep: a thread or process system, a hivejobs `def` handler) or "async" (redis.asyncio,
+# asyncio.sleep: an asyncio system, a hivejobs `async def` handler). An asyncio system asked
+# for "sync" runs the blocking body in a thread (asyncio.to_thread), never in its loop.
+BODY_ENV = "PEERS_BODY"
+BODIES = ("sync", "async")
+# What the counter reports each job ran as: the harness refuses a run whose jobs did not run
+# the body it asked for, and "sync-in-loop" (a blocking body on a running event loop, which
+# serialises an asyncio worker to one job at a time) is never what it asks for.
+SYNC_IN_LOOP = "sync-in-loop"
+BODY_LABEL = {  # for an asyncio system's settings line
+    "async": "async body (redis.asyncio, asyncio.sleep)",
+    "sync": "blocking body in asyncio.to_thread",
+}
 DONE, FIRST, LAST, LAT = "peers:done", "peers:first", "peers:last", "peers:lat"
 BATCHES = "peers:batches"  # set of the batch tokens already counted
+RAN = "peers:ran"  # hash: body kind -> jobs that ran it
 FLUSH_ERROR_FILE_ENV = "PEERS_FLUSH_ERROR_FILE"
 # How long a flusher retries one batch before it reports failure: a Redis restart fits, and it
 # is far below the run's timeout. Backoff between tries: 0.05 s doubling up to 2 s.
@@ -58,8 +75,9 @@ FLUSH_BACKOFF_S, FLUSH_BACKOFF_MAX_S = 0.05, 2.0
 # A stalled (SIGSTOPped, partitioned) Redis fails a send after this instead of hanging it.
 FLUSH_SOCKET_TIMEOUT_S = 10.0
 
-# KEYS: done, first, last, lat, batches ; ARGV: token, count, earliest, latest, latencies...
-# A token already in the batches set was counted by a send whose reply was lost: skip it.
+# KEYS: done, first, last, lat, batches, ran ; ARGV: token, count, earliest, latest,
+# n kinds, (kind, jobs) x n, latencies... A token already in the batches set was counted by a
+# send whose reply was lost: skip it.
 _FLUSH_LUA = """
 if redis.call('SADD', KEYS[5], ARGV[1]) == 0 then return 0 end
 redis.call('INCRBY', KEYS[1], ARGV[2])
@@ -67,7 +85,9 @@ local first = redis.call('GET', KEYS[2])
 if not first or tonumber(ARGV[3]) < tonumber(first) then redis.call('SET', KEYS[2], ARGV[3]) end
 local last = redis.call('GET', KEYS[3])
 if not last or tonumber(ARGV[4]) > tonumber(last) then redis.call('SET', KEYS[3], ARGV[4]) end
-for i = 5, #ARGV do redis.call('RPUSH', KEYS[4], ARGV[i]) end
+local kinds = tonumber(ARGV[5])
+for i = 0, kinds - 1 do redis.call('HINCRBY', KEYS[6], ARGV[6 + 2 * i], ARGV[7 + 2 * i]) end
+for i = 6 + 2 * kinds, #ARGV do redis.call('RPUSH', KEYS[4], ARGV[i]) end
 return 1
 """
 
@@ -78,16 +98,16 @@ class _Recorder:
     def __init__(self) -> None:
         self._pid = -1
         self._cond = threading.Condition()
-        self._buffer: list[tuple[float, float]] = []
+        self._buffer: list[tuple[float, float, str]] = []
 
-    def add(self, finished: float, latency: float) -> None:
+    def add(self, finished: float, latency: float, ran: str) -> None:
         if self._pid != os.getpid():  # first use in this process (or a forked child)
             self._pid = os.getpid()
             self._cond = threading.Condition()
             self._buffer = []
             threading.Thread(target=self._flush_forever, daemon=True).start()
         with self._cond:
-            self._buffer.append((finished, latency))
+            self._buffer.append((finished, latency, ran))
             self._cond.notify()
 
     def _flush_forever(self) -> None:
@@ -107,10 +127,12 @@ class _Recorder:
                     while not self._buffer:
                         self._cond.wait()
                     batch, self._buffer = self._buffer, []
-                finished = [f for f, _ in batch]
-                latencies = [lat for _, lat in batch if lat >= 0]
-                args = [next(tokens), len(batch), min(finished), max(finished), *latencies]
-                keys = [DONE, FIRST, LAST, LAT, BATCHES]
+                finished = [f for f, _, _ in batch]
+                latencies = [lat for _, lat, _ in batch if lat >= 0]
+                ran = collections.Counter(kind for _, _, kind in batch)
+                args = [next(tokens), len(batch), min(finished), max(finished), len(ran)]
+                args += [*itertools.chain.from_iterable(ran.items()), *latencies]
+                keys = [DONE, FIRST, LAST, LAT, BATCHES, RAN]
                 _send_with_retry(functools.partial(script, keys=keys, args=args))
         except BaseException as exc:  # reported, not re-raised: the report is the signal
             _report_flush_failure(exc)
@@ -149,12 +171,18 @@ def _report_flush_failure(exc: BaseException) -> None:
 
 _recorder = _Recorder()
 _work_client: list[redis.Redis] = []  # one client per process (its pool: a link per thread)
+# one asyncio client per worker process (its pool: a link per task in flight); remade only
+# when the process or its loop changes (a fork, a second asyncio.run)
+_awork_client: list[tuple[int, asyncio.AbstractEventLoop, redis.asyncio.Redis]] = []
+
+
+def _work_params() -> tuple[str, float]:
+    return os.environ.get(WORK_ENV, "sleep"), float(os.environ.get(WORK_MS_ENV, "0")) / 1000
 
 
 def work() -> None:
-    """The job's work, chosen by PEERS_WORK and PEERS_WORK_MS (default: none)."""
-    kind = os.environ.get(WORK_ENV, "sleep")
-    seconds = float(os.environ.get(WORK_MS_ENV, "0")) / 1000
+    """The blocking body's work, chosen by PEERS_WORK and PEERS_WORK_MS (default: none)."""
+    kind, seconds = _work_params()
     began = time.perf_counter()
     if kind == "redis":
         if not _work_client or _work_client[0].connection_pool.pid != os.getpid():
@@ -170,27 +198,58 @@ def work() -> None:
         time.sleep(seconds)
 
 
+async def awork() -> None:
+    """The asyncio body's work: the same as :func:`work` with ``redis.asyncio`` and
+    ``asyncio.sleep``, so the loop runs other jobs while this one waits (cpu still holds
+    the GIL: CPU work is the same in either body)."""
+    kind, seconds = _work_params()
+    began = time.perf_counter()
+    if kind == "redis":
+        loop = asyncio.get_running_loop()
+        if not _awork_client or _awork_client[0][:2] != (os.getpid(), loop):
+            client = redis.asyncio.Redis.from_url(os.environ[REDIS_URL_ENV])
+            _awork_client[:] = [(os.getpid(), loop, client)]
+        await _awork_client[0][2].get("peers:work")
+        left = seconds - (time.perf_counter() - began)
+        if left > 0:
+            await asyncio.sleep(left)
+    elif kind == "cpu":
+        while time.perf_counter() - began < seconds:
+            pass
+    elif seconds:
+        await asyncio.sleep(seconds)
+
+
+def _in_event_loop() -> bool:
+    """True when this thread is running an event loop (a blocking body would stall it)."""
+    return asyncio._get_running_loop() is not None
+
+
 def job(enqueued_at: float) -> None:
-    """The job body every system runs: its start time, the work, then the counter."""
+    """The blocking body (thread and process systems, hivejobs `def`): its start time, the
+    work, then the counter, which notes whether it ran on a thread's running event loop."""
     started = time.time()
     work()
-    record(enqueued_at, started)
+    record(enqueued_at, started, SYNC_IN_LOOP if _in_event_loop() else "sync")
 
 
 async def ajob(enqueued_at: float) -> None:
-    """Same as :func:`job` for asyncio job bodies: the same blocking work, in the loop."""
-    job(enqueued_at)
+    """The body of an asyncio system's handler: the asyncio body, or with PEERS_BODY=sync the
+    blocking one in a thread (what a user of an asyncio queue does with a blocking function;
+    never the blocking body on the loop itself)."""
+    if os.environ.get(BODY_ENV, "async") == "sync":
+        await asyncio.to_thread(job, enqueued_at)
+        return
+    started = time.time()
+    await awork()
+    record(enqueued_at, started, "async")
 
 
-def record(enqueued_at: float, started: float) -> None:
-    """Count one finished job. ``enqueued_at`` > 0 marks a latency job (handler start minus
-    enqueue-call start). Never blocks on the network: the flusher thread sends it."""
-    _recorder.add(time.time(), started - enqueued_at if enqueued_at > 0 else -1.0)
-
-
-async def arecord(enqueued_at: float, started: float) -> None:
-    """Same as :func:`record` for asyncio job bodies (it does not block the loop)."""
-    record(enqueued_at, started)
+def record(enqueued_at: float, started: float, ran: str) -> None:
+    """Count one finished job that ran body ``ran``. ``enqueued_at`` > 0 marks a latency job
+    (handler start minus enqueue-call start). Never blocks on the network: the flusher thread
+    sends it."""
+    _recorder.add(time.time(), started - enqueued_at if enqueued_at > 0 else -1.0, ran)
 
 
 # --------------------------------------------------------------------------- driver side
@@ -215,6 +274,17 @@ def parse_args(needs_pg: bool = False) -> argparse.Namespace:
     os.environ[REDIS_URL_ENV] = args.redis_url
     os.environ[PG_URL_ENV] = args.pg_url
     return args
+
+
+def chosen_body(supported: tuple[str, ...]) -> str:
+    """The body run.py asked for (PEERS_BODY; default: the first of ``supported``, the
+    system's native one), exported for the worker processes. A body the system cannot run
+    the way its users write it ends the driver with a message: no silent substitute."""
+    body = os.environ.get(BODY_ENV) or supported[0]
+    if body not in supported:
+        raise SystemExit(f"this system runs only the {' or '.join(supported)} body, not {body!r}")
+    os.environ[BODY_ENV] = body
+    return body
 
 
 def install_sigterm() -> None:
@@ -362,7 +432,7 @@ def run_workload(
     3. pickup latency: workers idle, ``latency_jobs`` enqueued ``latency_gap`` apart.
     """
     r = redis.Redis.from_url(args.redis_url)
-    r.delete(DONE, FIRST, LAST, LAT, BATCHES)
+    r.delete(DONE, FIRST, LAST, LAT, BATCHES, RAN)
     n_single, n_bulk = split_enqueue(args.jobs, enqueue_bulk is not None)
 
     t0 = time.perf_counter()
@@ -416,6 +486,7 @@ def run_workload(
         lat_ms = sorted(float(x) * 1000 for x in r.lrange(LAT, 0, -1))
         # more completions than jobs means a peer ran some job twice: report it, don't hide it
         completions = int(r.get(DONE) or 0)
+        ran = {k.decode(): int(v) for k, v in r.hgetall(RAN).items()}
     except BaseException:
         sys.stderr.write(f"--- {system} worker log tail ---\n{workers.tail()}\n")
         raise
@@ -442,6 +513,8 @@ def run_workload(
             4,
         ),
         "work": f"{os.environ.get(WORK_ENV, 'sleep')} {os.environ.get(WORK_MS_ENV, '0')} ms",
+        "body": os.environ.get(BODY_ENV, ""),  # the body run.py asked for
+        "ran": ran,  # what the jobs reported they ran: {"async": 20200}, {"sync": ...}
         "pickup_p50_ms": round(percentile(lat_ms, 50), 2),
         "pickup_p99_ms": round(percentile(lat_ms, 99), 2),
         "latency_samples": len(lat_ms),

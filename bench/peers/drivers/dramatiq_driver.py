@@ -22,11 +22,12 @@ dramatiq.set_broker(RedisBroker(url=os.environ[_common.REDIS_URL_ENV]))
 
 @dramatiq.actor(actor_name="noop", queue_name="bench")
 def noop(t: float) -> None:
-    """The job: the chosen body (_common.job), then the shared counter."""
+    """The job: the blocking body (_common.job), then the shared counter."""
     _common.job(t)
 
 
 def main(args) -> None:
+    _common.chosen_body(("sync",))  # a thread/process system: the blocking body
     _common.install_sigterm()
 
     def start_workers(w: _common.Workers) -> None:

@@ -3,7 +3,9 @@
 It writes a tiny app module to a temp dir (the CLI needs an importable ``MODULE:APP``), then
 starts ONE ``hivejobs run peers_hivejobs_app:app --shutdown-timeout 5`` supervisor, which
 forks the job type's pool processes (``processes=2``, ``concurrency=8`` each). Every job is
-stored in Postgres; Redis is the broker.
+stored in Postgres; Redis is the broker. The handler is a ``def`` (PEERS_BODY=sync, the
+blocking body) or an ``async def`` (PEERS_BODY=async, the asyncio body), both written as a
+user of each kind would.
 """
 
 from __future__ import annotations
@@ -36,10 +38,19 @@ app = App(
 )
 
 
-@app.job("noop", concurrency=8, processes=2)
-def noop(ctx: JobContext, payload: dict) -> None:
-    _common.job(float(payload.get("t", 0.0)))
+if os.environ[_common.BODY_ENV] == "async":
+
+    @app.job("noop", concurrency=8, processes=2)
+    async def noop(ctx: JobContext, payload: dict) -> None:
+        await _common.ajob(float(payload.get("t", 0.0)))
+
+else:
+
+    @app.job("noop", concurrency=8, processes=2)
+    def noop(ctx: JobContext, payload: dict) -> None:
+        _common.job(float(payload.get("t", 0.0)))
 '''
+HANDLER = {"sync": "`def` handler", "async": "`async def` handler"}
 
 
 def cli_command() -> list[str]:
@@ -55,6 +66,7 @@ def cli_command() -> list[str]:
 
 def main() -> None:
     args = _common.parse_args(needs_pg=True)
+    body = _common.chosen_body(("sync", "async"))
     _common.install_sigterm()
     try:
         import hivejobs  # noqa: F401
@@ -93,7 +105,8 @@ def main() -> None:
             enqueue_one=lambda t: app.enqueue("noop", {"t": t}),
             enqueue_bulk=lambda ts: app.enqueue_many("noop", [{"t": t} for t in ts]),
             start_workers=start_workers,
-            settings=f"`hivejobs run --log-level {LOG_LEVEL}`, processes=2 x concurrency=8",
+            settings=f"{HANDLER[body]}, `hivejobs run --log-level {LOG_LEVEL}`, "
+            "processes=2 x concurrency=8",
         )
         close = getattr(app, "close", None)
         if callable(close):

@@ -1,5 +1,5 @@
-"""huey driver: RedisHuey (blocking BRPOP dequeue, its default), one ``huey_consumer -k process
--w 2`` (2 worker processes plus the consumer's scheduler). huey has no bulk enqueue API."""
+"""huey driver: RedisHuey (blocking BRPOP dequeue, its default), 2 ``huey_consumer -k thread
+-w 8`` processes (8 worker threads each, as hivejobs). huey has no bulk enqueue API."""
 
 from __future__ import annotations
 
@@ -20,11 +20,12 @@ huey = RedisHuey("bench", url=os.environ[_common.REDIS_URL_ENV])
 
 @huey.task()
 def noop(t: float) -> None:
-    """The job: the chosen body (_common.job), then the shared counter."""
+    """The job: the blocking body (_common.job), then the shared counter."""
     _common.job(t)
 
 
 def main(args) -> None:
+    _common.chosen_body(("sync",))  # a thread/process system: the blocking body
     _common.install_sigterm()
     # huey names tasks "<module>.<function>": enqueue through the module the workers import,
     # not through this file's "__main__" copy
@@ -32,8 +33,11 @@ def main(args) -> None:
 
     def start_workers(w: _common.Workers) -> None:
         exe = str(Path(sys.executable).parent / "huey_consumer")
-        # SIGTERM = immediate shutdown for huey (SIGINT is its graceful one): fine for cleanup
-        w.start([exe, "huey_driver.huey", "-k", "process", "-w", "2", "-q"])
+        # 2 consumer processes x 8 worker threads, as hivejobs: a huey user whose jobs wait on
+        # I/O runs thread workers. SIGTERM = immediate shutdown for huey (SIGINT is its
+        # graceful one): fine for cleanup
+        for _ in range(2):
+            w.start([exe, "huey_driver.huey", "-k", "thread", "-w", "8", "-q"])
 
     result = _common.run_workload(
         args,
@@ -43,7 +47,7 @@ def main(args) -> None:
         enqueue_one=lambda t: huey_driver.noop(t),
         enqueue_bulk=None,
         start_workers=start_workers,
-        settings="RedisHuey (blocking), `huey_consumer -k process -w 2`",
+        settings="RedisHuey (blocking), 2 x `huey_consumer -k thread -w 8`",
     )
     _common.emit(result)
 

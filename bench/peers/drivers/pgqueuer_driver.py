@@ -1,5 +1,6 @@
-"""pgqueuer driver: Postgres via asyncpg, 2 ``pgq run`` processes with ``--batch-size 10``
-(LISTEN/NOTIFY wake-ups, its default). Bulk = ``Queries.enqueue`` with lists."""
+"""pgqueuer driver: Postgres via asyncpg, 2 ``pgq run`` processes with ``--batch-size 10
+--max-concurrent-tasks 20`` (LISTEN/NOTIFY wake-ups, its default), an ``async def``
+entrypoint. Bulk = ``Queries.enqueue`` with lists."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ async def create_pgqueuer() -> AsyncIterator[PgQueuer]:
 
     @pgq.entrypoint("noop")
     async def noop(job: Job) -> None:
-        """The job: the chosen body (_common.job), then the shared counter."""
+        """The job: the asyncio body (sync: the blocking one in a thread), then the counter."""
         await _common.ajob(float(job.payload or b"0"))
 
     try:
@@ -35,6 +36,7 @@ async def create_pgqueuer() -> AsyncIterator[PgQueuer]:
 
 def main() -> None:
     args = _common.parse_args(needs_pg=True)
+    body = _common.chosen_body(("async", "sync"))  # asyncio: its own body is async
     _common.install_sigterm()
     loop = asyncio.new_event_loop()
     conn = loop.run_until_complete(asyncpg.connect(args.pg_url))
@@ -55,6 +57,10 @@ def main() -> None:
                     "pgqueuer_driver:create_pgqueuer",
                     "--batch-size",
                     "10",
+                    # without a cap a worker takes every queued job at once; 20 is the least
+                    # pgqueuer allows with batches of 10 (2 x the batch)
+                    "--max-concurrent-tasks",
+                    "20",
                     "--log-level",
                     "WARNING",
                 ]
@@ -71,7 +77,8 @@ def main() -> None:
             ),
             enqueue_bulk=enqueue_bulk,
             start_workers=start_workers,
-            settings="asyncpg, 2 x `pgq run --batch-size 10`, LISTEN/NOTIFY",
+            settings="asyncpg + uvloop, 2 x `pgq run --batch-size 10 --max-concurrent-tasks 20`, "
+            f"LISTEN/NOTIFY, {_common.BODY_LABEL[body]}",
         )
     finally:
         loop.run_until_complete(conn.close())

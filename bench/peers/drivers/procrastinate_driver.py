@@ -21,11 +21,12 @@ app = procrastinate.App(
 
 @app.task(name="noop", queue="bench")
 async def noop(t: float) -> None:
-    """The job: the chosen body (_common.job), then the shared counter."""
+    """The job: the asyncio body (sync: the blocking one in a thread), then the counter."""
     await _common.ajob(t)
 
 
 def main(args) -> None:
+    body = _common.chosen_body(("async", "sync"))  # asyncio: its own body is async
     _common.install_sigterm()
 
     def start_workers(w: _common.Workers) -> None:
@@ -56,7 +57,8 @@ def main(args) -> None:
             enqueue_one=lambda t: noop.defer(t=t),
             enqueue_bulk=lambda ts: noop.batch_defer(*({"t": t} for t in ts)),
             start_workers=start_workers,
-            settings="psycopg3, 2 x `procrastinate worker --concurrency 8`, listen/notify",
+            settings="psycopg3, 2 x `procrastinate worker --concurrency 8`, listen/notify, "
+            f"{_common.BODY_LABEL[body]}",
         )
     _common.emit(result)
 

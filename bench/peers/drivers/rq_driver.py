@@ -15,12 +15,13 @@ QUEUE = "bench"
 
 
 def noop(t: float) -> None:
-    """The job: the chosen body (_common.job), then the shared counter."""
+    """The job: the blocking body (_common.job), then the shared counter."""
     _common.job(t)
 
 
 def main() -> None:
     args = _common.parse_args()
+    _common.chosen_body(("sync",))  # a thread/process system: the blocking body
     _common.install_sigterm()
     worker_class = "rq.Worker" if args.variant == "fork" else "rq.SimpleWorker"
     q = Queue(QUEUE, connection=Redis.from_url(args.redis_url))
@@ -56,7 +57,8 @@ def main() -> None:
         enqueue_one=lambda t: q.enqueue(func, t),
         enqueue_bulk=enqueue_bulk,
         start_workers=start_workers,
-        settings=f"2 x `rq worker -w {worker_class}`, enqueue_many for bulk",
+        settings=f"2 x `rq worker -w {worker_class}` (one job at a time each: RQ has no threads)"
+        ", enqueue_many for bulk",
     )
     _common.emit(result)
 

@@ -21,7 +21,7 @@ queue = Queue.from_url(os.environ[_common.REDIS_URL_ENV], name="bench")
 
 
 async def noop(ctx: dict, *, t: float) -> None:
-    """The job: the chosen body (_common.job), then the shared counter."""
+    """The job: the asyncio body (sync: the blocking one in a thread), then the counter."""
     await _common.ajob(t)
 
 
@@ -29,6 +29,7 @@ settings = {"queue": queue, "functions": [noop], "concurrency": 8}
 
 
 def main(args) -> None:
+    body = _common.chosen_body(("async", "sync"))  # asyncio: its own body is async
     _common.install_sigterm()
     loop = asyncio.new_event_loop()
     loop.run_until_complete(queue.connect())
@@ -46,7 +47,8 @@ def main(args) -> None:
             enqueue_one=lambda t: loop.run_until_complete(queue.enqueue("noop", t=t)),
             enqueue_bulk=None,
             start_workers=start_workers,
-            settings="Redis, `saq --workers 2`, concurrency 8 per process",
+            settings="Redis, `saq --workers 2`, concurrency 8 per process, "
+            f"{_common.BODY_LABEL[body]}",
         )
     finally:
         loop.run_until_complete(queue.disconnect())
