@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ast
+import asyncio
 import importlib.util
 import os
 import socket
@@ -30,7 +32,7 @@ def common(monkeypatch: pytest.MonkeyPatch) -> Iterator[ModuleType]:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     prefix = f"hjtest:peers:{uuid.uuid4().hex[:8]}:"
-    for name in ("DONE", "FIRST", "LAST", "LAT", "BATCHES"):
+    for name in ("DONE", "FIRST", "LAST", "LAT", "BATCHES", "RAN"):
         monkeypatch.setattr(module, name, prefix + getattr(module, name))
     monkeypatch.setenv(module.REDIS_URL_ENV, REDIS_URL)
     yield module
@@ -46,7 +48,7 @@ def test_recorder_counts_every_completion_from_many_threads(common: ModuleType) 
     def worker(k: int) -> None:
         for i in range(250):
             enqueued = 1000.0 + k if i % 50 == 0 else 0.0  # 5 latency jobs per thread
-            common.record(enqueued, 1000.5 + k)
+            common.record(enqueued, 1000.5 + k, "sync")
 
     threads = [threading.Thread(target=worker, args=(k,)) for k in range(4)]
     for t in threads:
@@ -58,18 +60,20 @@ def test_recorder_counts_every_completion_from_many_threads(common: ModuleType) 
     assert float(client.get(common.FIRST) or 0) <= float(client.get(common.LAST) or 0)
     latencies = sorted(float(v) for v in client.lrange(common.LAT, 0, -1))
     assert latencies == [0.5] * 20  # handler start minus enqueue, latency jobs only
+    assert client.hgetall(common.RAN) == {b"sync": b"1000"}
 
 
 def test_a_batch_sent_twice_is_counted_once(common: ModuleType) -> None:
     """A retry after a lost reply resends the same token: the script skips it."""
     client = redis.Redis.from_url(REDIS_URL)
     script = client.register_script(common._FLUSH_LUA)
-    keys = [common.DONE, common.FIRST, common.LAST, common.LAT, common.BATCHES]
-    args: list[str | float] = ["token-1", 3, 1000.0, 1002.0, 0.25]
+    keys = [common.DONE, common.FIRST, common.LAST, common.LAT, common.BATCHES, common.RAN]
+    args: list[str | float] = ["token-1", 3, 1000.0, 1002.0, 2, "async", 2, "sync", 1, 0.25]
     assert script(keys=keys, args=args) == 1
     assert script(keys=keys, args=args) == 0
     assert int(client.get(common.DONE) or 0) == 3
     assert client.lrange(common.LAT, 0, -1) == [b"0.25"]
+    assert client.hgetall(common.RAN) == {b"async": b"2", b"sync": b"1"}
 
 
 def test_counter_retries_through_a_redis_restart(
@@ -82,7 +86,7 @@ def test_counter_retries_through_a_redis_restart(
     monkeypatch.setenv(common.REDIS_URL_ENV, own_redis.url)
     own_redis.stop()
     for _ in range(10):
-        common.record(0.0, 1000.0)
+        common.record(0.0, 1000.0, "sync")
     seen: list[str] = []
 
     def failed_once() -> bool:
@@ -91,7 +95,7 @@ def test_counter_retries_through_a_redis_restart(
 
     wait_until(failed_once, what="the flusher to fail a send and retry")
     for _ in range(5):
-        common.record(0.0, 1000.0)
+        common.record(0.0, 1000.0, "sync")
     own_redis.start()  # empty: only what the flusher sends from now on is counted
     client = redis.Redis.from_url(own_redis.url)
     wait_until(lambda: int(client.get(common.DONE) or 0) >= 15, what="15 completions")
@@ -112,7 +116,7 @@ def test_a_counter_that_cannot_send_fails_the_run(
     monkeypatch.setattr(common, "FLUSH_GIVE_UP_S", 0.5)
     own_redis.stop()
     workers.check_alive()  # nothing reported yet
-    common.record(0.0, 1000.0)
+    common.record(0.0, 1000.0, "sync")
     try:
         wait_until(workers.flush_errors.exists, what="the flusher to report that it stopped")
         with pytest.raises(RuntimeError, match=r"completion counter stopped.*ConnectionError"):
@@ -135,6 +139,98 @@ def test_percentile_is_nearest_rank(common: ModuleType) -> None:
     values = [float(v) for v in range(1, 201)]
     assert common.percentile(values, 99) == 198.0
     assert common.percentile(values, 50) == 100.5
+
+
+def ran_counts(common: ModuleType, total: int) -> dict[str, int]:
+    """The counter's {body: jobs} once `total` jobs were counted."""
+    client = redis.Redis.from_url(REDIS_URL)
+    wait_until(lambda: int(client.get(common.DONE) or 0) >= total, what=f"{total} completions")
+    return {k.decode(): int(v) for k, v in client.hgetall(common.RAN).items()}
+
+
+def test_each_body_reports_what_it_ran(
+    common: ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The blocking body on a thread is `sync`, the same body on a running event loop is
+    `sync-in-loop`, an asyncio system's body is `async`, and its blocking variant runs in a
+    thread (`sync`), never on the loop."""
+    monkeypatch.setenv(common.WORK_ENV, "redis")
+    monkeypatch.setenv(common.WORK_MS_ENV, "0.1")
+
+    common.job(0.0)  # a worker thread of a thread system
+
+    async def blocking_in_loop() -> None:
+        common.job(0.0)
+
+    asyncio.run(blocking_in_loop())
+
+    async def asyncio_bodies(body: str, n: int) -> None:
+        monkeypatch.setenv(common.BODY_ENV, body)
+        await asyncio.gather(*(common.ajob(0.0) for _ in range(n)))
+
+    asyncio.run(asyncio_bodies("async", 3))
+    asyncio.run(asyncio_bodies("sync", 2))
+    assert ran_counts(common, 7) == {"sync": 3, "sync-in-loop": 1, "async": 3}
+
+
+def test_the_asyncio_body_leaves_its_loop_free_while_it_waits(
+    common: ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While one asyncio body waits, the loop runs other tasks (a blocking body would hold
+    the loop for the whole 30 s). Its Redis call goes through one redis.asyncio client per
+    process and loop, never the blocking client."""
+    monkeypatch.setenv(common.BODY_ENV, "async")
+
+    async def scenario() -> None:
+        monkeypatch.setenv(common.WORK_ENV, "sleep")
+        monkeypatch.setenv(common.WORK_MS_ENV, "30000")
+        waiting = asyncio.create_task(common.ajob(0.0))
+        await asyncio.sleep(0)  # the loop starts the body, which yields at its wait
+        assert not waiting.done()  # we run again while it waits (blocking: 30 s later, done)
+        waiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        monkeypatch.setenv(common.WORK_ENV, "redis")
+        monkeypatch.setenv(common.WORK_MS_ENV, "0")
+        await asyncio.gather(*(common.ajob(0.0) for _ in range(4)))
+
+    asyncio.run(scenario())
+    assert ran_counts(common, 4) == {"async": 4}
+    assert common._work_client == [] and len(common._awork_client) == 1
+
+
+ASYNCIO_DRIVERS = ("pgqueuer", "saq", "arq", "procrastinate")
+
+
+@pytest.mark.parametrize("system", ASYNCIO_DRIVERS)
+def test_an_asyncio_driver_awaits_the_asyncio_body(system: str) -> None:
+    """The job of an asyncio system's driver is an `async def` that awaits `_common.ajob`,
+    and nothing in the driver calls the blocking `_common.job` (which would run on its loop
+    and serialise the worker to one job at a time)."""
+    source = (ROOT / "bench" / "peers" / "drivers" / f"{system}_driver.py").read_text()
+    calls = {
+        node.func.attr
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and isinstance(node.func.value, ast.Name)
+        and node.func.value.id == "_common"
+    }
+    handlers = [
+        node
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.AsyncFunctionDef)
+        and any(
+            isinstance(a, ast.Await)
+            and isinstance(a.value, ast.Call)
+            and isinstance(a.value.func, ast.Attribute)
+            and a.value.func.attr == "ajob"
+            for a in ast.walk(node)
+        )
+    ]
+    assert handlers, f"{system}: no async def awaiting _common.ajob"
+    assert "job" not in calls, f"{system} calls the blocking _common.job"
+    assert load_run_py().SYSTEMS[system].native == ("async",)
 
 
 def load_run_py() -> ModuleType:
@@ -199,3 +295,36 @@ def test_a_db_left_by_a_dead_run_on_this_machine_is_taken_over(
 def test_peers_run_py_refuses_db_0(servers: Any) -> None:
     with pytest.raises(SystemExit, match="db 0 is never used"):
         servers.redis_cli(0, "PING")
+
+
+def test_rows_run_each_systems_own_body_and_hivejobs_both() -> None:
+    run = load_run_py()
+    native = {name: run.bodies_for(system, "native") for name, system in run.SYSTEMS.items()}
+    assert native["hivejobs"] == ("sync", "async")
+    for name in ASYNCIO_DRIVERS:
+        assert native[name] == ("async",)
+    for name in ("dramatiq", "huey", "celery", "rq", "rq-fork"):
+        assert native[name] == ("sync",)
+    assert run.bodies_for(run.SYSTEMS["pgqueuer"], "sync") == ("sync",)  # in a thread
+    assert run.bodies_for(run.SYSTEMS["dramatiq"], "async") == ("sync",)  # no asyncio API
+    assert run.bodies_for(run.SYSTEMS["hivejobs"], "async") == ("async",)
+    assert run.bodies_for(run.SYSTEMS["saq"], "both") == ("async", "sync")
+
+
+@pytest.mark.parametrize(
+    "body, ran, completions",
+    [
+        ("async", {"sync-in-loop": 20_200}, 20_200),  # a blocking body on the loop
+        ("async", {"async": 20_000, "sync-in-loop": 200}, 20_200),
+        ("sync", {"async": 20_200}, 20_200),
+        ("async", {"async": 20_000}, 20_200),  # jobs that reported nothing
+        ("async", {}, 20_200),
+    ],
+)
+def test_a_run_whose_jobs_ran_another_body_is_refused(
+    body: str, ran: dict[str, int], completions: int
+) -> None:
+    run = load_run_py()
+    with pytest.raises(RuntimeError, match=f"asked for the {body} body, but the jobs ran"):
+        run.check_ran({"ran": ran, "completions": completions}, body)
+    run.check_ran({"ran": {body: completions}, "completions": completions}, body)
