@@ -148,9 +148,7 @@ def ran_counts(common: ModuleType, total: int) -> dict[str, int]:
     return {k.decode(): int(v) for k, v in client.hgetall(common.RAN).items()}
 
 
-def test_each_body_reports_what_it_ran(
-    common: ModuleType, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_each_body_reports_what_it_ran(common: ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
     """The blocking body on a thread is `sync`, the same body on a running event loop is
     `sync-in-loop`, an asyncio system's body is `async`, and its blocking variant runs in a
     thread (`sync`), never on the loop."""
