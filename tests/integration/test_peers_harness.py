@@ -145,7 +145,7 @@ def ran_counts(common: ModuleType, total: int) -> dict[str, int]:
     """The counter's {body: jobs} once `total` jobs were counted."""
     client = redis.Redis.from_url(REDIS_URL, decode_responses=True)
     wait_until(lambda: int(client.get(common.DONE) or 0) >= total, what=f"{total} completions")
-    return {k: int(v) for k, v in client.hgetall(common.RAN).items()}
+    return {str(k): int(v) for k, v in client.hgetall(common.RAN).items()}
 
 
 def test_each_body_reports_what_it_ran(common: ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
