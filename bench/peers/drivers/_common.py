@@ -171,8 +171,12 @@ def _report_flush_failure(exc: BaseException) -> None:
 
 _recorder = _Recorder()
 _work_client: list[redis.Redis] = []  # one client per process (its pool: a link per thread)
-# one asyncio client per worker process (its pool: a link per task in flight); remade only
-# when the process or its loop changes (a fork, a second asyncio.run)
+# One asyncio client per worker process (its pool: a link per task in flight, up to 100,
+# redis-py's default size); remade only when the process or its loop changes (a fork, a
+# second asyncio.run). A blocking pool: a system that lets more than 100 jobs wait at once
+# (pgqueuer uncapped) queues them for a link instead of failing them with "Too many
+# connections", as redis-py's default pool does.
+AWORK_MAX_CONNECTIONS = 100
 _awork_client: list[tuple[int, asyncio.AbstractEventLoop, redis.asyncio.Redis]] = []
 
 
@@ -207,7 +211,10 @@ async def awork() -> None:
     if kind == "redis":
         loop = asyncio.get_running_loop()
         if not _awork_client or _awork_client[0][:2] != (os.getpid(), loop):
-            client = redis.asyncio.Redis.from_url(os.environ[REDIS_URL_ENV])
+            pool = redis.asyncio.BlockingConnectionPool.from_url(
+                os.environ[REDIS_URL_ENV], max_connections=AWORK_MAX_CONNECTIONS
+            )
+            client = redis.asyncio.Redis(connection_pool=pool)
             _awork_client[:] = [(os.getpid(), loop, client)]
         await _awork_client[0][2].get("peers:work")
         left = seconds - (time.perf_counter() - began)
