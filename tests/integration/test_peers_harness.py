@@ -197,6 +197,23 @@ def test_the_asyncio_body_leaves_its_loop_free_while_it_waits(
     assert common._work_client == [] and len(common._awork_client) == 1
 
 
+def test_more_asyncio_bodies_at_once_than_links_all_finish(
+    common: ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A system that holds more jobs at once than the client has links (pgqueuer uncapped
+    holds thousands) gets them all run: they queue for a link, none fails."""
+    monkeypatch.setenv(common.BODY_ENV, "async")
+    monkeypatch.setenv(common.WORK_ENV, "redis")
+    monkeypatch.setenv(common.WORK_MS_ENV, "0")
+    n = common.AWORK_MAX_CONNECTIONS + 50
+
+    async def burst() -> None:
+        await asyncio.gather(*(common.ajob(0.0) for _ in range(n)))
+
+    asyncio.run(burst())
+    assert ran_counts(common, n) == {"async": n}
+
+
 ASYNCIO_DRIVERS = ("pgqueuer", "saq", "arq", "procrastinate")
 
 
