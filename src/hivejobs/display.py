@@ -31,3 +31,29 @@ def escape(value: object) -> str:
         else:
             out.append(f"\\u{ord(ch):04x}")
     return "".join(out)
+
+
+_TRACEBACK_HEAD = "Traceback (most recent call last):"
+
+
+def exception_line(error: str | None) -> str:
+    """The line that says what went wrong (`ValueError: no @ in the address`) out of a stored
+    error: a traceback puts it after its frames, at the left margin; an error we wrote
+    (`Fail: ...`, a timeout) is one line already. Works on the tail of a long traceback too,
+    which is all a listing reads."""
+    lines = [line for line in (error or "").splitlines() if line.strip()]
+    if not lines:
+        return ""
+    heads = [i for i, line in enumerate(lines) if line.startswith(_TRACEBACK_HEAD)]
+    if heads:
+        # The last traceback is the one that ended the attempt (an earlier one is its cause);
+        # its first line at the margin after the frames is the exception.
+        for line in lines[heads[-1] + 1 :]:
+            if not line[0].isspace():
+                return line
+    # A tail cut inside a traceback, or text we wrote: the first margin line after the last
+    # indented one (a frame or a caret line), else the first line.
+    indented = [i for i, line in enumerate(lines) if line[0].isspace()]
+    if indented and indented[-1] + 1 < len(lines):
+        return lines[indented[-1] + 1]
+    return lines[0]

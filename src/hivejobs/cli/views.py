@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import UTC, datetime
 
-from hivejobs.display import escape
+from hivejobs.display import escape, exception_line
 from hivejobs.records import ChainSummary, JobLogEntry, JobSummary, RunningTry
 
 
@@ -36,7 +36,7 @@ def job_rows(jobs: Sequence[JobSummary]) -> list[str]:
             j.priority,
             _t(j.created_at),
             _t(j.finished_at),
-            _first_line(j.error, 60),
+            exception_line(j.error)[:60],
         )
         for j in jobs
     ]
@@ -92,13 +92,6 @@ def log_lines(entries: Sequence[JobLogEntry]) -> list[str]:
                 lines.append(f"  {label}{cut}:")
                 lines += ["    " + escape(line) for line in text.rstrip("\n").split("\n")]
     return lines or ["no tries yet"]
-
-
-def _first_line(text: str | None, width: int) -> str:
-    if not text:
-        return ""
-    lines = text.strip().splitlines()
-    return lines[-1][:width] if lines else ""
 
 
 def _t(moment: datetime | None) -> str:

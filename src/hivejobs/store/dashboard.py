@@ -46,7 +46,8 @@ class JobRow(msgspec.Struct, frozen=True, kw_only=True):
     run_at: datetime
     started_at: datetime | None
     finished_at: datetime | None
-    error: str | None
+    error: str | None  # the head of the traceback (where it started)
+    error_tail: str | None  # its end, which holds the exception line
     sort_at: datetime | None
 
 

@@ -9,7 +9,8 @@ SELECT name, state, count(*)::int AS n FROM hivejobs_job GROUP BY name, state;
 -- name: queued_jobs
 -- Oldest first over hivejobs_job_queued (queued_at, id).
 SELECT id, name, state, attempt, attempts, priority, created_at, run_at, started_at,
-       NULL::timestamptz AS finished_at, error, queued_at AS sort_at
+       NULL::timestamptz AS finished_at, left(error, 300) AS error,
+       right(error, 4000) AS error_tail, queued_at AS sort_at
   FROM hivejobs_job
  WHERE state = 'queued' AND queued_at IS NOT NULL AND (%(name)s::text IS NULL OR name = %(name)s)
    AND (queued_at, id) > (%(after_at)s, %(after_id)s)
@@ -18,7 +19,8 @@ SELECT id, name, state, attempt, attempts, priority, created_at, run_at, started
 -- name: scheduled_jobs
 -- Soonest first over hivejobs_job_due (run_at).
 SELECT id, name, state, attempt, attempts, priority, created_at, run_at, started_at,
-       NULL::timestamptz AS finished_at, error, run_at AS sort_at
+       NULL::timestamptz AS finished_at, left(error, 300) AS error,
+       right(error, 4000) AS error_tail, run_at AS sort_at
   FROM hivejobs_job
  WHERE state = 'scheduled' AND (%(name)s::text IS NULL OR name = %(name)s)
    AND run_at >= %(after_at)s AND (run_at, id) > (%(after_at)s, %(after_id)s)
@@ -27,7 +29,8 @@ SELECT id, name, state, attempt, attempts, priority, created_at, run_at, started
 -- name: running_jobs
 -- The running set is bounded by the fleet's concurrency (plus jobs awaiting a callback).
 SELECT id, name, state, attempt, attempts, priority, created_at, run_at, started_at,
-       NULL::timestamptz AS finished_at, error, started_at AS sort_at
+       NULL::timestamptz AS finished_at, left(error, 300) AS error,
+       right(error, 4000) AS error_tail, started_at AS sort_at
   FROM hivejobs_job
  WHERE state = 'running' AND (%(name)s::text IS NULL OR name = %(name)s)
    AND (started_at, id) > (%(after_at)s, %(after_id)s)
@@ -36,7 +39,8 @@ SELECT id, name, state, attempt, attempts, priority, created_at, run_at, started
 -- name: failed_jobs
 -- Newest first over hivejobs_archive_failed (finished_at, id) WHERE state = 'failed'.
 SELECT id, name, state, attempt, attempts, priority, created_at, run_at, started_at,
-       finished_at, left(error, 300) AS error, finished_at AS sort_at
+       finished_at, left(error, 300) AS error, right(error, 4000) AS error_tail,
+       finished_at AS sort_at
   FROM hivejobs_archive
  WHERE state = 'failed' AND (%(name)s::text IS NULL OR name = %(name)s)
    AND (finished_at, id) < (%(after_at)s, %(after_id)s)
@@ -46,7 +50,8 @@ SELECT id, name, state, attempt, attempts, priority, created_at, run_at, started
 -- Newest first over hivejobs_archive_finished (finished_at): the first condition bounds the
 -- backward index scan, the row comparison breaks ties by id.
 SELECT id, name, state, attempt, attempts, priority, created_at, run_at, started_at,
-       finished_at, left(error, 300) AS error, finished_at AS sort_at
+       finished_at, left(error, 300) AS error, right(error, 4000) AS error_tail,
+       finished_at AS sort_at
   FROM hivejobs_archive
  WHERE finished_at <= %(after_at)s AND (%(name)s::text IS NULL OR name = %(name)s)
    AND (finished_at, id) < (%(after_at)s, %(after_id)s)

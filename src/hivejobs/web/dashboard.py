@@ -19,6 +19,7 @@ from litestar.params import Body, Parameter, QueryParameter
 from litestar.response import Redirect
 
 from hivejobs.client.app import App
+from hivejobs.display import exception_line
 from hivejobs.errors import JobNotFound
 from hivejobs.records import ChainJobStatus
 from hivejobs.store.dashboard import DashboardStore, JobRow, ListName
@@ -91,7 +92,7 @@ def _job_rows(base: str, rows: list[JobRow], pick: bool) -> list[list[str]]:
             badge(r.state),
             f"{r.attempt}/{r.attempts}",
             esc(when(r.finished_at or r.started_at or r.run_at)),
-            f'<span class="muted">{esc((r.error or "").strip().splitlines()[-1:])}</span>'
+            f'<span class="muted error-line">{esc(exception_line(r.error_tail))}</span>'
             if r.error
             else "",
         ]

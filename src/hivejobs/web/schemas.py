@@ -110,7 +110,8 @@ class JobListItem(msgspec.Struct, kw_only=True):
     run_at: datetime
     started_at: datetime | None
     finished_at: datetime | None
-    error: str | None
+    error: str | None  # the head of the last error (up to 300 characters)
+    error_line: str | None  # the exception line (`ValueError: ...`), null when no error
 
 
 class JobPage(msgspec.Struct, kw_only=True):

@@ -1,0 +1,54 @@
+"""Triage from the dashboard in a real headless Chromium: the failed-jobs page says what went
+wrong (the exception line, not the head of the traceback), and the API gives that line as its
+own field."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.harness import Instance, wait_until
+from tests.web.conftest import ADMIN, Server
+
+pw = pytest.importorskip("playwright.sync_api")
+CHROMIUM = "/usr/bin/chromium"
+ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--no-first-run"]
+BOOM_LINE = "RuntimeError: boom: the handler failed on purpose"
+
+
+@pytest.fixture
+def browser() -> Iterator[object]:
+    if not Path(CHROMIUM).exists():
+        pytest.fail(f"{CHROMIUM} is missing: apt-get install -y chromium (scripts/test does)")
+    with pw.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
+        yield b
+        b.close()
+
+
+def sign_in(page: object, base: str) -> None:
+    page.goto(base + "/dashboard/login")  # type: ignore[attr-defined]
+    page.fill("input[name=token]", ADMIN)  # type: ignore[attr-defined]
+    page.click("#signin")  # type: ignore[attr-defined]
+    page.wait_for_url(base + "/dashboard")  # type: ignore[attr-defined]
+
+
+def test_failed_jobs_page_shows_the_exception_line(
+    server: Server, fleet: Callable[..., Instance], browser: object
+) -> None:
+    fleet()
+    c = server.client
+    job_id = c.post("/v1/jobs/boom", json={"data": {}}).json()["id"]
+    wait_until(lambda: c.get(f"/v1/jobs/boom/{job_id}").json()["state"] == "failed")
+
+    listed = c.get("/v1/jobs", params={"state": "failed"}).json()["jobs"]
+    assert [j["error_line"] for j in listed] == [BOOM_LINE]
+    assert listed[0]["error"].startswith("Traceback")  # the head stays where it was
+
+    page = browser.new_page()  # type: ignore[attr-defined]
+    sign_in(page, server.url)
+    page.goto(server.url + "/dashboard/failed")
+    row = page.locator("tr", has_text=job_id)
+    assert row.locator(".error-line").inner_text() == BOOM_LINE
