@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
 from tests.harness import Instance, wait_until
@@ -52,3 +53,20 @@ def test_failed_jobs_page_shows_the_exception_line(
     page.goto(server.url + "/dashboard/failed")
     row = page.locator("tr", has_text=job_id)
     assert row.locator(".error-line").inner_text() == BOOM_LINE
+
+
+def test_a_browser_without_a_session_lands_on_the_sign_in_page(
+    server: Server, browser: object
+) -> None:
+    page = browser.new_page()  # type: ignore[attr-defined]
+    for path in ("/", "/dashboard", "/dashboard/failed"):
+        page.goto(server.url + path)
+        assert page.url == server.url + "/dashboard/login", path
+        assert page.locator("input[name=token]").is_visible()
+    # An API client (no HTML asked for) keeps the JSON 401 that says what to send.
+    denied = httpx.get(server.url + "/dashboard/failed", headers={"Accept": "*/*"})
+    assert denied.status_code == 401
+    assert "Bearer" in denied.json()["error"]
+    sign_in(page, server.url)
+    page.goto(server.url + "/dashboard/failed")
+    assert page.url == server.url + "/dashboard/failed"

@@ -13,6 +13,7 @@ import redis
 from litestar import Request, Response
 from litestar.exceptions import ClientException, HTTPException, ValidationException
 from litestar.openapi.datastructures import ResponseSpec
+from litestar.response import Redirect
 from loguru import logger
 
 from hivejobs.errors import (
@@ -112,8 +113,28 @@ def on_validation(_: Request[Any, Any, Any], exc: Exception) -> Response[Any]:
     return _json(400, detail)
 
 
-def on_http(_: Request[Any, Any, Any], exc: Exception) -> Response[Any]:
+def _base(request: Request[Any, Any, Any]) -> str:
+    root = str(request.scope.get("root_path", "")) or str(request.app.state.base_path)
+    return root.rstrip("/")
+
+
+def _wants_page(request: Request[Any, Any, Any]) -> bool:
+    """A browser opening a dashboard page: it asks for HTML and cannot send a bearer header,
+    so a 401 would leave it on a JSON dead end. The pages' own live fetches ask for any type
+    and keep the JSON answer."""
+    path = request.url.path.removeprefix(_base(request))
+    dashboard = path in ("", "/") or (
+        path.startswith("/dashboard") and not path.startswith("/dashboard/login")
+    )
+    return (
+        request.method == "GET" and dashboard and "text/html" in request.headers.get("accept", "")
+    )
+
+
+def on_http(request: Request[Any, Any, Any], exc: Exception) -> Response[Any]:
     assert isinstance(exc, HTTPException)
+    if exc.status_code == 401 and _wants_page(request):
+        return Redirect(_base(request) + "/dashboard/login", status_code=303)
     if exc.status_code == 413:
         return _json(413, "request body over the size limit (see --max-body-bytes)")
     if type(exc) is ClientException and exc.status_code == 400:
