@@ -26,7 +26,7 @@ from hivejobs.config import (
     redact_url,
     scrub_known,
 )
-from hivejobs.display import escape
+from hivejobs.display import escape, exception_line
 from hivejobs.errors import (
     ChainInvalid,
     ConfigError,
@@ -293,6 +293,14 @@ def _list_jobs(args: argparse.Namespace) -> int:
         limit=args.limit,
         after=args.after,
     )
+    if args.json:
+        # The HTTP API's page shape: the jobs and the cursor of the next page (null: the end).
+        jobs = [
+            {**msgspec.to_builtins(j), "error_line": exception_line(j.error) if j.error else None}
+            for j in page.jobs
+        ]
+        _print_json({"jobs": jobs, "next": page.next})
+        return ExitCode.OK
     print("\n".join(job_rows(page.jobs)))
     if page.next is not None:
         print(f"more: --after '{page.next}'", file=sys.stderr)
@@ -581,7 +589,11 @@ def build_parser() -> Parser:
     p.add_argument("--until", help="... and before: ISO 8601 or a span back from now")
     p.add_argument("--limit", type=int, default=50, help="jobs per page (default 50)")
     p.add_argument("--after", help="the cursor printed after a full page: the next page")
-    p.add_argument("--json", action="store_true", help="the counts as a JSON list")
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help='the counts as a JSON list; with filters, {"jobs": [...], "next": CURSOR or null}',
+    )
     p = add("workers", cmd_workers, "live worker processes and their heartbeats")
     p.add_argument("--json", action="store_true", help="a JSON list instead of a table")
     add("cron", cmd_cron, "periodic schedules with their last and next tick (UTC)")
