@@ -87,7 +87,9 @@ class Coordinator:
         store, broker = self.store, self.broker
         self.traverser = Traverser(store, broker, search_every_s=s.coordinator_interval_s)
         self.dispatcher = Dispatcher(s, broker, self.traverser, self.stop)
-        self.gauges = Gauges(store, interval_s=max(5.0, s.coordinator_interval_s))
+        self.gauges = Gauges(
+            store, interval_s=max(5.0, s.coordinator_interval_s), stuck_after_s=s.stuck_after_s
+        )
         return [
             self.traverser,
             Scheduler(store, broker, interval_s=min(1.0, s.coordinator_interval_s)),

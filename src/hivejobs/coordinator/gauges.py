@@ -1,4 +1,5 @@
-"""Gauges (leader only): queue depth per type and jobs in flight, in hivejobs_gauge."""
+"""Gauges (leader only): queue depth per type and jobs in flight, in hivejobs_gauge; and a
+warning when queued jobs have no live worker of their type."""
 
 from __future__ import annotations
 
@@ -19,18 +20,33 @@ ROWS_PER_SECOND_OF_AGE = 5_000
 
 
 class Gauges:
-    """Queue depth per type and jobs in flight: logged and kept in hivejobs_gauge. Owns
-    `in_flight`, which the Compactor reads to skip its exact count while a backlog drains,
-    and the last count of queued rows (`_queued`) with when it was made."""
+    """Queue depth per type and jobs in flight: kept in hivejobs_gauge, logged when they
+    change. Owns `in_flight`, which the Compactor reads to skip its exact count while a
+    backlog drains, the last count of queued rows (`_queued`) with when it was made, the last
+    depth it logged, and since when each type has had queued jobs and no live pool."""
 
     name = "gauges"
 
-    def __init__(self, store: Store, interval_s: float = 5.0) -> None:
+    def __init__(
+        self,
+        store: Store,
+        interval_s: float = 5.0,
+        stuck_after_s: float = 30.0,
+        unserved_after_s: float | None = None,
+    ) -> None:
         self.store = store
         self.interval_s = interval_s
         self.in_flight: int | None = None  # queued + running at the last pass
         self._queued: dict[tuple[str, int], int] = {}
         self._count_due = 0.0
+        self._logged: dict[str, object] | None = None
+        # A pool whose heartbeat is older than this is dead (the Rescuer's bound).
+        self.stuck_after_s = stuck_after_s
+        # A fleet that is starting registers its pools within seconds: a type is reported
+        # unserved only after this long, and once until it is served again.
+        self.unserved_after_s = stuck_after_s if unserved_after_s is None else unserved_after_s
+        self._unserved_since: dict[str, float] = {}
+        self._warned: frozenset[str] = frozenset()
 
     def run_once(self, lease: Lease | None = None) -> dict[str, int]:
         """Measure and store the gauges; `lease` is not needed (they are measurements, and
@@ -47,9 +63,36 @@ class Gauges:
         self.store.set_gauges(values)
         total = {"queued": sum(queued.values()), "running": sum(running.values())}
         self.in_flight = total["queued"] + total["running"]
-        if names:
-            logger.info("queue depth", **total, by_type={n: queued.get(n, 0) for n in names})
+        depth: dict[str, object] = {**total, "by_type": {n: queued.get(n, 0) for n in names}}
+        # An idle fleet measures the same depth every pass: a line only when it changed.
+        if names and depth != self._logged:
+            logger.info("queue depth", **depth)
+        self._logged = depth
+        self._warn_unserved({n for n, k in queued.items() if k > 0})
         return total
+
+    def _warn_unserved(self, waiting: set[str]) -> None:
+        """Jobs queued for a type that no live pool serves wait for ever: say so, once."""
+        now = time.monotonic()
+        live = set()
+        if waiting:
+            live = {
+                w.pool
+                for w in self.store.workers()
+                if w.role == "pool" and w.pool and w.heartbeat_age_s < self.stuck_after_s
+            }
+        unserved = waiting - live
+        self._unserved_since = {n: self._unserved_since.get(n, now) for n in unserved}
+        due = frozenset(
+            n for n, t in self._unserved_since.items() if now - t >= self.unserved_after_s
+        )
+        if due - self._warned:
+            logger.warning(
+                "jobs are queued for types no live worker serves: start a worker whose app"
+                " registers them",
+                types=sorted(due),
+            )
+        self._warned = due
 
     def _queued_counts(self) -> dict[tuple[str, int], int]:
         """A count now, or the last one while it is younger than its rows allow."""
