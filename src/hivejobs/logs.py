@@ -42,18 +42,19 @@ def _stderr_sink(message: str) -> None:
         pass
 
 
-def log_level() -> str:
-    level = os.environ.get("HIVEJOBS_LOG_LEVEL", "INFO").strip().upper()
+def log_level(default: str = "INFO") -> str:
+    level = os.environ.get("HIVEJOBS_LOG_LEVEL", default).strip().upper()
     if level not in _LEVELS:
         raise ConfigError(f"HIVEJOBS_LOG_LEVEL={level!r} is not one of {', '.join(_LEVELS)}")
     return level
 
 
-def setup_logging(process: str) -> None:
+def setup_logging(process: str, default_level: str = "INFO") -> None:
     """Our one stderr sink (JSON lines when HIVEJOBS_LOG_FORMAT=json, for log shippers),
     replacing only the handlers we added earlier (and loguru's default one, which would print
-    every line twice); sinks the user's own module added are kept."""
-    level = log_level()
+    every line twice); sinks the user's own module added are kept. At `default_level` unless
+    HIVEJOBS_LOG_LEVEL says otherwise."""
+    level = log_level(default_level)
     for handler_id in _OUR_HANDLERS:
         with contextlib.suppress(ValueError):
             logger.remove(handler_id)

@@ -74,7 +74,8 @@ ENVIRONMENT = f"""environment:
   HIVEJOBS_REDIS_URL     Redis (default {DEFAULT_REDIS_URL})
   HIVEJOBS_PREFIX        Redis key prefix (default {DEFAULT_PREFIX})
   HIVEJOBS_APP           MODULE:APP when --app is not given
-  HIVEJOBS_LOG_LEVEL     DEBUG, INFO (default), WARNING, ERROR
+  HIVEJOBS_LOG_LEVEL     DEBUG, INFO, WARNING, ERROR (default INFO for run, serve, dev
+                         and bench, WARNING for the commands that print an answer)
   HIVEJOBS_LOG_FORMAT    text (default) or json
   HIVEJOBS_<SETTING>     any setting, e.g. HIVEJOBS_SHUTDOWN_TIMEOUT_S=25"""
 
@@ -723,6 +724,10 @@ def _stdout_gone() -> int:
     return ExitCode.STDOUT_GONE
 
 
+# Processes whose log is their output; the other commands answer on stdout and log warnings.
+LONG_RUNNING = frozenset({"run", "serve", "dev", "bench"})
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     from hivejobs.logs import setup_logging
 
@@ -733,6 +738,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(build_parser().format_help(), file=sys.stderr, end="")
             return ExitCode.USAGE
         args = build_parser().parse_args(argv)
+        if args.command not in LONG_RUNNING:
+            # A one-shot command prints its own answer: the library's INFO line about the
+            # same act ("job replayed", "chain stored") would say it a second time.
+            setup_logging("cli", default_level="WARNING")
         _check_text_arguments(args)
         code = int(args.fn(args))
         sys.stdout.flush()  # inside the try: a closed pipe is handled below
