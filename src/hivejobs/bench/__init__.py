@@ -68,7 +68,7 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--jobs", type=int, default=20_000, help="backlog size for throughput")
     p.add_argument("--processes", type=int, default=2, help="worker OS processes")
     p.add_argument("--concurrency", type=int, default=8, help="threads per process")
-    p.add_argument("--payload-bytes", type=int, default=0)
+    p.add_argument("--payload-bytes", type=int, default=0, help="size of each job's payload")
     p.add_argument("--rate", type=float, default=1000.0, help="jobs/s for latency")
     p.add_argument("--duration", type=float, default=5.0, help="seconds of latency load")
     p.add_argument("--work-ms", type=float, default=0.0, help="simulated work per job")
@@ -91,7 +91,12 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
         help="throughput at each of these job durations (replaces --work-ms), one row each",
     )
     p.add_argument("--repeats", type=int, default=3, help="runs per scenario (median)")
-    p.add_argument("--backlog-jobs", type=int, default=1_000_000)
+    p.add_argument(
+        "--backlog-jobs",
+        type=int,
+        default=1_000_000,
+        help="jobs in the backlog scenario: all enqueued, then drained by a worker",
+    )
     p.add_argument(
         "--stale-stats-jobs",
         type=int,
@@ -101,7 +106,7 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", metavar="FILE", help="write machine-readable results")
     p.add_argument("--plot", metavar="FILE.png", help="latency and throughput plot")
     p.add_argument("--database-url", help="server to bench on (a new database is made)")
-    p.add_argument("--redis-url")
+    p.add_argument("--redis-url", help="Redis to bench on (a fresh key prefix is used)")
     p.add_argument("--keep", action="store_true", help="keep the bench database (debugging)")
 
 

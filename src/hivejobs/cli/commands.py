@@ -80,13 +80,25 @@ ENVIRONMENT = f"""environment:
   HIVEJOBS_<SETTING>     any setting, e.g. HIVEJOBS_SHUTDOWN_TIMEOUT_S=25"""
 
 
+CHAIN_FILE = """FILE.json: a chain's name, optional args, its jobs and optional sequences:
+  {"name": "deploy", "args": {"env": "prod"},
+   "jobs": [{"key": "build", "type": "build", "payload": {}},
+            {"key": "ship", "type": "ship", "payload": {}, "after": ["build"],
+             "tries": 3, "retry_wait": 5, "priority": 0}],
+   "sequences": [{"jobs": ["build", "ship"], "retries": 1, "retry_wait": 30}]}
+A job's `key` names it in `after` and in sequences; `tries` and `retry_wait` retry one job,
+a sequence retries its jobs as a whole. Every job type must be one the app declares."""
+
+
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):
     """Keeps the environment epilog's lines, and shows an option's default when it has one."""
 
     def _get_help_string(self, action: argparse.Action) -> str | None:
         text = action.help or ""
         default = action.default
-        if default not in (None, False, argparse.SUPPRESS) and "default" not in text:
+        # By identity: 0 == False, and a default of 0 is worth showing.
+        shown = not (default is None or default is False or default is argparse.SUPPRESS)
+        if shown and "default" not in text:
             text += " (default: %(default)s)"
         return text
 
@@ -541,7 +553,12 @@ def build_parser() -> Parser:
     p.add_argument(
         "app_spec", metavar="MODULE:APP", help="the App to run: module path, colon, attribute"
     )
-    p.add_argument("--shutdown-timeout", type=float, help="seconds to finish jobs on SIGTERM")
+    p.add_argument(
+        "--shutdown-timeout",
+        type=float,
+        help="seconds to finish jobs on SIGTERM before suspending them"
+        " (default 25, or HIVEJOBS_SHUTDOWN_TIMEOUT_S)",
+    )
     p.add_argument("--no-coordinator", action="store_true", help="run pools only")
     p.add_argument("--metrics-port", type=int, help="serve Prometheus /metrics on this port")
     p.add_argument("--metrics-host", default="127.0.0.1", help="its address (default loopback)")
@@ -599,16 +616,16 @@ def build_parser() -> Parser:
     p.add_argument("--json", action="store_true", help="a JSON list instead of a table")
     add("cron", cmd_cron, "periodic schedules with their last and next tick (UTC)")
     p = add("cancel", cmd_cancel, "cancel a job (a running one is told to stop)")
-    p.add_argument("job_id")
+    p.add_argument("job_id", help="the id `enqueue` printed")
     p = add("pause", cmd_pause, "pause a job type fleet-wide (no name: list paused types)")
     p.add_argument("name", nargs="?", help="the job type; queued jobs wait, running ones finish")
     p = add("resume", cmd_resume, "resume a paused job type")
-    p.add_argument("name")
+    p.add_argument("name", help="the job type")
     p = add("scale", cmd_scale, "change a job type's concurrency fleet-wide, no restart")
-    p.add_argument("name")
+    p.add_argument("name", help="the job type")
     p.add_argument("concurrency", help="threads per pool process, or 'default' (the code's)")
     p = add("replay", cmd_replay, "enqueue a finished job again; prints the new id")
-    p.add_argument("job_id")
+    p.add_argument("job_id", help="a succeeded, failed, cancelled or expired job")
     p = add("restart", cmd_restart, "reload every worker instance gracefully (new code)")
     p.add_argument(
         "--pool",
@@ -622,21 +639,30 @@ def build_parser() -> Parser:
     p = add("chain", cmd_chain, "run, show, stop and list job chains")
     chain_sub = p.add_subparsers(dest="chain_command", required=True, parser_class=Parser)
 
-    def chain_cmd(name: str, help_: str) -> Parser:
-        c: Parser = chain_sub.add_parser(name, help=help_, parents=[app_parent()])
+    def chain_cmd(name: str, help_: str, details: str = "") -> Parser:
+        c: Parser = chain_sub.add_parser(
+            name,
+            help=help_,
+            description=help_ + (f"\n\n{details}" if details else ""),
+            parents=[app_parent()],
+            formatter_class=HelpFormatter,
+        )
         return c
 
+    request_id = "the id `chain run` printed"
     chain_cmd(
-        "run", "validate and start a chain from a JSON file; prints its request id"
-    ).add_argument("file", metavar="FILE.json")
+        "run",
+        "validate and start a chain from a JSON file; prints its request id",
+        CHAIN_FILE,
+    ).add_argument("file", metavar="FILE.json", help="the chain, as described above")
     c = chain_cmd("status", "the chain's DAG in layers, each job's state")
-    c.add_argument("request_id")
+    c.add_argument("request_id", help=request_id)
     c.add_argument("--log", action="store_true", help="and the job log (as `chain log`)")
     chain_cmd(
         "log", "every try: start, finish, state, error with traceback, captured output"
-    ).add_argument("request_id")
+    ).add_argument("request_id", help=request_id)
     c = chain_cmd("stop", "stop a running chain")
-    c.add_argument("request_id")
+    c.add_argument("request_id", help=request_id)
     c.add_argument(
         "--timeout",
         type=float,
@@ -644,14 +670,14 @@ def build_parser() -> Parser:
     )
     c.add_argument("--wait", action="store_true", help="return once every try has ended")
     c = chain_cmd("list", "the latest chains, newest first")
-    c.add_argument("--limit", type=int, default=50)
+    c.add_argument("--limit", type=int, default=50, help="chains to show")
     c.add_argument("--state", action="append", help="pending, running, succeeded, ... (repeat)")
     c.add_argument("--type", help="chains of this name (spincycle's request type)")
     c.add_argument("--job-type", help="chains with a job of this job type")
     c.add_argument("--since", help="created since: 1h, 2d or ISO 8601")
     c.add_argument("--until", help="created before: ISO 8601 or a span back from now")
     c = chain_cmd("ps", "what runs now across the fleet: job, try, host, status, age")
-    c.add_argument("--limit", type=int, default=500)
+    c.add_argument("--limit", type=int, default=500, help="running tries to show")
     p = add("serve", cmd_serve, "HTTP API, dashboard and /metrics (needs hivejobs[web])", False)
     from hivejobs.web.options import add_serve_arguments
 
@@ -659,7 +685,9 @@ def build_parser() -> Parser:
     p = add(
         "dev", cmd_dev, "zero setup: embedded Postgres and Valkey, migrate, run the worker", False
     )
-    p.add_argument("app_spec", nargs="?", metavar="MODULE:APP")
+    p.add_argument(
+        "app_spec", nargs="?", metavar="MODULE:APP", help="the App to run (none: servers only)"
+    )
     p.add_argument("--data-dir", help="where the embedded servers keep their data")
     p.add_argument(
         "--print-env",

@@ -9,7 +9,7 @@ import argparse
 def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("app_spec", nargs="?", metavar="MODULE:APP", help="(or HIVEJOBS_APP)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on")
-    p.add_argument("--port", type=int, default=8080)
+    p.add_argument("--port", type=int, default=8080, help="port to listen on")
     p.add_argument(
         "--max-body-bytes",
         type=int,
