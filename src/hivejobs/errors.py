@@ -24,12 +24,17 @@ class UsageError(HivejobsError):
 class ConnectionFailed(HivejobsError):
     """Postgres or Redis did not answer; the message names which and where (redacted)."""
 
-    def __init__(self, service: str, url: str, reason: str) -> None:
+    def __init__(
+        self,
+        service: str,
+        url: str,
+        reason: str,
+        advice: str = "check that it runs and that the URL is right",
+    ) -> None:
         self.service = service
-        super().__init__(
-            f"cannot reach {service} at {url}: {reason}; "
-            f"check that it runs and that the URL is right"
-        )
+        # The driver's reason may end in its own punctuation ("Connection refused."): one
+        # separator between it and the advice, not ".;".
+        super().__init__(f"cannot reach {service} at {url}: {reason.rstrip(' .;')}; {advice}")
 
 
 class SchemaMissing(HivejobsError):
@@ -57,8 +62,16 @@ class UnknownJobType(HivejobsError):
     def __init__(self, name: str, known: list[str]) -> None:
         close = difflib.get_close_matches(name, known, n=1)
         hint = f": did you mean {close[0]!r}?" if close else ""
-        listing = ", ".join(sorted(known)) or "none registered"
-        super().__init__(f"unknown job type {name!r}{hint} (known: {listing})")
+        if not known:
+            # Nothing declared here yet: a worker registers its types when it starts.
+            super().__init__(
+                f"unknown job type {name!r}: no job type is registered in this database yet;"
+                " start a worker once (`hivejobs run MODULE:APP` registers its types), or pass"
+                " the app that declares it (--app MODULE:APP)"
+            )
+        else:
+            listing = ", ".join(sorted(known))
+            super().__init__(f"unknown job type {name!r}{hint} (known: {listing})")
         self.name = name
 
 

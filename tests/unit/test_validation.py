@@ -331,7 +331,7 @@ def run_cli(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str])
         ),
         (
             ("enqueue", "--app", "tests.unit.test_validation:NOWHERE", "resize", "{}"),
-            "is not a hivejobs App",
+            "module 'tests.unit.test_validation' has no attribute 'NOWHERE'",
         ),
     ],
 )

@@ -709,12 +709,25 @@ def load_app(spec: str) -> App:
     module_name, _, attr = spec.partition(":")
     if not module_name:
         raise UsageError(f"expected MODULE:APP, got {spec!r}")
+    if module_name.endswith(".py") or "/" in module_name or os.sep in module_name:
+        dotted = module_name.removesuffix(".py").lstrip("./").replace(os.sep, ".")
+        raise UsageError(
+            f"{spec!r} is a file path; give MODULE:APP, the module's import path and the"
+            f" App's name, e.g. {dotted.replace('/', '.')}:{attr or 'app'}"
+        )
     sys.path.insert(0, os.getcwd())
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
         raise UsageError(f"cannot import {module_name!r}: {exc}") from None
-    app = getattr(module, attr or "app", None)
+    name = attr or "app"
+    apps = sorted(k for k, v in vars(module).items() if isinstance(v, App))
+    found = f"its Apps: {', '.join(apps)}" if apps else "it defines no App"
+    if not hasattr(module, name):
+        raise UsageError(f"module {module_name!r} has no attribute {name!r} ({found})")
+    app = getattr(module, name)
     if not isinstance(app, App):
-        raise UsageError(f"{spec!r} is not a hivejobs App (expected MODULE:APP)")
+        raise UsageError(
+            f"{module_name}:{name} is a {type(app).__name__}, not a hivejobs App ({found})"
+        )
     return app

@@ -39,13 +39,22 @@ _ROLE_MISSING = re.compile(r'role "[^"]*" does not exist')
 
 
 def connection_failed(url: str, exc: psycopg.Error) -> ConnectionFailed:
-    """libpq's whole reason (every line: it tries each address), the URL redacted."""
-    reason = " ".join(line.strip() for line in str(exc).splitlines() if line.strip())
-    reason = scrub(reason or type(exc).__name__, url_secrets(url))
+    """libpq's whole reason (every line: it tries each address), the URL redacted, and the
+    advice that fits it."""
+    # libpq's "Is the server running on that host...?" is the advice ConnectionFailed gives.
+    lines = [
+        line.strip().rstrip(".")
+        for line in str(exc).splitlines()
+        if line.strip() and not line.strip().startswith("Is the server running")
+    ]
+    reason = scrub("; ".join(lines) or type(exc).__name__, url_secrets(url))
     if _ROLE_MISSING.search(reason):
-        reason += " (the user name in the URL is wrong, or that role was never created)"
-    elif _DATABASE_MISSING.search(reason):
-        reason += " (run `hivejobs migrate`, which creates it)"
+        advice = "the user name in the URL is wrong, or that role was never created"
+        return ConnectionFailed("Postgres", redact_url(url), reason, advice)
+    if _DATABASE_MISSING.search(reason):
+        # The server runs: only the database is missing, which migrate creates.
+        advice = "run `hivejobs migrate`, which creates it"
+        return ConnectionFailed("Postgres", redact_url(url), reason, advice)
     return ConnectionFailed("Postgres", redact_url(url), reason)
 
 
