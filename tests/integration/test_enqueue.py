@@ -490,7 +490,7 @@ def test_schema_missing_then_migrate_via_cli_is_idempotent(
     assert sql(fresh_db_url, "SELECT count(*) FROM pg_tables WHERE schemaname = 'public'") == [(0,)]
 
     # Logging setup would swap the process-wide loguru sinks for one bound to capsys.
-    monkeypatch.setattr("hivejobs.logs.setup_logging", lambda process: None)
+    monkeypatch.setattr("hivejobs.logs.setup_logging", lambda *_, **__: None)
     monkeypatch.delenv("HIVEJOBS_APP", raising=False)
     monkeypatch.setenv("HIVEJOBS_DATABASE_URL", fresh_db_url)
     assert cli.main(["migrate"]) == 0

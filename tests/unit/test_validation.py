@@ -307,7 +307,7 @@ APP_SPEC = "tests.unit.test_validation:app"
 def run_cli(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> Cli:
     """main(argv) -> (exit code, stdout, stderr lines). Logging setup is skipped: it would
     replace the process-wide loguru sinks with one bound to this test's captured stderr."""
-    monkeypatch.setattr("hivejobs.logs.setup_logging", lambda process: None)
+    monkeypatch.setattr("hivejobs.logs.setup_logging", lambda *_, **__: None)
 
     def run(*argv: str) -> tuple[int, str, list[str]]:
         code = cli.main(list(argv))
@@ -331,7 +331,7 @@ def run_cli(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str])
         ),
         (
             ("enqueue", "--app", "tests.unit.test_validation:NOWHERE", "resize", "{}"),
-            "module 'tests.unit.test_validation' has no attribute 'NOWHERE'",
+            "NOWHERE is a str, not a hivejobs App",
         ),
     ],
 )
