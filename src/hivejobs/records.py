@@ -268,6 +268,9 @@ class ChainJobFields(msgspec.Struct, Generic[StateT], frozen=True, kw_only=True)
     status: str | None
     result: object
     error: str | None
+    # While the chain job runs: its try's job now (queued, scheduled or running), the state
+    # `chain ps` shows; None otherwise.
+    job_state: str | None = None
 
 
 class ChainJobStatus(ChainJobFields[ChainJobState], frozen=True, kw_only=True):

@@ -14,7 +14,23 @@ from graphlib import TopologicalSorter
 from hivejobs.display import escape
 from hivejobs.records import ChainJobStatus, ChainStatus
 
-_MARK = {"pending": " ", "running": ">", "succeeded": "+", "failed": "x", "stopped": "-"}
+_MARK = {
+    "pending": " ",
+    "queued": ".",
+    "scheduled": ".",
+    "running": ">",
+    "succeeded": "+",
+    "failed": "x",
+    "stopped": "-",
+}
+
+
+def shown_state(job: ChainJobStatus) -> str:
+    """What a chain job is doing now, as `chain ps` says it: a running chain job whose try
+    waits for a worker (none started it yet, or a shutdown gave it back) is queued."""
+    if job.state == "running" and job.job_state in ("queued", "scheduled"):
+        return job.job_state
+    return job.state
 
 
 def layers(jobs: Sequence[ChainJobStatus]) -> list[list[ChainJobStatus]]:
@@ -37,19 +53,25 @@ def layers(jobs: Sequence[ChainJobStatus]) -> list[list[ChainJobStatus]]:
 
 
 def render(status: ChainStatus) -> str:
+    shown = [shown_state(j) for j in status.jobs]
+    waiting = ""
+    if status.state == "running" and "running" not in shown:
+        queued = sum(s in ("queued", "scheduled") for s in shown)
+        waiting = f"  (no try runs now: {queued} waiting for a worker)" if queued else ""
     lines = [
         f"chain {status.id}  {escape(status.name)}  {status.state.upper()}"
         + (
             "  (stop requested)"
             if status.stop_requested and status.state not in ("stopped",)
             else ""
-        ),
+        )
+        + waiting,
         f"  created {_t(status.created_at)}  started {_t(status.started_at)}  "
         f"finished {_t(status.finished_at)}  suspensions {status.suspensions}",
     ]
     counts: dict[str, int] = {}
-    for job in status.jobs:
-        counts[job.state] = counts.get(job.state, 0) + 1
+    for state in shown:
+        counts[state] = counts.get(state, 0) + 1
     lines.append("  jobs: " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())))
     key_w = max(len(escape(j.key)) for j in status.jobs) if status.jobs else 3
     type_w = max(len(escape(j.type)) for j in status.jobs) if status.jobs else 4
@@ -62,9 +84,10 @@ def render(status: ChainStatus) -> str:
             error = ""
             if job.state == "failed" and job.error and job.error.strip():
                 error = "  error: " + escape(job.error.strip().split("\n")[-1][:120])
+            state = shown_state(job)
             lines.append(
-                f"  [{_MARK[job.state]}] {escape(job.key):<{key_w}}  {escape(job.type):<{type_w}}  "
-                f"{job.state:<9}  try {job.try_}/{job.tries} (total {job.total_tries})"
+                f"  [{_MARK[state]}] {escape(job.key):<{key_w}}  {escape(job.type):<{type_w}}  "
+                f"{state:<9}  try {job.try_}/{job.tries} (total {job.total_tries})"
                 f"{seq}{after}{text}{error}"
             )
     return "\n".join(lines)

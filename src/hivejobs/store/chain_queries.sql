@@ -227,12 +227,13 @@ SELECT id, name, state, args, stop_requested, suspensions, created_at, started_a
   FROM hivejobs_chain WHERE id = %(id)s;
 
 -- name: chain_job_rows
--- A running try's start time comes from its live job row until the reaper copies it.
+-- A running try's start time comes from its live job row until the reaper copies it, and so
+-- does what the try is doing now (queued for a worker, or running), as `chain ps` reads it.
 SELECT cj.key, cj.name AS type, cj.state, cj.after_keys AS after, cj.seq AS sequence,
        cj.try AS "try", cj.tries, cj.total_tries, q.seq_try AS sequence_try, cj.job_id,
        coalesce(cj.started_at, CASE WHEN cj.state = 'running' THEN j.started_at END)
            AS started_at,
-       cj.finished_at, cj.status, cj.result, cj.error
+       cj.finished_at, cj.status, cj.result, cj.error, j.state AS job_state
   FROM hivejobs_chain_job cj
   LEFT JOIN hivejobs_job j ON j.id = cj.job_id AND cj.state = 'running'
   LEFT JOIN hivejobs_chain_sequence q ON q.chain_id = cj.chain_id AND q.start_key = cj.seq
