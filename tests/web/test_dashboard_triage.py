@@ -70,3 +70,24 @@ def test_a_browser_without_a_session_lands_on_the_sign_in_page(
     sign_in(page, server.url)
     page.goto(server.url + "/dashboard/failed")
     assert page.url == server.url + "/dashboard/failed"
+
+
+def test_chain_page_shows_the_tracebacks_lines_from_the_handler(
+    server: Server, fleet: Callable[..., Instance], browser: object
+) -> None:
+    fleet()
+    c = server.client
+    chain = {"name": "etl", "jobs": [{"key": "transform", "type": "boom", "payload": {}}]}
+    chain_id = c.post("/v1/chains", json=chain).json()["id"]
+    wait_until(lambda: c.get(f"/v1/chains/{chain_id}").json()["state"] == "failed")
+
+    page = browser.new_page()  # type: ignore[attr-defined]
+    sign_in(page, server.url)
+    page.goto(f"{server.url}/dashboard/chains/{chain_id}")
+    text = page.locator("pre.error").first.inner_text()
+    lines = text.splitlines()
+    assert lines[0] == "Traceback (most recent call last):"
+    assert lines[1].strip().endswith("frames of the worker calling the handler]")
+    assert "tests/apps/webapp.py" in lines[2]  # the handler's frame comes first
+    assert lines[-1] == BOOM_LINE
+    assert "hivejobs/worker" not in text

@@ -302,7 +302,14 @@ def chain_page(
         for j in shown
     ]
     entries = [
-        [esc(e.key), str(e.try_), badge(e.state), esc(when(e.finished_at)), esc(e.error or "")]
+        [
+            esc(e.key),
+            str(e.try_),
+            badge(e.state),
+            esc(when(e.finished_at)),
+            # A traceback keeps its lines and indentation, as on the job's own page.
+            f'<pre class="error">{esc(e.error)}</pre>' if e.error else "",
+        ]
         for e in log
     ]
     pages = max(1, -(-max(len(status.jobs), log_total) // CHAIN_PAGE))

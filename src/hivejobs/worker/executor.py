@@ -9,6 +9,9 @@ or Redis itself, so both run a handler exactly the same way.
 from __future__ import annotations
 
 import asyncio
+import os
+import re
+import sysconfig
 import time
 import traceback
 from collections.abc import Callable, Coroutine
@@ -38,6 +41,45 @@ MSG_INTERRUPTED = "{job_type}[{job_id}] interrupted by shutdown"
 
 def _never() -> bool:
     return False
+
+
+# The plumbing above a handler: this package's frames (hivejobs/worker/.. -> hivejobs/) and
+# the standard library's between them (an async handler's result crosses concurrent.futures),
+# but not installed packages, which may live under the standard library's directory.
+_OURS = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+_STDLIB = sysconfig.get_paths()["stdlib"] + os.sep
+_INSTALLED = tuple({sysconfig.get_paths()[k] + os.sep for k in ("purelib", "platlib")})
+_TRIMMED = "<hivejobs>"
+
+
+def _plumbing(filename: str) -> bool:
+    if filename.startswith(_OURS):
+        return True
+    return filename.startswith(_STDLIB) and not filename.startswith(_INSTALLED)
+
+
+def handler_traceback(exc: BaseException) -> str:
+    """The traceback a handler's author reads: it starts at the handler's frame. The frames
+    above it (the executor, the async bridge) say nothing about the failure and came first,
+    so they are trimmed to one line; frames of ours the handler called into stay."""
+    te = traceback.TracebackException.from_exception(exc)
+    seen: set[int] = set()
+    pending = [te]
+    while pending:
+        t = pending.pop()
+        if id(t) in seen:
+            continue
+        seen.add(id(t))
+        frames = list(t.stack)
+        lead = 0
+        while lead < len(frames) - 1 and _plumbing(frames[lead].filename):
+            lead += 1
+        if 0 < lead < len(frames):
+            t.stack = traceback.StackSummary.from_list(frames[lead:])
+            t.stack.insert(0, traceback.FrameSummary(_TRIMMED, lead, "", lookup_line=False))
+        pending += [c for c in (t.__cause__, t.__context__) if c is not None]
+    note = re.compile(rf'  File "{re.escape(_TRIMMED)}", line (\d+), in \n')
+    return note.sub(r"  [\1 frames of the worker calling the handler]\n", "".join(te.format()))
 
 
 def execute(
@@ -175,7 +217,7 @@ def _raised(
         if at_most_once:
             return ended(job, "failed", "interrupted by shutdown", max_result_bytes)
         return Completion(id=job.id, claim_token=job.claim_token, outcome="suspend")
-    text = "".join(traceback.format_exception(exc))
+    text = handler_traceback(exc)
     return failed(job, ctx, text, jt.backoff.delay_s(job.attempt), max_result_bytes, exc=exc)
 
 
