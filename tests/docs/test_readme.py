@@ -29,7 +29,10 @@ import pytest
 
 from tests.harness import REDIS_URL, ROOT, free_port, wait_until
 
-MARKER = re.compile(r"<!-- readme-test: (excerpt of (?P<path>\S+)|skip: (?P<why>.+?)) -->")
+MARKER = re.compile(
+    r"<!-- (?:readme|docs)-test: "
+    r"(excerpt of (?P<path>\S+)|skip: (?P<why>.+?)|file (?P<file>\S+)) -->"
+)
 FENCE = re.compile(r"^```(\w*)$")
 FINISHED = re.compile(r"^state\s+(succeeded|failed|cancelled|expired|scheduled)\s*$", re.M)
 # What the README says a line shows, checked on its output (keyed by the line's comment).
@@ -47,9 +50,11 @@ class Block:
     line: int  # 1-based line of the opening fence
     excerpt_of: str | None = None
     skip_why: str | None = None
+    file: str | None = None  # not run: saved as this file of the copy, as the text says
+    doc: str = "README.md"
 
 
-def readme_blocks(text: str) -> list[Block]:
+def readme_blocks(text: str, doc: str = "README.md") -> list[Block]:
     blocks: list[Block] = []
     lines = text.split("\n")
     i = 0
@@ -67,6 +72,8 @@ def readme_blocks(text: str) -> list[Block]:
                 line=i + 1,
                 excerpt_of=marker["path"] if marker else None,
                 skip_why=marker["why"] if marker else None,
+                file=marker["file"] if marker else None,
+                doc=doc,
             )
         )
         i = end + 1
@@ -142,6 +149,9 @@ class Newcomer:
         self.background: list[subprocess.Popen[bytes]] = []
 
     def run_block(self, block: Block) -> None:
+        if block.file is not None:
+            (self.home / block.file).write_text(block.code + "\n")
+            return
         if block.lang == "python":
             script = self.home / f"readme_block_{block.line}.py"
             script.write_text(block.code + "\n")
@@ -191,7 +201,7 @@ class Newcomer:
             out = wait_until(finished, 90, 0.5, f"{code} to show a finished job")
         for comment, shown in SHOWS.items():
             if comment in line:
-                assert shown in out, f"README.md:{block.line}: {line}\n{out}"
+                assert shown in out, f"{block.doc}:{block.line}: {line}\n{out}"
         last = out.strip().split("\n")[-1] if out.strip() else ""
         if " enqueue " in f" {code} ":
             self.ids["JOB_ID"] = last
@@ -208,7 +218,7 @@ class Newcomer:
             timeout=300,
         )
         assert done.returncode == 0, (
-            f"README.md:{block.line}: `{line}` exited {done.returncode}\n"
+            f"{block.doc}:{block.line}: `{line}` exited {done.returncode}\n"
             f"{done.stdout[-2000:]}\n{done.stderr[-3000:]}"
         )
         return done.stdout
@@ -253,6 +263,37 @@ def test_the_readme_runs_from_a_fresh_copy(
         where = newcomer.run(probe, BLOCKS[0], probe)
         assert where.strip().startswith(str(home)), where
         # The worker, serve and the metrics instance ran until the end.
+        for number, proc in enumerate(newcomer.background):
+            log = home / f"background{number}.log"
+            assert proc.poll() is None, log.read_text(errors="replace")[-3000:]
+    finally:
+        newcomer.stop()
+
+
+TUTORIAL = readme_blocks((ROOT / "docs/tutorial.md").read_text(), "docs/tutorial.md")
+
+
+def test_every_tutorial_block_runs() -> None:
+    """The tutorial is run whole, as the README is: no block is skipped or an excerpt."""
+    assert len(TUTORIAL) >= 6
+    for block in TUTORIAL:
+        where = f"docs/tutorial.md:{block.line}"
+        assert block.lang in ("sh", "python"), f"{where}: ```{block.lang}"
+        assert block.skip_why is None and block.excerpt_of is None, where
+
+
+@pytest.mark.timeout(600)
+def test_the_tutorial_runs_from_a_fresh_copy(
+    tmp_path: Path, database_url: str, redis_prefix: str
+) -> None:
+    """The tutorial in order, from a fresh copy: install, migrate, the example worker, a job
+    and its status, a module of one's own with its worker, enqueue from code, a chain."""
+    home = fresh_copy(tmp_path / "hivejobs")
+    newcomer = Newcomer(home, database_url, redis_prefix)
+    try:
+        for block in TUTORIAL:
+            newcomer.run_block(block)
+        assert "thumbnail" in newcomer.run("hivejobs jobs", TUTORIAL[0], "hivejobs jobs")
         for number, proc in enumerate(newcomer.background):
             log = home / f"background{number}.log"
             assert proc.poll() is None, log.read_text(errors="replace")[-3000:]
