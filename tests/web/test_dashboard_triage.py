@@ -91,3 +91,31 @@ def test_chain_page_shows_the_tracebacks_lines_from_the_handler(
     assert "tests/apps/webapp.py" in lines[2]  # the handler's frame comes first
     assert lines[-1] == BOOM_LINE
     assert "hivejobs/worker" not in text
+
+
+def test_overview_says_its_window_scale_zone_and_unserved_types(
+    server: Server, fleet: Callable[..., Instance], browser: object
+) -> None:
+    c = server.client
+    page = browser.new_page()  # type: ignore[attr-defined]
+    sign_in(page, server.url)
+    headers = page.locator("th").all_inner_texts()
+    assert "succeeded 1h" in headers and "failed 1h" in headers  # the CLI's window
+    echo = page.locator("tr", has_text="echo").first
+    assert "no live worker" in echo.inner_text()  # declared, but no pool runs it
+
+    fleet()
+    job_id = c.post("/v1/jobs/echo", json={"data": {"text": "hi"}}).json()["id"]
+    wait_until(lambda: c.get(f"/v1/jobs/echo/{job_id}").json()["state"] == "succeeded")
+
+    def echo_row_with_a_bar() -> str | None:
+        page.reload()
+        text: str = page.locator("tr", has_text="echo").first.inner_text()
+        return text if "top = 1/min" in text else None
+
+    # The per-minute counts reach Redis with the pool's next metrics flush.
+    row = wait_until(echo_row_with_a_bar, what="a bar in the chart")
+    assert "no live worker" not in row
+    assert "60 min ago to now, top = 1/min" in row
+    page.goto(f"{server.url}/dashboard/jobs/echo/{job_id}")
+    assert " UTC" in page.inner_text("body")

@@ -248,7 +248,7 @@ def cmd_jobs(args: argparse.Namespace) -> int:
         return _list_jobs(args)
     app = _app(args)
     rows = app.read_store.type_counts()
-    live = _live_pools(app)
+    live = app.store.live_pools(app.settings.stuck_after_s)
     if args.json:
         _print_json([{**msgspec.to_builtins(r), "live_pools": live.get(r.name, 0)} for r in rows])
         return ExitCode.OK
@@ -282,15 +282,6 @@ def cmd_jobs(args: argparse.Namespace) -> int:
     ]
     _print_table(table)
     return ExitCode.OK
-
-
-def _live_pools(app: App) -> dict[str, int]:
-    """Pool processes per type whose heartbeat is recent (a stale row is a dead process)."""
-    live: dict[str, int] = {}
-    for w in app.store.workers():
-        if w.role == "pool" and w.pool and w.heartbeat_age_s < app.settings.stuck_after_s:
-            live[w.pool] = live.get(w.pool, 0) + 1
-    return live
 
 
 def _list_jobs(args: argparse.Namespace) -> int:

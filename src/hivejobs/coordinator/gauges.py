@@ -74,14 +74,8 @@ class Gauges:
     def _warn_unserved(self, waiting: set[str]) -> None:
         """Jobs queued for a type that no live pool serves wait for ever: say so, once."""
         now = time.monotonic()
-        live = set()
-        if waiting:
-            live = {
-                w.pool
-                for w in self.store.workers()
-                if w.role == "pool" and w.pool and w.heartbeat_age_s < self.stuck_after_s
-            }
-        unserved = waiting - live
+        live = self.store.live_pools(self.stuck_after_s) if waiting else {}
+        unserved = waiting - set(live)
         self._unserved_since = {n: self._unserved_since.get(n, now) for n in unserved}
         due = frozenset(
             n for n, t in self._unserved_since.items() if now - t >= self.unserved_after_s

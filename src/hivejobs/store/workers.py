@@ -58,6 +58,15 @@ class Workers(Database):
             cur = conn.cursor(row_factory=class_row(WorkerInfo))
             return cur.execute(WORKERS["list_workers"]).fetchall()
 
+    def live_pools(self, stuck_after_s: float) -> dict[str, int]:
+        """Pool processes per job type whose heartbeat is younger than `stuck_after_s` (an
+        older one is a dead process, as the Rescuer judges it)."""
+        live: dict[str, int] = {}
+        for w in self.workers():
+            if w.role == "pool" and w.pool and w.heartbeat_age_s < stuck_after_s:
+                live[w.pool] = live.get(w.pool, 0) + 1
+        return live
+
     def find_dead_workers(self, stuck_after_s: float) -> list[str]:
         with self.connection() as conn:
             rows = conn.execute(

@@ -52,6 +52,7 @@ PAGE = 50
 # The chain page: jobs and job-log tries per page, and the largest chain drawn as a graph.
 CHAIN_PAGE = 100
 DAG_MAX_JOBS = 200
+WINDOW_MIN = 60
 
 Fragment = Annotated[bool, QueryParameter(name="fragment")]
 After = Annotated[str | None, Parameter(max_length=600)]
@@ -115,10 +116,14 @@ def _job_list(base: str, path: str, rows: list[JobRow], nxt: str | None, **q: st
 def overview(request: Request[Any, Any, Any], state: State, fragment: Fragment = False) -> Any:
     app = _app(state)
     base = _base(request)
-    tp = read_throughput(app, 30)
+    # The window the CLI's `hivejobs jobs` counts over (its "failed 1h").
+    tp = read_throughput(app, WINDOW_MIN)
+    live = app.store.live_pools(app.settings.stuck_after_s)
     rows = []
     for t in job_type_rows(app):
-        series = tp.series.get(t.name, {"succeeded": [0] * 30, "failed": [0] * 30})
+        series = tp.series.get(t.name, {"succeeded": [0] * WINDOW_MIN, "failed": [0] * WINDOW_MIN})
+        # Queued jobs of a type no live pool serves wait for ever: said on its row.
+        served = str(live[t.name]) if live.get(t.name) else badge("no live worker")
         rows.append(
             [
                 link(base, f"/dashboard/types/{seg(t.name)}", t.name),
@@ -128,11 +133,12 @@ def overview(request: Request[Any, Any, Any], state: State, fragment: Fragment =
                 str(sum(series["succeeded"])),
                 link(base, "/dashboard/failed", sum(series["failed"]), type=t.name),
                 sparkline(series["succeeded"], series["failed"]),
+                served,
                 _paused(t.paused_at),
             ]
         )
-    headers = ["type", "queued", "scheduled", "running", "succeeded 30m", "failed 30m", "per min"]
-    headers.append("paused")
+    headers = ["type", "queued", "scheduled", "running", "succeeded 1h", "failed 1h"]
+    headers += ["finished per minute, last hour", "live pools", "paused"]
     return _html(request, "Job types", table(headers, rows, "no job types yet"), fragment)
 
 

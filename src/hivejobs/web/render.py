@@ -83,7 +83,7 @@ def esc(value: object) -> str:
 def when(moment: datetime | None) -> str:
     if moment is None:
         return "-"
-    return moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S")
+    return moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
 def seconds(start: datetime | None, end: datetime | None) -> str:
@@ -162,9 +162,12 @@ def sparkline(succeeded: Sequence[int], failed: Sequence[int], width: int = 180)
             f'height="{hf:.1f}" fill="#d64545"/>'
         )
     label = f"peak {peak}/min" if peak > 1 or any(totals) else "idle"
+    # The scale and the time range in words: bars alone say neither.
+    scale = f"{len(totals)} min ago to now, top = {peak}/min" if any(totals) else "idle"
     return (
         f'<svg class="chart" width="{width}" height="32" role="img" aria-label="{label}">'
         f"<title>{label}</title>{''.join(bars)}</svg>"
+        f'<br><span class="muted chart-scale">{scale}</span>'
     )
 
 
