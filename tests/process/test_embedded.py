@@ -291,3 +291,33 @@ def test_dev_runs_the_worker_and_stops_all_on_sigint(data_dir: Path, tmp_path: P
     out, err = proc.communicate(timeout=30)
     assert proc.returncode == 3, err.decode()  # the worker's exit code
     assert not wait_all_gone(pids)
+
+
+def test_dev_starts_its_own_servers_again_behind_stale_exported_urls(data_dir: Path) -> None:
+    """`eval "$(hivejobs dev --print-env)"`, `hivejobs dev --stop`, then `hivejobs dev` in
+    that shell: the URLs still set are the data dir's own, so the servers start again
+    instead of the zero-setup path failing with "cannot reach Postgres"."""
+    code = (
+        "import sys; from hivejobs.dev.command import dev_main; "
+        "sys.exit(dev_main(None, sys.argv[1], True))"
+    )
+
+    def print_env(env: dict[str, str]) -> dict[str, str]:
+        done = subprocess.run(
+            [sys.executable, "-c", code, str(data_dir)],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=45,
+            check=True,
+        )
+        line = done.stdout.strip()
+        return dict(part.split("=", 1) for part in line.removeprefix("export ").split())
+
+    urls = print_env(child_env())
+    assert stop_embedded(data_dir)
+    again = print_env({**child_env(), **urls})  # the exported URLs, now stale
+    assert again == urls  # the recorded ports are preferred: the shell's exports work again
+    with psycopg.connect(urls["HIVEJOBS_DATABASE_URL"]) as conn:
+        assert conn.execute("SELECT 1").fetchone() == (1,)
+    assert redis.Redis.from_url(urls["HIVEJOBS_REDIS_URL"]).ping()

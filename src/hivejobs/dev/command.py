@@ -32,6 +32,7 @@ from hivejobs.embedded.servers import (
     start_embedded,
     stop_embedded,
 )
+from hivejobs.embedded.state import default_data_dir, recorded_urls_match
 
 # How to call our own CLI in a subprocess; a list so that tests can point it at a fake.
 HIVEJOBS_COMMAND = [sys.executable, "-m", "hivejobs"]
@@ -153,6 +154,11 @@ def dev_main(
         return 0
     servers: EmbeddedServers | None = None
     explicit = explicit_urls()
+    if explicit is not None and recorded_urls_match(ddir or default_data_dir(), *explicit):
+        # Our own exported URLs (left set after `--stop`): start those servers again rather
+        # than fail to reach them.
+        logger.info("the configured URLs are this data dir's embedded servers: starting them")
+        explicit = None
     if explicit is not None:
         database_url, redis_url = explicit
         logger.info(

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from loguru import logger
 
@@ -123,3 +124,23 @@ def kill_recorded(state: dict[str, Any], timeout: float) -> bool:
                 key,
             )
     return stopped
+
+
+def recorded_urls_match(data_dir: Path, database_url: str, redis_url: str) -> bool:
+    """Whether both URLs point at the ports this data dir records for its servers, running
+    or stopped: the URLs `hivejobs dev --print-env` exported, still set in a shell after
+    `hivejobs dev --stop`."""
+    state = read_state(data_dir) if data_dir.is_dir() else None
+    if not state:
+        return False
+    ports = []
+    for key in ("postgres", "valkey"):
+        entry = state.get(key)
+        ports.append(entry.get("port") if isinstance(entry, dict) else None)
+    try:
+        db, rd = urlsplit(database_url), urlsplit(redis_url)
+        given = [db.port, rd.port]
+    except ValueError:
+        return False
+    loopback = {"127.0.0.1", "localhost", "::1"}
+    return db.hostname in loopback and rd.hostname in loopback and given == ports
