@@ -56,11 +56,7 @@ def serve_main(args: argparse.Namespace) -> int:
                 f"{args.host}. Set HIVEJOBS_ADMIN_TOKENS (and HIVEJOBS_READ_TOKENS), or "
                 "listen on 127.0.0.1"
             )
-        logger.warning(
-            "no token configured: listening on loopback only, every local client that is not "
-            "a web page is admin",
-            host=args.host,
-        )
+        # create_app says it (once): it warns whoever serves it open, mounted or not.
     if args.max_body_bytes <= 0:
         raise UsageError("--max-body-bytes must be positive")
     app.store.check_schema()  # a clear `hivejobs migrate` message before listening
@@ -75,6 +71,8 @@ def serve_main(args: argparse.Namespace) -> int:
         max_body_bytes=args.max_body_bytes,
     )
     logger.info("serving", host=args.host, port=args.port, tokens=len(read) + len(admin))
+    shown = f"[{args.host}]" if ":" in args.host else args.host
+    print(f"dashboard: http://{shown}:{args.port}/dashboard", flush=True)
     # No log_config: uvicorn's lines reach our one sink (scrubbed, JSON among JSON).
     uvicorn.run(
         asgi,
