@@ -97,7 +97,7 @@ def test_small_bench_writes_json_and_leaves_nothing_behind(admin_url: str, tmp_p
         timeout=240,
     )
     assert proc.returncode == 0, proc.stderr
-    assert "throughput_jobs_per_s" in proc.stdout  # the summary table
+    assert "throughput: steady drain rate, jobs per s" in proc.stdout  # the summary table
 
     report = json.loads(out.read_text())
     assert set(report) >= {"options", "runs", "medians", "versions", "wall_s"}

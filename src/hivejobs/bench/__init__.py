@@ -164,7 +164,10 @@ def run_bench(args: argparse.Namespace) -> int:
     # Configured URLs, else the local servers, else embedded ones (stopped when we exit).
     chosen = choose_backends(args.database_url, args.redis_url)
     with BenchEnvironment(chosen.database_url, chosen.redis_url, keep=args.keep) as env:
-        print(f"hivejobs bench on {env.describe()} ({os.cpu_count()} cores)", file=sys.stderr)
+        print(f"hivejobs bench on {env.describe()}, {os.cpu_count()} cores", file=sys.stderr)
+        loaded = load_warning(os.getloadavg()[0], os.cpu_count() or 1)
+        if loaded:
+            print(loaded, file=sys.stderr)
         report = run_scenarios(env, opts)
         report["versions"] = versions(env)
     print(format_report(report))
@@ -174,6 +177,43 @@ def run_bench(args: argparse.Namespace) -> int:
     if args.plot:
         plot(env, args.plot)
     return 0
+
+
+def load_warning(load_1m: float, cores: int) -> str | None:
+    """A busy machine gives lower figures (on 2 cores a load of 5.6 cost a factor of 3):
+    said before the numbers, so that nobody compares them with an idle machine's."""
+    if load_1m < cores:
+        return None
+    return (
+        f"warning: load average {load_1m:.1f} on {cores} cores: other work shares this"
+        " machine, so these figures will be lower than on an idle one"
+    )
+
+
+_UNITS = (
+    ("_per_s", " per s"),
+    ("_per_job", " per job"),
+    ("_ms", " (ms)"),
+    ("_kib", " (KiB)"),
+    ("_bytes", " (bytes)"),
+    ("_s", " (s)"),
+)
+
+
+# The one throughput the report gives, said as what it measures (the progress lines show a
+# running average from the first job, ramp-up included, labelled so).
+_LABELS = {"throughput_jobs_per_s": "throughput: steady drain rate, jobs per s"}
+
+
+def figure_label(key: str) -> str:
+    """A report key as the table shows it (`enqueue_bulk_per_s` -> `enqueue bulk per s`);
+    the JSON keeps the key itself, for the tools that read it."""
+    if key in _LABELS:
+        return _LABELS[key]
+    for suffix, unit in _UNITS:
+        if key.endswith(suffix):
+            return figure_label(key.removesuffix(suffix)) + unit
+    return key.replace("_", " ").replace("pg ", "Postgres ")
 
 
 def run_scenarios(env: BenchEnvironment, opts: BenchOptions) -> dict[str, Any]:
@@ -332,7 +372,8 @@ def format_report(report: dict[str, Any]) -> str:
             cells = [_cell(figures, key)] + ([_cell(twin, key)] if twins else [])
             value = figures.get(key, twin.get(key, 0.0))
             shown = figures if key in figures else twin
-            rows.append((key, *cells, _fraction(key, value, ceil) or _drift(key, shown)))
+            label = figure_label(key)
+            rows.append((label, *cells, _fraction(key, value, ceil) or _drift(key, shown)))
     text = "\n".join(_table(rows))
     if any(name.startswith("throughput") for name in med):
         text += "\n\n" + format_sweep(report)

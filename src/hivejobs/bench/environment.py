@@ -19,8 +19,10 @@ from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 from typing import Any
+from urllib.parse import urlsplit
 
 import redis
+from psycopg.conninfo import conninfo_to_dict
 
 from hivejobs.client.app import App
 from hivejobs.config import redact_url, scrub_known, with_database
@@ -149,7 +151,11 @@ class BenchEnvironment:
             conn.execute(f'DROP DATABASE IF EXISTS "{self.dbname}" WITH (FORCE)')
 
     def describe(self) -> str:
-        return f"{redact_url(self.database_url)} and {redact_url(self.redis_url)}"
+        """The servers in one form (a libpq DSN or a URL may name Postgres): host and port."""
+        pg = conninfo_to_dict(self.database_url)
+        rd = urlsplit(self.redis_url)
+        pg_at = f"{pg.get('host') or 'localhost'}:{pg.get('port') or 5432}"
+        return f"Postgres at {pg_at}, Redis at {rd.hostname or 'localhost'}:{rd.port or 6379}"
 
     def sql(self, query: str, params: Any = None) -> list[tuple[Any, ...]]:
         """One autocommit statement (one transaction) on the bench's own connection."""

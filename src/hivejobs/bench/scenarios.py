@@ -326,5 +326,8 @@ def stderr_progress(label: str, done: int, total: int, elapsed: float) -> None:
     rate = done / elapsed if elapsed > 0 else 0.0
     eta = (total - done) / rate if rate > 0 else float("inf")
     end = "\n" if done >= total else "\r"
-    sys.stderr.write(f"  {label}: {done}/{total} jobs  {rate:,.0f}/s  ETA {eta:.0f}s   {end}")
+    sys.stderr.write(
+        f"  {label}: {done}/{total} jobs, average {rate:,.0f} jobs/s since the first,"
+        f" ETA {eta:.0f} s   {end}"
+    )
     sys.stderr.flush()

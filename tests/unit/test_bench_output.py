@@ -1,0 +1,27 @@
+"""`hivejobs bench`'s text for people: rows named in words with their unit, one labelled
+throughput, a warning when the machine is loaded; the JSON keys stay as they are."""
+
+from __future__ import annotations
+
+from hivejobs.bench import figure_label, format_report, load_warning
+
+
+def test_rows_are_named_in_words_and_json_keys_stay() -> None:
+    report = {
+        "medians": {
+            "throughput": {"throughput_jobs_per_s": 1234.5, "pool_rss_kib": 30000.0},
+            "enqueue": {"enqueue_bulk_per_s": 50000.0},
+        }
+    }
+    text = format_report(report)
+    assert "throughput: steady drain rate, jobs per s  1,234.5" in text
+    assert "enqueue bulk per s" in text and "pool rss (KiB)" in text
+    assert "_per_s" not in text and "_kib" not in text
+    assert "throughput_jobs_per_s" in report["medians"]["throughput"]  # the JSON's key
+    assert figure_label("pg_cpu_ms_per_job") == "Postgres cpu (ms) per job"
+
+
+def test_a_loaded_machine_is_said_before_the_figures() -> None:
+    assert load_warning(0.5, 2) is None
+    warning = load_warning(5.6, 2)
+    assert warning is not None and "load average 5.6 on 2 cores" in warning
