@@ -14,14 +14,14 @@ from tests.process.cli import cli_env, hivejobs
 def test_replay_and_chain_run_say_it_once(
     make_app: Callable[..., App], instance_env: dict[str, str], tmp_path: Path
 ) -> None:
-    from tests.apps.issue15app import app as declared
+    from tests.apps.controlapp import app as declared
 
     app = make_app()
     app.types.update(declared.types)
     job_id = app.enqueue("quick", {})
     assert app.cancel(job_id)  # queued: cancelled at once, a finished job to replay
     hj = {k: v for k, v in instance_env.items() if k.startswith("HIVEJOBS_")}
-    env = cli_env(**hj, HIVEJOBS_APP="tests.apps.issue15app:app")
+    env = cli_env(**hj, HIVEJOBS_APP="tests.apps.controlapp:app")
 
     replay = hivejobs(["replay", job_id], env)
     assert replay.returncode == 0, replay.stderr
