@@ -302,13 +302,16 @@ def run_scenarios(env: BenchEnvironment, opts: BenchOptions) -> dict[str, Any]:
     # Round after round, every scenario once per round: on a shared machine a noisy minute
     # then falls on one run of each (the `def` and `async def` rows alike), not on all the
     # runs of one.
+    once = ("backlog", "stale-stats")  # each is several long drains already: run once
+    total = sum(1 if name in once else opts.repeats for name, _ in plan)
+    done = 0
     for i in range(opts.repeats):
         for name, fn in plan:
-            # Each is several long drains already: once.
-            repeats = 1 if name in ("backlog", "stale-stats") else opts.repeats
+            repeats = 1 if name in once else opts.repeats
             if i < repeats:
-                print(f"{name} run {i + 1}/{repeats}", file=sys.stderr)
+                print(f"{name} run {i + 1}/{repeats}{_eta(done, total, started)}", file=sys.stderr)
                 runs.setdefault(name, []).append(fn())
+                done += 1
     medians = {name: _medians(r) for name, r in runs.items()}
     return {
         "options": msgspec.to_builtins(opts),
@@ -316,6 +319,15 @@ def run_scenarios(env: BenchEnvironment, opts: BenchOptions) -> dict[str, Any]:
         "medians": medians,
         "wall_s": time.perf_counter() - started,
     }
+
+
+def _eta(done: int, total: int, started: float) -> str:
+    """The whole bench's time left, from the mean run so far (runs differ: an estimate)."""
+    if done == 0:
+        return f" (run 1 of {total})"
+    elapsed = time.perf_counter() - started
+    left = elapsed / done * (total - done)
+    return f" (run {done + 1} of {total}, {elapsed:.0f} s so far, about {left:.0f} s left)"
 
 
 def sweep_key(opts: BenchOptions, ms: float) -> str:
