@@ -30,8 +30,8 @@ class BenchRun(NamedTuple):
 
 
 def bench_run_id(stderr: str) -> BenchRun:
-    """The sandbox this bench run made, from its first line ("hivejobs bench on ...
-    dbname=hivejobs_bench_<id> ... and redis://..."): its database and Redis prefix share <id>."""
+    """The sandbox this bench run made, from its first line ("hivejobs bench on Postgres at ...
+    (database hivejobs_bench_<id>), ..."): its database and Redis prefix share <id>."""
     found = re.search(r"\bhivejobs_bench_([0-9a-f]{8})\b", stderr)
     assert found, stderr
     return BenchRun(f"hivejobs_bench_{found[1]}", f"hivejobs-bench:{found[1]}:")

@@ -151,11 +151,15 @@ class BenchEnvironment:
             conn.execute(f'DROP DATABASE IF EXISTS "{self.dbname}" WITH (FORCE)')
 
     def describe(self) -> str:
-        """The servers in one form (a libpq DSN or a URL may name Postgres): host and port."""
+        """The servers in one form (a libpq DSN or a URL may name Postgres): host and port,
+        and the bench's own database and prefix there."""
         pg = conninfo_to_dict(self.database_url)
         rd = urlsplit(self.redis_url)
         pg_at = f"{pg.get('host') or 'localhost'}:{pg.get('port') or 5432}"
-        return f"Postgres at {pg_at}, Redis at {rd.hostname or 'localhost'}:{rd.port or 6379}"
+        rd_at = f"{rd.hostname or 'localhost'}:{rd.port or 6379}"
+        return (
+            f"Postgres at {pg_at} (database {self.dbname}), Redis at {rd_at} (prefix {self.prefix})"
+        )
 
     def sql(self, query: str, params: Any = None) -> list[tuple[Any, ...]]:
         """One autocommit statement (one transaction) on the bench's own connection."""
