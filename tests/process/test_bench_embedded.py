@@ -58,7 +58,7 @@ def test_bench_runs_on_embedded_servers(tmp_path: Path) -> None:
     proc = bench(env)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "using embedded PostgreSQL and Valkey" in proc.stderr
-    assert "throughput_jobs_per_s" in proc.stdout
+    assert "throughput: steady drain rate, jobs per s" in proc.stdout
 
 
 def test_explicit_urls_that_do_not_answer_fail_loudly(tmp_path: Path) -> None:
