@@ -77,9 +77,9 @@ class Reporter:
                 self._pending = unsent[:room] + self._pending
                 self._completed += completed_unsent
 
-    def _send(self, sock: socket.socket, values: array.array[float], completed: int) -> tuple[
-        array.array[float], int
-    ]:
+    def _send(
+        self, sock: socket.socket, values: array.array[float], completed: int
+    ) -> tuple[array.array[float], int]:
         offset = 0
         while offset < len(values) or completed:
             chunk = values[offset : offset + MAX_PER_DATAGRAM]

@@ -203,6 +203,8 @@ class Adapter:
 
     def start_worker(self) -> None:
         env = dict(os.environ)
+        # One INFO line per job is hivejobs' default; the peers log nothing per job by default.
+        env.setdefault("HIVEJOBS_LOG_LEVEL", "WARNING")
         env.update(
             HJBENCH_REPORT_SOCKET=self.report_path,
             WORKER_COUNT=str(self.worker_count),
@@ -221,8 +223,10 @@ class Adapter:
             preexec_fn=_die_with_parent,
             start_new_session=True,  # signals are ours to send, not the terminal's group
         )
-        log(f"worker pid {self.worker.pid}: hivejobs run bench_app:app, concurrency "
-            f"{self.worker_count}, prefix {self.prefix}")
+        log(
+            f"worker pid {self.worker.pid}: hivejobs run bench_app:app, concurrency "
+            f"{self.worker_count}, prefix {self.prefix}"
+        )
 
     # -- threads -------------------------------------------------------------------------
 
@@ -334,9 +338,9 @@ class Adapter:
             self.stop.wait(every - (time.time() % every))
         self.emit_samples(last_tick, last_enq, last_cmp)  # the flush on SIGTERM
 
-    def emit_samples(self, last_tick: float, last_enq: int, last_cmp: int) -> tuple[
-        float, int, int
-    ]:
+    def emit_samples(
+        self, last_tick: float, last_enq: int, last_cmp: int
+    ) -> tuple[float, int, int]:
         now = time.monotonic()
         dt = max(0.001, now - last_tick)
         enq, cmp = self.counters.enqueued, self.counters.completed
