@@ -99,7 +99,8 @@ class Adapter:
         return [r for r in self.records if r.get("kind") == "adapter" and r["metric"] == metric]
 
     def worker_processes(self) -> list[psutil.Process]:
-        return psutil.Process(self.proc.pid).children(recursive=True)
+        children: list[psutil.Process] = psutil.Process(self.proc.pid).children(recursive=True)
+        return children
 
     def close(self) -> None:
         if self.proc.poll() is None:

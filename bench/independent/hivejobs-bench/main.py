@@ -120,9 +120,8 @@ class WindowedLatency:
                 window.add(hist)
         if window.get_total_count() == 0:
             return 0.0, 0.0, 0.0
-        return tuple(  # type: ignore[return-value]
-            window.get_value_at_percentile(p) / 1000.0 for p in (50.0, 95.0, 99.0)
-        )
+        p50, p95, p99 = (window.get_value_at_percentile(p) / 1000.0 for p in (50.0, 95.0, 99.0))
+        return p50, p95, p99
 
 
 class Counters:
