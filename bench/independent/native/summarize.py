@@ -7,7 +7,9 @@ OUT is sweep.sh's folder (index.tsv: cell, rc, start, end, harness run folder). 
 run's summary.json (the harness's per-phase medians and peaks) and prints Markdown:
   * clean sweep: median completion rate, claim p50/p99 and queue depth of the clean phase;
   * chaos: recovery / baseline completion-rate ratio (the benchmark's Phase B measure), with
-    the rate during the fault;
+    the rate during the fault, and the harness's own chaos aggregates: seconds until the
+    completion rate is back to 90 % of baseline, and `jobs_lost` (enqueued minus completed
+    over the fault and the recovery, from the rates: a backlog left at the end counts);
   * pressure: stress / baseline completion-rate ratio (its Phase C measure), recovery /
     baseline, claim p99 under stress and the peak dead tuples of the system's tables.
 --copy-to keeps, per cell, summary.json, manifest.json and raw.csv gzipped, plus index.tsv.
@@ -87,23 +89,26 @@ def tables(rows: list[tuple[str, str, dict[str, Any]]]) -> str:
     if faults:
         lines += [
             "| cell | system | rc | baseline/s | during/s | recovery/s | during/baseline "
-            "| recovery/baseline | claim p99 during ms | dead tuples peak during |",
-            "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+            "| recovery/baseline | back ≥ 90 % after s | jobs_lost (harness) "
+            "| claim p99 during ms | dead tuples peak during |",
+            "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
         ]
         for cell, rc, data in faults:
             stress = STRESS[cell]
             for system, v in data.get("systems", {}).items():
                 ph = v["phases"]
                 base = median(ph, "baseline", "completion_rate")
-                during = median(ph, stress, "completion_rate")
-                if cell == "chaos-crash-recovery":
-                    # The kill phase has no adapter at all; the restart phase is its 'during'.
-                    during = median(ph, "restart", "completion_rate")
+                # The kill phase has no adapter at all: the restart phase is its 'during'.
+                during_phase = "restart" if cell == "chaos-crash-recovery" else stress
+                during = median(ph, during_phase, "completion_rate")
                 rec = median(ph, "recovery", "completion_rate")
+                recovery = ph.get("recovery", {})
                 lines.append(
                     f"| {cell} | {system} | {rc} | {num(base)} | {num(during)} | {num(rec)} "
                     f"| {pct(during, base)} | {pct(rec, base)} "
-                    f"| {num(median(ph, stress, 'claim_p99_ms'))} "
+                    f"| {num(recovery.get('chaos_recovery_time_s'), 1)} "
+                    f"| {num(recovery.get('jobs_lost'))} "
+                    f"| {num(median(ph, during_phase, 'claim_p99_ms'))} "
                     f"| {num(dead_peak(ph, stress))} |"
                 )
     return "\n".join(lines)
