@@ -95,10 +95,24 @@ class Reporter:
 REPORTER = Reporter(REPORT_SOCKET)
 
 
-@app.job("bench_job", concurrency=WORKER_COUNT)
-async def bench_job(ctx: JobContext, payload: dict[str, Any]) -> None:
-    """The benchmark's synthetic job: pickup latency, then JOB_WORK_MS of non-blocking work."""
+async def bench_job_async(ctx: JobContext, payload: dict[str, Any]) -> None:
+    """The benchmark's synthetic job: pickup latency, then JOB_WORK_MS of non-blocking work
+    (as the other Python adapters' async tasks do): WORKER_COUNT tasks on the pool's loop."""
     REPORTER.started(max(0.0, (time.time() - float(payload["enqueued_at"])) * 1000.0))
     if WORK_S:
         await asyncio.sleep(WORK_S)
     REPORTER.completed()
+
+
+def bench_job_threads(ctx: JobContext, payload: dict[str, Any]) -> None:
+    """The same job as a plain function: WORKER_COUNT runner threads (HJBENCH_HANDLER=sync)."""
+    REPORTER.started(max(0.0, (time.time() - float(payload["enqueued_at"])) * 1000.0))
+    if WORK_S:
+        time.sleep(WORK_S)
+    REPORTER.completed()
+
+
+HANDLER = os.environ.get("HJBENCH_HANDLER", "async")
+app.job("bench_job", concurrency=WORKER_COUNT)(
+    bench_job_threads if HANDLER == "sync" else bench_job_async
+)
