@@ -161,6 +161,7 @@ class Adapter:
             and self.producer_mode == "fixed"
         )
         self.stop = threading.Event()
+        self.signalled = False  # set by the signal handler, read by the main loop
         self.out = Emitter(self.instance_id)
         self.latency = WindowedLatency()
         self.counters = Counters()
@@ -375,8 +376,10 @@ class Adapter:
     # -- run -----------------------------------------------------------------------------
 
     def run(self) -> int:
-        signal.signal(signal.SIGTERM, lambda *_: self.stop.set())
-        signal.signal(signal.SIGINT, lambda *_: self.stop.set())
+        # The handler only raises a flag: Event.set() there could deadlock on the lock that
+        # the interrupted main thread holds inside Event.wait().
+        signal.signal(signal.SIGTERM, self._on_signal)
+        signal.signal(signal.SIGINT, self._on_signal)
         schema_version = self.migrate()
         self.out.emit(self.descriptor(schema_version))
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
@@ -394,8 +397,11 @@ class Adapter:
             self._thread(lambda: self.read_tokens(tokens), "tokens")
         assert self.worker is not None
         rc = 0
-        while not self.stop.wait(0.2):
-            if self.worker.poll() is not None:
+        while not self.stop.is_set():
+            time.sleep(0.1)
+            if self.signalled:
+                self.stop.set()
+            elif self.worker.poll() is not None:
                 # No restart here: a worker that exits is a result the harness must see.
                 log(f"worker exited with {self.worker.returncode}; the adapter stops")
                 rc = 1
@@ -409,6 +415,9 @@ class Adapter:
             os.unlink(self.report_path)
             os.rmdir(self.tmp)
         return rc
+
+    def _on_signal(self, signum: int, frame: object) -> None:
+        self.signalled = True
 
     def stop_worker(self, deadline: float) -> None:
         """SIGTERM (hivejobs finishes or suspends what runs), SIGKILL at the budget's end:
