@@ -156,7 +156,7 @@ def test_a_bench_stopped_mid_drain_stops_its_worker_and_leaves_nothing(
     )
     try:
         run_id = wait_until(
-            lambda: "dbname=hivejobs_bench_" in err.read_text() and bench_run_id(err.read_text()),
+            lambda: "hivejobs_bench_" in err.read_text() and bench_run_id(err.read_text()),
             what="the bench's sandbox",
         )
         database = admin_url.rsplit("/", 1)[0] + "/" + run_id.db

@@ -81,12 +81,13 @@ NUL_CHAIN = b'{"name":"a\\u0000b","jobs":[{"key":"a","type":"untyped"}]}'
         (["run", APP], {"HIVEJOBS_SHUTDOWN_TIMEOUT_S": "nan"}, 2, "SHUTDOWN_TIMEOUT_S='nan'"),
         (["run", "tests.apps.inlineapp:app"], {}, 2, "made with App(testing='inline')"),
         (["restart"], {"HIVEJOBS_REDIS_URL": "redis://127.0.0.1:1/0"}, 1, "cannot reach Redis"),
-        # libpq's whole reason, not only its last line ("Is the server running...")
+        # libpq's reason itself, not only its hint ("Is the server running...", dropped: the
+        # advice that follows says it)
         (
             ["jobs"],
             {"HIVEJOBS_DATABASE_URL": "postgresql://postgres@127.0.0.1:1/x"},
             1,
-            "Connection refused Is the server running",
+            "port 1 failed: Connection refused; check that it runs",
         ),
     ],
     ids=repr,

@@ -23,9 +23,11 @@ DB_NAME = "dbname_marker_for_503"
 
 
 def library_lines(server: Server) -> list[dict[str, Any]]:
-    """The serve log's records of lines a library logged; every line must be JSON."""
+    """The serve log's records of lines a library logged; every line must be JSON but the
+    dashboard's URL, which `serve` prints on stdout (the log holds both streams)."""
     lines = server.log_path.read_text().splitlines()
-    records = [json.loads(line)["record"] for line in lines if line.strip()]
+    logged = [line for line in lines if line.strip() and not line.startswith("dashboard: ")]
+    records = [json.loads(line)["record"] for line in logged]
     return [r for r in records if r["message"] == MSG_LIBRARY]
 
 
