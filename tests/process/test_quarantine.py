@@ -75,42 +75,33 @@ def kill_mid_drain_and_drain(
     assert by_outcome.get(("succeeded", True), 0) >= 1
 
 
+# A `def` type's jobs run on runner threads; an `async def` type's are tasks on the pool's
+# loop, and its suspect waits for its turn in a thread of its own.
+KINDS = {
+    "def": ("alo", "tests.apps.faultapp:app"),
+    "async": ("alo_async", "tests.apps.asyncapp:app"),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
 @pytest.mark.parametrize("concurrency", [1, 2])
 def test_killed_pool_drains_after_its_suspects(
+    kind: str,
     concurrency: int,
     make_app: Callable[..., App],
     start_instance: Callable[..., Instance],
     database_url: str,
 ) -> None:
+    job_type, app_spec = KINDS[kind]
     kill_mid_drain_and_drain(
         make_app,
         start_instance,
         database_url,
-        job_type="alo",
-        pool="alo",
+        job_type=job_type,
+        pool=job_type,
         concurrency=concurrency,
-        extra_env={"HJ_TYPES": "alo", "HJ_CONCURRENCY_ALO": str(concurrency)},
-        app_spec="tests.apps.faultapp:app",
-    )
-
-
-@pytest.mark.parametrize("concurrency", [1, 2])
-def test_killed_async_pool_drains_after_its_suspects(
-    concurrency: int,
-    make_app: Callable[..., App],
-    start_instance: Callable[..., Instance],
-    database_url: str,
-) -> None:
-    """An `async def` type: its jobs are tasks, a suspect waits for its turn in a thread."""
-    kill_mid_drain_and_drain(
-        make_app,
-        start_instance,
-        database_url,
-        job_type="alo_async",
-        pool="alo_async",
-        concurrency=concurrency,
-        extra_env={"HJ_TYPES": "alo_async", "HJ_CONCURRENCY_ALO_ASYNC": str(concurrency)},
-        app_spec="tests.apps.asyncapp:app",
+        extra_env={"HJ_TYPES": job_type, f"HJ_CONCURRENCY_{job_type.upper()}": str(concurrency)},
+        app_spec=app_spec,
     )
 
 
