@@ -34,7 +34,6 @@ import json
 import os
 import shutil
 import socket
-import statistics
 import subprocess
 import tempfile
 import threading
@@ -48,6 +47,7 @@ import psutil
 import psycopg
 
 from hivejobs.bench.environment import BenchEnvironment
+from hivejobs.bench.percentiles import percentiles
 
 ROOT = Path(__file__).resolve().parent.parent
 REDIS = os.environ.get("HIVEJOBS_REDIS_URL", "redis://127.0.0.1:6379/0")
@@ -151,12 +151,6 @@ class Latencies:
         return values
 
 
-def quantile(values: list[int], q: float) -> float | None:
-    if len(values) < 2:
-        return None
-    return statistics.quantiles(values, n=100, method="inclusive")[int(q * 100) - 1] / 1000
-
-
 class Sampler:
     """One row per minute from the bench's own connection and /proc."""
 
@@ -175,14 +169,15 @@ class Sampler:
         self._last = (now, acked, done)
         elapsed = now - then
         picked = self.latencies.take()
+        p50, p99 = (p / 1000 for p in percentiles(picked, 50, 99)) if picked else (None, None)
         row: dict[str, Any] = {
             "phase": phase,
             "t_s": round(now - self._start, 1),
             "enqueued_per_s": round((acked - acked_before) / elapsed, 1),
             "completed_per_s": round((done - done_before) / elapsed, 1),
             "backlog": int(self.env.sql("SELECT count(*) FROM hivejobs_job")[0][0]),
-            "pickup_p50_ms": quantile(picked, 0.5),
-            "pickup_p99_ms": quantile(picked, 0.99),
+            "pickup_p50_ms": p50,
+            "pickup_p99_ms": p99,
             "tables": self.tables(),
             "worker_rss_mb": self.worker_rss_mb(),
         }
