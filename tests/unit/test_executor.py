@@ -50,16 +50,7 @@ def test_execute_outcomes(
     app = App(database_url="postgresql://127.0.0.1:1/x", redis_url="redis://127.0.0.1:1")
     app.job("t", attempts=1 if delivery == "at_most_once" else 3, delivery=delivery)(handler)
     jt = app.types["t"]
-    job = ClaimedJob(
-        id="j1",
-        name="t",
-        attempt=attempt,
-        attempts=jt.attempts,
-        delivery=delivery,
-        payload=b"null",
-        claim_token=7,
-        priority=0,
-    )
+    job = _claimed(attempt, jt.attempts, delivery)
     done = execute(jt, job, Ctx(job, app), max_result_bytes=1 << 20, shutting_down=lambda: stopping)
     assert (done.id, done.claim_token, done.outcome) == ("j1", 7, outcome)
     if outcome == "succeeded":
