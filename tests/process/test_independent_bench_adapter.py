@@ -124,17 +124,20 @@ def ran_jobs(adapter: Adapter) -> bool:
     return bool(done) and any(s["value"] > 0 for s in adapter.samples("claim_p50_ms"))
 
 
+def wait_running(adapter: Adapter, log: Path, what: str) -> None:
+    """Until its samples show jobs picked up and completed; it must still be running."""
+    wait_until(lambda: ran_jobs(adapter) or adapter.proc.poll() is not None, timeout=180, what=what)
+    assert adapter.proc.poll() is None, log.read_text()[-3000:]
+
+
 def test_adapter_emits_the_contract_and_stops_on_sigterm(
     admin_url: str, empty_database: str, redis_prefix: str, tmp_path: Path
 ) -> None:
     adapter = Adapter(admin_url, empty_database, redis_prefix, tmp_path / "adapter.log")
     try:
-        wait_until(
-            lambda: ran_jobs(adapter) or adapter.proc.poll() is not None,
-            timeout=180,
-            what="samples showing jobs picked up and completed",
+        wait_running(
+            adapter, tmp_path / "adapter.log", "samples showing jobs picked up and completed"
         )
-        assert adapter.proc.poll() is None, (tmp_path / "adapter.log").read_text()[-3000:]
         # A few more ticks at the steady rate before the stop.
         ticks = len(adapter.samples("enqueue_rate"))
         wait_until(
@@ -188,12 +191,7 @@ def test_a_killed_adapter_takes_its_worker_down(
 ) -> None:
     adapter = Adapter(admin_url, empty_database, redis_prefix, tmp_path / "adapter.log")
     try:
-        wait_until(
-            lambda: ran_jobs(adapter) or adapter.proc.poll() is not None,
-            timeout=180,
-            what="jobs running",
-        )
-        assert adapter.proc.poll() is None, (tmp_path / "adapter.log").read_text()[-3000:]
+        wait_running(adapter, tmp_path / "adapter.log", "jobs running")
         workers = adapter.worker_processes()
         assert workers
         adapter.proc.kill()
