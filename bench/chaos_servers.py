@@ -80,9 +80,9 @@ def _pg_scenario(name: str, scale: float, faults: str) -> Row:
                 s.progress_after(time.monotonic())
                 s.wait_done(n * 0.6)
                 pg.stop_immediate()
-                crash_ns = time.monotonic_ns()  # down: runs before it may have lost commits
                 pause(8)  # down 8 s
                 pg.start()
+                back_ns = time.monotonic_ns()  # a run that started before was claimed before
                 s.progress_after(time.monotonic())
                 s.wait_done(n * 0.8)
                 at = time.monotonic()
@@ -93,13 +93,13 @@ def _pg_scenario(name: str, scale: float, faults: str) -> Row:
             else:  # down 20 s: longer than stuck_after
                 s.wait_done(n * 0.3)
                 pg.stop_immediate()
-                crash_ns = time.monotonic_ns()  # down: runs before it may have lost commits
                 pause(20)
                 pg.start()
+                back_ns = time.monotonic_ns()  # a run that started before was claimed before
                 s.progress_after(time.monotonic())
         finally:
             steady.close()
-        row = s.result(alo=alo + steady.acked, amo=amo, timeout=180, rerun_across=crash_ns)
+        row = s.result(alo=alo + steady.acked, amo=amo, timeout=180, rerun_across=back_ns)
         # An errored call may have committed (ambiguous COMMIT): then it is stored once (the
         # id is the key) and must end like any other job.
         final = s.archived()

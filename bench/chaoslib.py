@@ -200,9 +200,12 @@ class Scenario:
         an id to a predicate over its (state, attempt, error). With `dead_are_killed`, every
         handler process that is gone by then counts as killed (scenarios whose processes die
         on purpose: a run that ended ok just before its process died is re-run, by design).
-        With `rerun_across` (a monotonic_ns instant: a Postgres crash), an at-least-once job
-        whose runs lie on both sides of it is a re-run by design, not a duplicate: its
-        completion was committed asynchronously and lost in the crash (worker/pool.py)."""
+        With `rerun_across` (a monotonic_ns instant: Postgres answering again after a crash),
+        an at-least-once job whose runs lie on both sides of it is a re-run by design, not a
+        duplicate: a run that started before it was claimed before the crash, and that claim
+        or its completion was committed asynchronously and may be lost (worker/process.py).
+        A claim lost that way may be run from the pool's queue well after the crash: the
+        crash instant itself does not separate the two runs, Postgres's return does."""
         alo, amo, expected = list(alo), list(amo), expected or {}
         wait_until(lambda: self.live() == 0, timeout=timeout, interval=0.5, what="all done")
         self.judged = True
