@@ -37,7 +37,7 @@ from bench import (  # noqa: E402
     chaos_procs,
     chaos_servers,
 )
-from bench.chaoslib import COLUMNS, Row, Scenario, error_row, leader  # noqa: E402
+from bench.chaoslib import COLUMNS, Row, Scenario, error_row, leader, scaled  # noqa: E402
 from bench.harness import (  # noqa: E402
     RedisServer,
     pool_pids,
@@ -220,8 +220,10 @@ def rolling_restarts(scale: float) -> Row:
         current = s.instance(types)
         app = s.app(["long_coop", "long_stubborn", "alo"])
         alo = app.enqueue_many("alo", [{"ms": 10}] * int(20000 * scale))
-        alo += app.enqueue_many("long_coop", [{"s": 8}] * 40)
-        alo += app.enqueue_many("long_stubborn", [{"s": 8}] * 10)
+        # Two rounds of each long type's runners at least: long jobs stay in flight across
+        # the three handovers (the full size keeps ~7 rounds: 53 s of 8 s jobs).
+        alo += app.enqueue_many("long_coop", [{"s": 8}] * scaled(40, scale, 12))
+        alo += app.enqueue_many("long_stubborn", [{"s": 8}] * scaled(10, scale, 4))
         for _ in range(3):
             nxt = s.instance(types)
             wait_until(lambda: len(pool_pids(s.url, "alo")) == 2, what="next instance")

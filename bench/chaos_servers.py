@@ -9,6 +9,7 @@ restarted. S11 uses a redis-server of its own, to measure its memory and flush i
 from __future__ import annotations
 
 import glob
+import json
 import os
 import re
 import shutil
@@ -31,6 +32,7 @@ from bench.harness import (
 )
 
 from hivejobs import App, HivejobsError
+from hivejobs.logs import MSG_LIBRARY
 from hivejobs.store import QUERIES
 
 # -- S5 --------------------------------------------------------------------------------
@@ -67,7 +69,8 @@ def _pg_scenario(name: str, scale: float, faults: str) -> Row:
     s = Scenario(name, admin_url=pg.url)
     slow = {"HIVEJOBS_STUCK_AFTER_S": "15"}
     try:
-        inst = s.instance("alo,amo", **slow)
+        # A log shipper's format: psycopg's pool logs through `logging` in these faults.
+        inst = s.instance("alo,amo", HIVEJOBS_LOG_FORMAT="json", **slow)
         app = s.app(["alo", "amo"], stuck_after_s=15.0)
         n = scaled(10_000, scale, 300)
         alo = app.enqueue_many("alo", [{"ms": 5}] * n)
@@ -108,6 +111,14 @@ def _pg_scenario(name: str, scale: float, faults: str) -> Row:
         false = sql(s.url, "SELECT count(*) FROM hivejobs_archive WHERE error LIKE 'worker lost%%'")
         s.check(false[0][0] == 0, f"{false[0][0]} false rescues (the processes stayed alive)")
         deaths = inst.log_text().count("child died")
+        lines = [
+            json.loads(line)["record"] for line in inst.log_text().splitlines() if line[:1] == "{"
+        ]
+        library = [r["extra"]["library"] for r in lines if r["message"] == MSG_LIBRARY]
+        s.check(
+            bool(library) and all(name.startswith("psycopg") for name in library),
+            f"psycopg's logging did not come through loguru as JSON: {sorted(set(library))}",
+        )
         s.check(deaths <= 3 * 3, f"{deaths} child restarts (a crash loop)")
         s.check(inst.proc.poll() is None, "the supervisor exited")
         notes = (
@@ -180,8 +191,11 @@ def _skewed(offset: str, scale: float) -> Row:
         wait_until(lambda: len(pool_pids(s.url, "alo")) == 2, timeout=60, what="A and B")
         n = scaled(2000, scale, 200)
         alo = app.enqueue_many("alo", [{"ms": 5}] * (n - n // 4 - n // 10))
+        # Due 5 s on, spread over 25 s at full size (2.5 s at CI size: the spread is waiting).
+        spread = 25 * min(1.0, scale * 10)
         delayed = [
-            app.enqueue("alo", {"ms": 1}, delay=5 + 25 * i / max(1, n // 4)) for i in range(n // 4)
+            app.enqueue("alo", {"ms": 1}, delay=5 + spread * i / max(1, n // 4))
+            for i in range(n // 4)
         ]
         retried = app.enqueue_many("retry_once", [{"delay": 2.0}] * (n // 10))
         terms: set[int] = set()

@@ -32,39 +32,48 @@ from tests.harness import (
 RUN_ID = uuid.uuid4().hex[:8]
 
 # Tests that assert time bounds (a failover within N s, a pickup p50) or that load both cores
-# (the chaos scenarios, the benches, the embedded servers' initdb): under xdist they form one
-# group, so they run one after another on one worker, never two at once, while the other
-# worker runs the light tests beside them. A new fault test joins by `pytest.mark.faults`.
-# test_cli_secrets' Redis-password test runs `hivejobs bench` on the shared server: beside
-# test_bench, whose check that no hivejobs_bench* database is left sees the whole server.
+# (the chaos scenarios, the embedded servers' initdb): under xdist they form one group, so
+# they run one after another on one worker, never two at once, while the other worker runs
+# the light tests beside them. A new fault test joins by `pytest.mark.faults`.
 HEAVY = (
-    "tests/process/test_bench.py",
-    "tests/process/test_bench_embedded.py",
     "tests/process/test_embedded.py",
     "tests/process/test_dev_security.py",
     "tests/process/test_pgbouncer.py",
     "tests/process/test_redis_topologies.py",
+)
+# The tests that run `hivejobs bench` on the shared servers judge nothing by time, but
+# test_bench checks that no hivejobs_bench* database is left on the whole server: they form
+# a group of their own, one at a time, beside the heavy group (on the light worker's side).
+BENCH = (
+    "tests/process/test_bench.py",
+    "tests/process/test_bench_embedded.py",
     "tests/process/test_cli_secrets.py::test_no_redis_password_in_any_output",
 )
 
 
-def _heavy(item: pytest.Item) -> bool:
-    return item.nodeid.startswith(HEAVY) or item.get_closest_marker("faults") is not None
+def _group(item: pytest.Item) -> str | None:
+    if item.nodeid.startswith(HEAVY) or item.get_closest_marker("faults") is not None:
+        return "heavy"
+    return "bench" if item.nodeid.startswith(BENCH) else None
 
 
 def _order(item: pytest.Item) -> int:
-    """The heavy group first, then real-process tests, then the rest: the longest work starts
-    early, so the run does not end with one worker busy and the other idle."""
-    if _heavy(item):
+    """The heavy group first, then the bench group and real-process tests, then the rest: the
+    longest work starts early, so the run does not end with one worker busy and the other
+    idle."""
+    group = _group(item)
+    if group == "heavy":
         return 0
-    return 1 if item.path.relative_to(ROOT).parts[1] in ("process", "web") else 2
+    if group == "bench":
+        return 1
+    return 2 if item.path.relative_to(ROOT).parts[1] in ("process", "web") else 3
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the xdist_group marks
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
-        if _heavy(item):
-            item.add_marker(pytest.mark.xdist_group("heavy"))
+        if group := _group(item):
+            item.add_marker(pytest.mark.xdist_group(group))
     if hasattr(config, "workerinput"):  # an xdist worker; every worker sorts alike
         items.sort(key=_order)  # stable: collection order within each rank
 
