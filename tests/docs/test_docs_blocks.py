@@ -40,7 +40,7 @@ from pathlib import Path
 from unittest import mock
 
 import pytest
-import yaml
+import yaml  # type: ignore[import-untyped]  # PyYAML comes with mkdocs (test extra), untyped
 
 from hivejobs.cli.commands import build_parser
 from hivejobs.config import Settings, check_database_url, check_redis_url, settings_from_env
@@ -79,7 +79,8 @@ def test_every_docs_block_is_run_or_says_why_not() -> None:
                 assert len(block.skip_why.split()) >= 5, f"{where}: say why it cannot run"
                 skips.append(where)
             if block.excerpt_of is not None:
-                source = {line.strip() for line in (ROOT / block.excerpt_of).read_text().split("\n")}
+                lines = (ROOT / block.excerpt_of).read_text().split("\n")
+                source = {line.strip() for line in lines}
                 for line in block.code.split("\n"):
                     assert not line.strip() or line.strip() in source, f"{where}: {line!r}"
     assert len(skips) <= MAX_SKIPS, f"more blocks skipped than MAX_SKIPS: {skips}"
