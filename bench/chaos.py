@@ -58,21 +58,30 @@ def kill_serial_pool(scale: float) -> Row:
     fetched ahead itself. 2,500 jobs: one runner drains ~45 a second."""
     return _kill_pools(
         "S1b kill -9 one-runner pool every 5 s",
-        {"HJ_CONCURRENCY_ALO": "1", "HJ_CONCURRENCY_AMO": "1"},
+        {f"HJ_CONCURRENCY_{t.upper()}": "1" for t in KILLED_TYPES},
         int(2000 * scale),
         int(500 * scale),
     )
 
 
+# Each delivery with a `def` and an `async def` handler, a pool each: the kills alternate.
+KILLED_TYPES = ["alo", "amo", "alo_async", "amo_async"]
+
+
 def _kill_pools(title: str, env: dict[str, str], n_alo: int, n_amo: int) -> Row:
     s = Scenario(title)
     try:
-        s.instance("alo,amo", **env)
-        app = s.app(["alo", "amo"])
+        s.instance(",".join(KILLED_TYPES), **env)
+        app = s.app(KILLED_TYPES)
         rng = random.Random(1)
-        alo = app.enqueue_many("alo", [{"ms": rng.randint(5, 40)} for _ in range(n_alo)])
-        amo = app.enqueue_many("amo", [{"ms": 20}] * n_amo)
-        kinds = ["alo", "amo"]
+        alo: list[str] = []
+        amo: list[str] = []
+        for suffix in ("", "_async"):  # half of each delivery's jobs for each kind
+            alo += app.enqueue_many(
+                "alo" + suffix, [{"ms": rng.randint(5, 40)} for _ in range(n_alo // 2)]
+            )
+            amo += app.enqueue_many("amo" + suffix, [{"ms": 20}] * (n_amo // 2))
+        kinds = KILLED_TYPES
         k = 0
         while s.live() > 0:
             deadline = time.monotonic() + 5
@@ -81,7 +90,7 @@ def _kill_pools(title: str, env: dict[str, str], n_alo: int, n_amo: int) -> Row:
                 interval=0.2,
                 what="next kill",
             )  # the fault's own period
-            pids = pool_pids(s.url, kinds[k % 2])
+            pids = pool_pids(s.url, kinds[k % len(kinds)])
             if pids and running_in_pid(s.ledger, pids[0]):
                 s.kill(pids[0])
                 s.recovery(  # R8: the supervisor releases the dead pool's claims at once
@@ -213,16 +222,21 @@ def redis_pause(scale: float) -> Row:
 
 
 def rolling_restarts(scale: float) -> Row:
-    """S3 chaos: A -> B -> A handovers by SIGTERM with long and short jobs in flight."""
+    """S3 chaos: A -> B -> A handovers by SIGTERM with long and short jobs in flight, `def`
+    and `async def` handlers."""
     s = Scenario("S3 rolling restart x3")
-    types = "long_coop,long_stubborn,alo"
+    names = ["long_coop", "long_stubborn", "alo", "long_coop_async", "alo_async"]
+    types = ",".join(names)
     try:
         current = s.instance(types)
-        app = s.app(["long_coop", "long_stubborn", "alo"])
-        alo = app.enqueue_many("alo", [{"ms": 10}] * int(20000 * scale))
+        app = s.app(names)
+        alo = app.enqueue_many("alo", [{"ms": 10}] * int(10000 * scale))
+        alo += app.enqueue_many("alo_async", [{"ms": 10}] * int(10000 * scale))
         # Two rounds of each long type's runners at least: long jobs stay in flight across
-        # the three handovers (the full size keeps ~7 rounds: 53 s of 8 s jobs).
+        # the three handovers (the full size keeps ~7 rounds: 53 s of 8 s jobs). The async
+        # ones stop as a cancelled task; the stubborn ones ignore the stop.
         alo += app.enqueue_many("long_coop", [{"s": 8}] * scaled(40, scale, 12))
+        alo += app.enqueue_many("long_coop_async", [{"s": 8}] * scaled(40, scale, 12))
         alo += app.enqueue_many("long_stubborn", [{"s": 8}] * scaled(10, scale, 4))
         for _ in range(3):
             nxt = s.instance(types)

@@ -32,6 +32,11 @@ POISONS = {
     "s8_oom": "oom",
     "s8_hang": "hang",
     "s8_gil_hog": "gil_hog",
+    # `async def` handlers: a hang's timeout cancels its task; a hog or a segfault of the loop
+    # is the process's, as with a def handler's.
+    "s8_async_raise": "raise",
+    "s8_async_exit": "exit",
+    "s8_async_hang": "hang",
 }
 
 
@@ -123,17 +128,19 @@ def kill_instance(scale: float) -> Row:
     their claims after stuck_after; (b) killpg(A, SIGKILL), host death: B rescues."""
     s = Scenario("S13 kill supervisor / instance")
     try:
-        b = s.instance("alo,amo", HJ_CONCURRENCY_AMO="4")
-        app = s.app(["alo", "amo"])
+        types = ["alo", "amo", "alo_async"]
+        b = s.instance(",".join(types), HJ_CONCURRENCY_AMO="4")
+        app = s.app(types)
         n = scaled(5000, scale, 100) // 2  # per round
         alo: list[str] = []
         amo: list[str] = []
         stuck = float(app.settings.stuck_after_s)
         for how in ("supervisor", "instance"):
-            a = s.instance("alo,amo", HJ_CONCURRENCY_AMO="4")
-            wait_until(lambda h=a.pid: len(_instance_pids(s.url, h)) == 3, timeout=60, what="A")
+            a = s.instance(",".join(types), HJ_CONCURRENCY_AMO="4")
+            wait_until(lambda h=a.pid: len(_instance_pids(s.url, h)) == 4, timeout=60, what="A")
             pids = _instance_pids(s.url, a.pid)
-            alo += app.enqueue_many("alo", [{"ms": 100}] * (n * 4 // 5))
+            alo += app.enqueue_many("alo", [{"ms": 100}] * (n * 2 // 5))
+            alo += app.enqueue_many("alo_async", [{"ms": 100}] * (n * 2 // 5))
             amo += app.enqueue_many("amo", [{"ms": 100}] * (n // 5))
             wait_until(
                 lambda ps=pids: sum(len(running_in_pid(s.ledger, p)) for p in ps) >= 6,

@@ -7,6 +7,7 @@ register (default: all), HJ_CONCURRENCY_<TYPE> overrides a type's concurrency.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import threading
 import time
@@ -221,6 +222,66 @@ opt_in("s8_exit", delivery="at_most_once", **_S8)(_poison_plan)
 opt_in("s8_oom", attempts=3, **_S8)(_poison_plan)
 opt_in("s8_hang", attempts=1, timeout=2.0, **_S8)(_poison_plan)
 opt_in("s8_gil_hog", delivery="at_most_once", timeout=2.0, **_S8)(_poison_plan)
+
+
+# -- async twins (RELIABILITY S1, S3, S8, S13 run them beside the def types) ----------------
+
+
+async def work_async(payload: dict[str, float | str]) -> None:
+    """work() for an `async def` handler: the gate waited for off the loop, else `ms` of
+    asyncio.sleep (the loop runs the pool's other tasks meanwhile)."""
+    if "gate" in payload:
+        await asyncio.to_thread(wait_at_gate, str(payload["gate"]))
+    else:
+        await asyncio.sleep(float(payload.get("ms", 10)) / 1000)
+
+
+@opt_in("alo_async", concurrency=8, attempts=5)
+async def alo_async(ctx: JobContext, payload: dict[str, float | str]) -> None:
+    start(ctx)
+    await work_async(payload)
+    end(ctx, "ok")
+
+
+@opt_in("amo_async", concurrency=4, delivery="at_most_once")
+async def amo_async(ctx: JobContext, payload: dict[str, float | str]) -> None:
+    start(ctx)
+    await work_async(payload)
+    end(ctx, "ok")
+
+
+@opt_in("long_coop_async", concurrency=6, attempts=3)
+async def long_coop_async(ctx: JobContext, payload: dict[str, float | str]) -> None:
+    """Long work (`s` seconds) that a shutdown stops as the cancellation of its task."""
+    start(ctx)
+    try:
+        await asyncio.sleep(float(payload.get("s", 20)))
+    except asyncio.CancelledError:
+        end(ctx, "interrupted")
+        raise
+    end(ctx, "ok")
+
+
+async def _poison_plan_async(ctx: JobContext, payload: dict[str, Any]) -> str:
+    """RELIABILITY S8 for `async def` handlers: normal work, or the poison the payload names
+    (a hang awaits forever: its timeout cancels the task)."""
+    start(ctx)
+    action = payload.get("do", "ok")
+    if action == "raise":
+        end(ctx, "error")
+        raise ValueError("poison raised")
+    if action == "exit":
+        os._exit(1)
+    if action == "hang":
+        await asyncio.Event().wait()
+    await asyncio.sleep(float(payload.get("ms", 10)) / 1000)
+    end(ctx, "ok")
+    return str(action)
+
+
+opt_in("s8_async_raise", attempts=3, **_S8)(_poison_plan_async)
+opt_in("s8_async_exit", delivery="at_most_once", **_S8)(_poison_plan_async)
+opt_in("s8_async_hang", attempts=1, timeout=2.0, **_S8)(_poison_plan_async)
 
 
 class Shape(msgspec.Struct, forbid_unknown_fields=True):

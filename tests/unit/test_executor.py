@@ -225,3 +225,28 @@ def test_a_stop_after_the_handler_returned_does_not_cancel_its_task() -> None:
         return done
 
     assert asyncio.run(pool_task()).outcome == "succeeded"
+
+
+@pytest.mark.parametrize("kind", ["def", "async"])
+def test_an_attempt_that_ends_on_its_timeout_fails_with_the_timeout(kind: str) -> None:
+    """The watchdog's stop reaches a cooperative `def` handler as `stopping` (it raises
+    Interrupted) and an `async def` one as cancellation: either way the attempt's error is the
+    timeout, as a hung handler's is, not the Interrupted that ended it."""
+    app = App(database_url="postgresql://127.0.0.1:1/x", redis_url="redis://127.0.0.1:1")
+
+    def watches(ctx: JobContext, payload: object) -> None:
+        ctx.stopping.wait(10)
+        raise Interrupted()
+
+    async def waits(ctx: JobContext, payload: object) -> None:
+        await asyncio.Event().wait()
+
+    app.job("t", attempts=3)(watches if kind == "def" else waits)
+    jt, job = app.types["t"], _claimed(1, 3, "at_least_once")
+    ctx = Ctx(job, app)
+    ctx.request_stop("timed out after 2s")  # before the start: the handler sees it at once
+    if kind == "def":
+        done = execute(jt, job, ctx, max_result_bytes=1 << 20)
+    else:
+        done = asyncio.run(execute_async(jt, job, ctx, max_result_bytes=1 << 20))
+    assert (done.outcome, done.error) == ("retry", "timed out after 2s")

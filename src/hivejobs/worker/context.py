@@ -43,6 +43,9 @@ class JobContext:
         self.app = app
         self._stopping: threading.Event | None = None  # made on first use: most jobs never ask
         self._stop_requested = False
+        # Why the stop was asked when it is the attempt's failure (the watchdog's timeout):
+        # the error of an attempt that ends on that stop, whatever the handler raised to end.
+        self.stop_reason: str | None = None
         self._on_stop: Callable[[], object] | None = None
         self.cancelled = False
         self._logger: Logger | None = None
@@ -60,9 +63,12 @@ class JobContext:
             event.set()
         return event
 
-    def request_stop(self) -> None:
+    def request_stop(self, reason: str | None = None) -> None:
         """Called by the pool (any thread): sets `stopping`, now or when first looked at, and
-        calls the on_stop callback (now or when it is given)."""
+        calls the on_stop callback (now or when it is given). The first `reason` given is
+        kept as stop_reason."""
+        if reason is not None and self.stop_reason is None:
+            self.stop_reason = reason
         self._stop_requested = True
         event = self._stopping
         if event is not None:

@@ -217,6 +217,10 @@ def _raised(
         if at_most_once:
             return ended(job, "failed", "interrupted by shutdown", max_result_bytes)
         return Completion(id=job.id, claim_token=job.claim_token, outcome="suspend")
+    if ctx.stop_reason is not None and isinstance(exc, Interrupted):
+        # The handler ended on the watchdog's stop (a cancelled task, a def handler that
+        # watched `stopping`): the attempt failed for that reason, as a hung one does.
+        return failed(job, ctx, ctx.stop_reason, jt.backoff.delay_s(job.attempt), max_result_bytes)
     text = handler_traceback(exc)
     return failed(job, ctx, text, jt.backoff.delay_s(job.attempt), max_result_bytes, exc=exc)
 

@@ -37,12 +37,13 @@ class Watchdog:
         if timeout is None:
             return
         now = time.monotonic()
+        reason = f"timed out after {timeout:g}s"
         expired: list[Running] = []
         with self.slots.cond:
             for r in self.slots.running.values():
                 age = now - r.started
                 if age > timeout and not r.ctx.stop_requested:
-                    r.ctx.request_stop()
+                    r.ctx.request_stop(reason)
                 if age > timeout + self.settings.timeout_grace_s and not r.abandoned:
                     r.abandoned = True
                     expired.append(r)
@@ -52,7 +53,7 @@ class Watchdog:
                 failed(
                     r.job,
                     r.ctx,
-                    f"timed out after {timeout:g}s",
+                    reason,
                     self.jt.backoff.delay_s(r.job.attempt),
                     self.settings.max_result_bytes,
                 )
