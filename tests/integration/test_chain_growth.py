@@ -15,8 +15,8 @@ from hivejobs.chains import Growth
 from hivejobs.chains.render import render
 from hivejobs.coordinator.traverser import Traverser
 from hivejobs.errors import ChainInvalid
-from hivejobs.store.chains import ChainStore
 from hivejobs.store import new_worker_id
+from hivejobs.store.chains import ChainStore
 from tests.harness import sql
 from tests.integration.test_coordinator import leader
 
