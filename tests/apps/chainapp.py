@@ -98,7 +98,7 @@ def fanout(ctx: JobContext, payload: dict[str, Any]) -> dict[str, Any]:
     assert info is not None
     n, parts = int(payload["n"]), int(payload.get("parts", 1))
     size = -(-n // parts)
-    for part in range(parts):
+    for part in range(parts if n else 0):  # n = 0: adds nothing (the jobs were declared)
         more = info.grow()
         for i in range(part * size, min(n, (part + 1) * size)):
             more.job("fanleaf", {"n": i, "root": payload.get("root")})
