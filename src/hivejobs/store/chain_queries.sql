@@ -296,10 +296,12 @@ SELECT cj.chain_id, c.name AS chain, cj.key, cj.name AS type, cj.try AS "try", c
  LIMIT %(limit)s;
 
 -- name: try_context
--- What a handler's ctx.chain needs, found by its try's job id.
+-- What a handler's ctx.chain needs, found by the chain and key its try's job id names (the
+-- primary key: job_id alone has only a partial index, and a lookup by it would scan every
+-- chain job of the database), while that try is the chain job's current one.
 SELECT cj.chain_id, cj.key, cj.total_tries, cj.after_keys, c.args
   FROM hivejobs_chain_job cj JOIN hivejobs_chain c ON c.id = cj.chain_id
- WHERE cj.job_id = %(job_id)s;
+ WHERE cj.chain_id = %(id)s AND cj.key = %(key)s AND cj.job_id = %(job_id)s;
 
 -- name: upstream_results
 SELECT key, result FROM hivejobs_chain_job

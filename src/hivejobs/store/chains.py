@@ -397,9 +397,15 @@ class ChainStore:
     # -- handlers (ctx.chain, ctx.upstream, ctx.set_status) --------------------------------
 
     def try_context(self, job_id: str) -> TryContext | None:
-        """What a chain try's handler sees of its chain; None for a plain job."""
+        """What a chain try's handler sees of its chain; None for a plain job. Found by the
+        primary key that the try's id spells (try_id), so a chain try costs the same lookup
+        however many chain jobs the database holds."""
+        if not looks_like_try_id(job_id):
+            return None
+        chain_id, _, rest = job_id.partition(":")
+        params = {"id": chain_id, "key": rest.rpartition(":")[0], "job_id": job_id}
         with self.store.connection() as conn:
-            row = conn.execute(CHAIN_QUERIES["try_context"], {"job_id": job_id}).fetchone()
+            row = conn.execute(CHAIN_QUERIES["try_context"], params).fetchone()
         if row is None:
             return None
         chain_id, key, total_try, after_keys, payload = row
