@@ -48,7 +48,8 @@ def test_a_try_finds_its_chain_job_by_key(make_app: Callable[..., App], database
         )
         conn.execute(
             "INSERT INTO hivejobs_job (id, name, state, priority, attempts, delivery, payload, "
-            "worker_id, attempt) VALUES (%s, 'leaf', 'running', 0, 1, 'at_least_once', '{}', %s, 1)",
+            "worker_id, attempt) "
+            "VALUES (%s, 'leaf', 'running', 0, 1, 'at_least_once', '{}', %s, 1)",
             (job_id, new_worker_id()),
         )
         conn.execute("ANALYZE hivejobs_chain_job")

@@ -108,4 +108,6 @@ def test_builder_keys_positions_and_field_checks() -> None:
         growth.job("step", name="s", after="scan.1")
     with pytest.raises(ChainInvalid, match="over 200 characters"):
         Growth("k" * 190, lambda: 1).job("step", name="n" * 20)
-    assert list(growth.jobs) == ["scan.1", "scan.file-x", "scan.2"]
+    assert growth.job("step", name="twice", after=["scan.1", "scan.1"]) == "scan.twice"
+    assert growth.jobs["scan.twice"].after == ("scan.1",)  # one edge
+    assert list(growth.jobs) == ["scan.1", "scan.file-x", "scan.2", "scan.twice"]

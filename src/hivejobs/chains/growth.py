@@ -100,7 +100,7 @@ class Growth:
 def _keys(refs: Iterable[str], key: str, field: str) -> tuple[str, ...]:
     if isinstance(refs, str):
         raise ChainInvalid(f"added job {key!r}: {field} takes a list of job keys, not a string")
-    out = tuple(refs)
+    out = tuple(dict.fromkeys(refs))  # a key named twice is one edge
     for ref in out:
         if not isinstance(ref, str):
             raise ChainInvalid(f"added job {key!r}: {field} takes job keys, not {ref!r}")
