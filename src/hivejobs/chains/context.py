@@ -62,7 +62,8 @@ class ChainInfo:
 
 
 class ChainView:
-    """One try's view of its chain, behind ctx.chain, ctx.upstream and ctx.set_status.
+    """One try's view of its chain, behind ctx.chain, ctx.upstream, ctx.set_status and
+    ctx.chain.add (which also counts the unnamed jobs this try added: their positions).
 
     Owns the try's place in the chain (read once, by job id), its predecessors' keys and, on
     first `result_of`, its ancestors' keys: a try reads only results that exist before it
