@@ -271,6 +271,8 @@ class ChainJobFields(msgspec.Struct, Generic[StateT], frozen=True, kw_only=True)
     # While the chain job runs: its try's job now (queued, scheduled or running), the state
     # `chain ps` shows; None otherwise.
     job_state: str | None = None
+    # The key of the chain job whose handler added this one (ctx.chain.add); None if declared.
+    added_by: str | None = None
 
 
 class ChainJobStatus(ChainJobFields[ChainJobState], frozen=True, kw_only=True):

@@ -85,3 +85,44 @@ def long(ctx: JobContext, payload: dict[str, Any]) -> str:
             raise Interrupted()
     end(ctx, "ok")
     return "done"
+
+
+@app.job("fanout", concurrency=2)
+def fanout(ctx: JobContext, payload: dict[str, Any]) -> dict[str, Any]:
+    """Adds `n` fanleaf jobs below itself in `parts` adds (one transaction each), the last
+    with a merge job `join` after all of them that the jobs named in `before` wait for too.
+    Notes `added <job id> <part> <jobs added> <pid> <ns the add took>` after each add. On its
+    first try with a `gate`, waits there after the first add: where a test kills its pool."""
+    start(ctx)
+    info = ctx.chain
+    assert info is not None
+    n, parts = int(payload["n"]), int(payload.get("parts", 1))
+    size = -(-n // parts)
+    for part in range(parts if n else 0):  # n = 0: adds nothing (the jobs were declared)
+        more = info.grow()
+        for i in range(part * size, min(n, (part + 1) * size)):
+            more.job("fanleaf", {"n": i, "root": payload.get("root")})
+        if part == parts - 1:
+            leaves = [f"{info.key}.{i + 1}" for i in range(n)]
+            more.job(
+                "merge", {"expect": n}, name="join", after=leaves, before=payload.get("before", [])
+            )
+        began = time.monotonic_ns()
+        added = info.add(more)
+        note("added", ctx.job_id, part, len(added), os.getpid(), time.monotonic_ns() - began)
+        if part == 0 and "gate" in payload and info.try_number == 1:
+            wait_at_gate(payload["gate"])
+    end(ctx, "ok")
+    return {"key": info.key, "n": 0}
+
+
+@app.job("fanleaf", concurrency=CONCURRENCY)
+def fanleaf(ctx: JobContext, payload: dict[str, Any]) -> dict[str, Any]:
+    """One added job: returns its key and `n`, and the result of the chain job `root` names
+    (an ancestor further up than its parent), read with ctx.chain.result_of."""
+    start(ctx)
+    info = ctx.chain
+    assert info is not None
+    root = info.result_of(payload["root"]) if payload.get("root") else None
+    end(ctx, "ok")
+    return {"key": info.key, "n": payload["n"], "root": root}

@@ -46,3 +46,27 @@ def test_a_huge_chain_page_is_paginated(
     assert ">k19999<" in last.text and "previous page" in last.text
     assert len(re.findall(r">k199\d{2}<", last.text)) == 2 * 100  # jobs table and log
     assert server.client.get(path, params={"page": "0"}).status_code == 422
+
+
+def test_jobs_added_at_run_time_are_in_the_graph_and_table(
+    server: Server, make_app: Callable[..., App]
+) -> None:
+    """ctx.chain.add: the added jobs are boxes of the DAG (dashed, naming their adder), with
+    edges from their predecessors, and rows of the jobs table."""
+    from tests.integration.test_chain_growth import running_root
+
+    app = make_app()
+    chain_id, context = running_root(app)
+    ctx = context()
+    assert ctx.chain is not None
+    more = ctx.chain.grow()
+    parts = [more.job("step") for _ in range(2)]
+    more.job("step", name="join", after=parts, before=["c"])
+    ctx.chain.add(more)
+    page = server.client.get(f"/dashboard/chains/{chain_id}", params={"fragment": "1"}).text
+    added = re.findall(r'data-key="([^"]+)" data-state="pending" data-added-by="root"', page)
+    assert sorted(added) == ["root.1", "root.2", "root.join"]
+    assert page.count('stroke-dasharray="4 3"') == 3
+    # root->b, b->c, root->each part, each part->join, and the new join->c
+    assert page.count('marker-end="url(#arrow)"') == 7
+    assert re.search(r"<td>root\.join</td>.*?<td>root</td></tr>", page)

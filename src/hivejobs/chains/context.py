@@ -1,7 +1,8 @@
-"""What a handler sees of its chain: ctx.chain, ctx.upstream, ctx.set_status.
+"""What a handler sees of its chain: ctx.chain, ctx.upstream, ctx.set_status, ctx.chain.add.
 
 Loaded from Postgres on first use, by the try's job id, so plain jobs never pay for it.
-Writes only the status line, and only while this try is the chain job's current one.
+Writes the status line and added jobs (chains/growth.py), and only while this try is the
+chain job's current one.
 """
 
 from __future__ import annotations
@@ -10,12 +11,15 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import msgspec
+from loguru import logger
 
-from hivejobs.errors import NotAnAncestor
+from hivejobs.chains.growth import Growth, plan_growth
+from hivejobs.errors import ChainInvalid, NotAnAncestor
 from hivejobs.serialization import decode_json
 
 if TYPE_CHECKING:
-    from hivejobs.store.chains import ChainStore
+    from hivejobs.chains.checks import JobTypeLookup
+    from hivejobs.store.chains import ChainStore, GrowthSnapshot, GrowthWrite
 
 MAX_STATUS = 1000
 T = TypeVar("T")
@@ -43,17 +47,35 @@ class ChainInfo:
             raise NotAnAncestor(key, self.key, [])
         return self._view.result_of(key)
 
+    def grow(self) -> Growth:
+        """A builder of jobs to add below this one: `job()` each, then `add()` it."""
+        if self._view is None:
+            raise ChainInvalid(f"job {self.key!r}: jobs are added from a running chain job")
+        return Growth(self.key, self._view.next_position)
+
+    def add(self, growth: Growth) -> list[str]:
+        """Store the growth's jobs in the chain, all or none (chains/growth.py says how keys
+        make a repeated add after a kill add nothing twice); returns the keys added now."""
+        if self._view is None:
+            raise ChainInvalid(f"job {self.key!r}: jobs are added from a running chain job")
+        return self._view.add(growth)
+
 
 class ChainView:
-    """One try's view of its chain, behind ctx.chain, ctx.upstream and ctx.set_status.
+    """One try's view of its chain, behind ctx.chain, ctx.upstream, ctx.set_status and
+    ctx.chain.add (which also counts the unnamed jobs this try added: their positions).
 
     Owns the try's place in the chain (read once, by job id), its predecessors' keys and, on
     first `result_of`, its ancestors' keys: a try reads only results that exist before it
     starts. Used by the one handler thread of the try, so it holds no lock."""
 
-    def __init__(self, chains: ChainStore, job_id: str) -> None:
+    def __init__(
+        self, chains: ChainStore, job_id: str, job_type: JobTypeLookup | None = None
+    ) -> None:
         self._chains = chains
         self._job_id = job_id
+        self._job_type = job_type
+        self._positions = 0  # unnamed jobs added by this try so far (Growth.job)
         self._after: list[str] = []
         self._ancestors: set[str] | None = None
         self.info: ChainInfo | None = None
@@ -81,6 +103,36 @@ class ChainView:
             raise NotAnAncestor(key, self.info.key, sorted(self._ancestors))
         raw = self._chains.upstream(self.info.request_id, [key])
         return decode_json(raw.get(key))
+
+    def next_position(self) -> int:
+        self._positions += 1
+        return self._positions
+
+    def add(self, growth: Growth) -> list[str]:
+        assert self.info is not None  # only reachable through self.info
+        if not isinstance(growth, Growth) or growth.adder != self.info.key:
+            raise ChainInvalid(f"job {self.info.key!r}: add() takes what ctx.chain.grow() built")
+        if self._job_type is None:
+            raise ChainInvalid("adding jobs needs the app's job types: run the job in a pool")
+        rows = growth.rows(self._job_type)  # type and payload checks: before any statement
+
+        def decide(snap: GrowthSnapshot) -> GrowthWrite:
+            return plan_growth(snap, rows, growth.before)
+
+        written = self._chains.grow(self.info.request_id, self._job_id, decide)
+        if written is None:
+            raise ChainInvalid(
+                f"job {self.info.key!r}: this try no longer runs (stopped, abandoned, rescued, "
+                "or its chain ended): nothing added"
+            )
+        logger.info(
+            "chain jobs added",
+            chain_id=self.info.request_id,
+            added_by=self.info.key,
+            jobs=len(written.rows),
+            kept=len(rows) - len(written.rows),
+        )
+        return [row["key"] for row in written.rows]
 
     def set_status(self, text: str) -> None:
         if self.info is not None:

@@ -81,6 +81,7 @@ def render(status: ChainStatus) -> str:
             seq = f" seq {job.sequence}#{job.sequence_try}" if job.sequence else ""
             after = f"  <- {escape(', '.join(job.after))}" if job.after else ""
             text = f'  "{escape(job.status)}"' if job.status else ""
+            added = f"  (added by {escape(job.added_by)})" if job.added_by else ""
             error = ""
             if job.state == "failed" and job.error and job.error.strip():
                 error = "  error: " + escape(job.error.strip().split("\n")[-1][:120])
@@ -88,7 +89,7 @@ def render(status: ChainStatus) -> str:
             lines.append(
                 f"  [{_MARK[state]}] {escape(job.key):<{key_w}}  {escape(job.type):<{type_w}}  "
                 f"{state:<9}  try {job.try_}/{job.tries} (total {job.total_tries})"
-                f"{seq}{after}{text}{error}"
+                f"{seq}{after}{added}{text}{error}"
             )
     return "\n".join(lines)
 

@@ -63,6 +63,13 @@ def check_wait(what: str, value: object) -> float:
     return float(value)
 
 
+def check_job_fields(spec: JobSpec) -> None:
+    """The checks of one job that need nothing else of its chain: tries and retry_wait."""
+    if isinstance(spec.tries, bool) or not isinstance(spec.tries, int) or spec.tries < 1:
+        raise ChainInvalid(f"job {spec.key!r}: tries must be an integer >= 1")
+    check_wait(f"job {spec.key!r}: retry_wait", spec.retry_wait_s)
+
+
 def validate(
     name: str, jobs: Mapping[str, JobSpec], sequences: Sequence[SequenceSpec]
 ) -> ValidChain:
@@ -77,9 +84,7 @@ def validate(
         raise ChainInvalid(f"chain {name!r} has {len(jobs)} jobs, over the limit of {MAX_JOBS}")
     for spec in jobs.values():
         check_key(spec.key)
-        if isinstance(spec.tries, bool) or not isinstance(spec.tries, int) or spec.tries < 1:
-            raise ChainInvalid(f"job {spec.key!r}: tries must be an integer >= 1")
-        check_wait(f"job {spec.key!r}: retry_wait", spec.retry_wait_s)
+        check_job_fields(spec)
         for dep in spec.after:
             if dep not in jobs:
                 raise ChainInvalid(

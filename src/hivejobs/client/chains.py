@@ -24,19 +24,16 @@ from loguru import logger
 
 from hivejobs.broker import ControlMessage
 from hivejobs.chains.builder import Chain
+from hivejobs.chains.checks import job_row
 from hivejobs.client.integrations import driver_connection
 from hivejobs.errors import (
     ChainInvalid,
     ChainNotFound,
     ChainStopPending,
     InvalidArgument,
-    PayloadInvalid,
-    PayloadTooLarge,
-    UnknownJobType,
 )
 from hivejobs.logs import error_fields
 from hivejobs.records import (
-    PRIORITIES,
     ChainJobStatus,
     ChainQuery,
     ChainState,
@@ -116,37 +113,10 @@ class ChainClient:
             raise ChainInvalid(f"run_chain takes a hivejobs.Chain, not {type(chain).__name__}")
         valid = chain.validate()
         args = _checked_args(chain)
-        jobs: list[dict[str, Any]] = []
-        for key in valid.order:
-            spec = chain.jobs[key]
-            try:
-                jt = self._job_type(spec.type)
-                payload = jt.encode(spec.payload)  # limit_by checked too
-            except (UnknownJobType, PayloadInvalid, PayloadTooLarge) as exc:
-                raise ChainInvalid(f"job {key!r}: {exc}") from None
-            if jt.delivery == "at_most_once" and spec.tries != 1:
-                raise ChainInvalid(
-                    f"job {key!r}: job type {jt.name!r} is at_most_once, so it runs "
-                    f"at most one try: tries={spec.tries} is impossible"
-                )
-            priority = jt.priority if spec.priority is None else spec.priority
-            if isinstance(priority, bool) or priority not in PRIORITIES:
-                raise ChainInvalid(
-                    f"job {key!r}: priority must be an integer 0-9, not {priority!r}"
-                )
-            jobs.append(
-                {
-                    "key": key,
-                    "name": jt.name,
-                    "payload": payload,
-                    "priority": priority,
-                    "delivery": jt.delivery,
-                    "after": list(spec.after),
-                    "seq": valid.sequence_of.get(key),
-                    "tries": spec.tries,
-                    "retry_wait_s": spec.retry_wait_s,
-                }
-            )
+        jobs = [
+            job_row(chain.jobs[key], valid.sequence_of.get(key), self._job_type)
+            for key in valid.order
+        ]
         sequences = [
             {"start": start, "retries": s.retries, "retry_wait_s": s.retry_wait_s}
             for start, s in valid.starts.items()

@@ -5,11 +5,12 @@
 INSERT INTO hivejobs_chain (id, name, args, jobs) VALUES (%(id)s, %(name)s, %(args)s, %(jobs)s);
 
 -- name: insert_chain_jobs
+-- `added_by`: NULL for a chain's declared jobs, the adding job's key for ctx.chain.add.
 INSERT INTO hivejobs_chain_job (chain_id, key, name, payload, priority, delivery, after_keys,
-                                seq, tries, retry_wait_s)
+                                seq, tries, retry_wait_s, added_by)
 SELECT %(chain_id)s, u.key, u.name, u.payload, u.priority, u.delivery,
        CASE WHEN u.after_keys = '' THEN '{}'::text[] ELSE string_to_array(u.after_keys, ' ') END,
-       u.seq, u.tries, u.retry_wait_s
+       u.seq, u.tries, u.retry_wait_s, %(added_by)s::text
   FROM unnest(%(keys)s::text[], %(names)s::text[], %(payloads)s::bytea[], %(priorities)s::int2[],
               %(deliveries)s::text[], %(afters)s::text[], %(seqs)s::text[], %(tries)s::int[],
               %(waits)s::float8[])
@@ -233,7 +234,7 @@ SELECT cj.key, cj.name AS type, cj.state, cj.after_keys AS after, cj.seq AS sequ
        cj.try AS "try", cj.tries, cj.total_tries, q.seq_try AS sequence_try, cj.job_id,
        coalesce(cj.started_at, CASE WHEN cj.state = 'running' THEN j.started_at END)
            AS started_at,
-       cj.finished_at, cj.status, cj.result, cj.error, j.state AS job_state
+       cj.finished_at, cj.status, cj.result, cj.error, j.state AS job_state, cj.added_by
   FROM hivejobs_chain_job cj
   LEFT JOIN hivejobs_job j ON j.id = cj.job_id AND cj.state = 'running'
   LEFT JOIN hivejobs_chain_sequence q ON q.chain_id = cj.chain_id AND q.start_key = cj.seq
@@ -295,10 +296,12 @@ SELECT cj.chain_id, c.name AS chain, cj.key, cj.name AS type, cj.try AS "try", c
  LIMIT %(limit)s;
 
 -- name: try_context
--- What a handler's ctx.chain needs, found by its try's job id.
+-- What a handler's ctx.chain needs, found by the chain and key its try's job id names (the
+-- primary key: job_id alone has only a partial index, and a lookup by it would scan every
+-- chain job of the database), while that try is the chain job's current one.
 SELECT cj.chain_id, cj.key, cj.total_tries, cj.after_keys, c.args
   FROM hivejobs_chain_job cj JOIN hivejobs_chain c ON c.id = cj.chain_id
- WHERE cj.job_id = %(job_id)s;
+ WHERE cj.chain_id = %(id)s AND cj.key = %(key)s AND cj.job_id = %(job_id)s;
 
 -- name: upstream_results
 SELECT key, result FROM hivejobs_chain_job
@@ -320,3 +323,24 @@ WITH RECURSIVE up(key) AS (
       JOIN up ON cj.chain_id = %(id)s AND cj.key = up.key
 )
 SELECT key FROM up;
+
+-- name: growing_try
+-- ctx.chain.add: the key of the chain job whose current try is `job_id`, while that try
+-- still runs (its job row not archived: not rescued, abandoned or cancelled meanwhile).
+SELECT cj.key FROM hivejobs_chain_job cj
+  JOIN hivejobs_job j ON j.id = cj.job_id AND j.state = 'running'
+ WHERE cj.chain_id = %(id)s AND cj.job_id = %(job_id)s AND cj.state = 'running';
+
+-- name: growth_rows
+SELECT key, after_keys, state, seq, added_by FROM hivejobs_chain_job WHERE chain_id = %(id)s;
+
+-- name: count_added_jobs
+UPDATE hivejobs_chain SET jobs = jobs + %(n)s WHERE id = %(id)s;
+
+-- name: wait_for_added_jobs
+-- ctx.chain.add(before=...): a pending job below the adding one also waits for added jobs.
+-- Fenced on pending; under the chain's row lock nothing else changes a pending job.
+UPDATE hivejobs_chain_job cj
+   SET after_keys = cj.after_keys || string_to_array(u.afters, ' ')
+  FROM unnest(%(keys)s::text[], %(afters)s::text[]) AS u(key, afters)
+ WHERE cj.chain_id = %(id)s AND cj.key = u.key AND cj.state = 'pending';

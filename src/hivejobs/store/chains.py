@@ -46,21 +46,7 @@ def create_chain_plan(
 ) -> Steps[None]:
     """The statements that store a validated chain; the last one wakes the traverser."""
     yield CHAIN_QUERIES["insert_chain"], chain
-    yield (
-        CHAIN_QUERIES["insert_chain_jobs"],
-        {
-            "chain_id": chain["id"],
-            "keys": [j["key"] for j in jobs],
-            "names": [j["name"] for j in jobs],
-            "payloads": [j["payload"] for j in jobs],
-            "priorities": [j["priority"] for j in jobs],
-            "deliveries": [j["delivery"] for j in jobs],
-            "afters": [" ".join(j["after"]) for j in jobs],
-            "seqs": [j["seq"] for j in jobs],
-            "tries": [j["tries"] for j in jobs],
-            "waits": [j["retry_wait_s"] for j in jobs],
-        },
-    )
+    yield CHAIN_QUERIES["insert_chain_jobs"], _chain_job_params(chain["id"], jobs, None)
     if sequences:
         yield (
             CHAIN_QUERIES["insert_chain_sequences"],
@@ -72,6 +58,55 @@ def create_chain_plan(
             },
         )
     yield CHAIN_QUERIES["wake_traverser"], {"id": chain["id"]}
+
+
+def _chain_job_params(
+    chain_id: str, jobs: list[dict[str, Any]], added_by: str | None
+) -> dict[str, Any]:
+    return {
+        "chain_id": chain_id,
+        "keys": [j["key"] for j in jobs],
+        "names": [j["name"] for j in jobs],
+        "payloads": [j["payload"] for j in jobs],
+        "priorities": [j["priority"] for j in jobs],
+        "deliveries": [j["delivery"] for j in jobs],
+        "afters": [" ".join(j["after"]) for j in jobs],
+        "seqs": [j["seq"] for j in jobs],
+        "tries": [j["tries"] for j in jobs],
+        "waits": [j["retry_wait_s"] for j in jobs],
+        "added_by": added_by,
+    }
+
+
+# -- what ctx.chain.add reads and writes ---------------------------------------------------
+
+
+class StoredJob(NamedTuple):
+    """One chain job as a growth sees it: its place in the DAG."""
+
+    key: str
+    after_keys: list[str]
+    state: str
+    seq: str | None
+    added_by: str | None
+
+
+@dataclass
+class GrowthSnapshot:
+    """The chain a running try grows, read under the chain's row lock."""
+
+    chain_id: str
+    adder: str  # the key of the chain job whose current try adds
+    jobs: dict[str, StoredJob]
+
+
+@dataclass
+class GrowthWrite:
+    """What one ctx.chain.add writes: new rows (already checked), and the new keys each
+    existing pending job must now also wait for."""
+
+    rows: list[dict[str, Any]]
+    before: dict[str, list[str]] = field(default_factory=dict)
 
 
 # -- what the traverser reads and writes ---------------------------------------------------
@@ -192,7 +227,8 @@ def try_id(chain_id: str, key: str, total_try: int) -> str:
     return f"{chain_id}:{key}:{total_try}"
 
 
-_TRY_ID_RE = re.compile(r"^[0-9a-f]{32}:[A-Za-z0-9_.\-]{1,64}:[0-9]+$")
+# Keys of added jobs (chains/growth.py) run to 200 characters.
+_TRY_ID_RE = re.compile(r"^[0-9a-f]{32}:[A-Za-z0-9_.\-]{1,200}:[0-9]+$")
 
 
 def looks_like_try_id(job_id: str) -> bool:
@@ -246,6 +282,54 @@ class ChainStore:
         else:
             with caller_savepoint(conn):
                 run_plan(conn, plan)
+
+    def grow(
+        self, chain_id: str, job_id: str, decide: Callable[[GrowthSnapshot], GrowthWrite]
+    ) -> GrowthWrite | None:
+        """Add jobs to a chain from its running try `job_id`, in one transaction under the
+        chain's row lock (the traverser's order: chain row, then its jobs), so that the
+        traverser plans either without them or with all of them. `decide` sees the chain as
+        stored and returns what to write, or raises (ChainInvalid): then nothing is written.
+        None when `job_id` is not the current running try of its chain job (stopped,
+        abandoned, rescued, or the chain ended): nothing is written either. No wake-up: every
+        added job runs after the adding one, which is still running."""
+        params = {"id": chain_id, "job_id": job_id}
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                with self.store.connection() as conn, conn.transaction():
+                    if conn.execute(CHAIN_QUERIES["lock_chain"], params).fetchone() is None:
+                        return None
+                    row = conn.execute(CHAIN_QUERIES["growing_try"], params).fetchone()
+                    if row is None:
+                        return None
+                    jobs = conn.execute(CHAIN_QUERIES["growth_rows"], params).fetchall()
+                    snapshot = GrowthSnapshot(chain_id, row[0], {r[0]: StoredJob(*r) for r in jobs})
+                    growth = decide(snapshot)
+                    self._write_growth(conn, chain_id, snapshot.adder, growth)
+                return growth
+            except DeadlockDetected:
+                # As in request_stop: rolled back whole, nothing kept; the same growth again.
+                if attempt >= STOP_TRIES:
+                    raise
+                time.sleep(random.uniform(0.0, 0.05 * attempt))
+
+    def _write_growth(self, conn: Conn, chain_id: str, adder: str, growth: GrowthWrite) -> None:
+        if growth.rows:
+            conn.execute(
+                CHAIN_QUERIES["insert_chain_jobs"], _chain_job_params(chain_id, growth.rows, adder)
+            )
+            conn.execute(CHAIN_QUERIES["count_added_jobs"], {"id": chain_id, "n": len(growth.rows)})
+        if growth.before:
+            conn.execute(
+                CHAIN_QUERIES["wait_for_added_jobs"],
+                {
+                    "id": chain_id,
+                    "keys": list(growth.before),
+                    "afters": [" ".join(keys) for keys in growth.before.values()],
+                },
+            )
 
     def request_stop(self, chain_id: str, timeout_s: float) -> tuple[bool, list[str]]:
         """Flag the chain stopped, end its waiting tries, and mark its running tries
@@ -313,9 +397,15 @@ class ChainStore:
     # -- handlers (ctx.chain, ctx.upstream, ctx.set_status) --------------------------------
 
     def try_context(self, job_id: str) -> TryContext | None:
-        """What a chain try's handler sees of its chain; None for a plain job."""
+        """What a chain try's handler sees of its chain; None for a plain job. Found by the
+        primary key that the try's id spells (try_id), so a chain try costs the same lookup
+        however many chain jobs the database holds."""
+        if not looks_like_try_id(job_id):
+            return None
+        chain_id, _, rest = job_id.partition(":")
+        params = {"id": chain_id, "key": rest.rpartition(":")[0], "job_id": job_id}
         with self.store.connection() as conn:
-            row = conn.execute(CHAIN_QUERIES["try_context"], {"job_id": job_id}).fetchone()
+            row = conn.execute(CHAIN_QUERIES["try_context"], params).fetchone()
         if row is None:
             return None
         chain_id, key, total_try, after_keys, payload = row

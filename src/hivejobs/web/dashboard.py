@@ -304,6 +304,7 @@ def chain_page(
             link(base, f"/dashboard/jobs/{seg(j.type)}/{seg(j.job_id)}", j.job_id)
             if j.job_id
             else "-",
+            esc(j.added_by or ""),
         ]
         for j in shown
     ]
@@ -324,7 +325,7 @@ def chain_page(
     body = (
         f"<p>{esc(status.name)} {badge(status.state)} created {esc(when(status.created_at))}</p>"
         f"{stop}{_chain_graph(base, status.jobs)}{pager}"
-        + table(["key", "type", "state", "try", "status", "job"], jobs)
+        + table(["key", "type", "state", "try", "status", "job", "added by"], jobs)
         + f"<h3>Job log ({log_total} tries)</h3>"
         + table(["key", "try", "state", "finished", "error"], entries, "no tries yet")
         + pager

@@ -198,9 +198,14 @@ def dag(base: str, jobs: Sequence[ChainJobStatus]) -> str:
         x, y = pos[j.key]
         colour = STATE_COLOURS.get(j.state, "#52606d")
         status = j.status or j.state
+        # A job added at run time (ctx.chain.add): dashed, and says by whom.
+        added, dash = "", ""
+        if j.added_by:
+            added = f' data-added-by="{esc(j.added_by)}"'
+            dash = ' stroke="#1f2933" stroke-dasharray="4 3"'
         nodes.append(
-            f'<g class="node" data-key="{esc(j.key)}" data-state="{esc(j.state)}">'
-            f'<rect x="{x}" y="{y}" width="{w}" height="{h}" rx="6" fill="{colour}"/>'
+            f'<g class="node" data-key="{esc(j.key)}" data-state="{esc(j.state)}"{added}>'
+            f'<rect x="{x}" y="{y}" width="{w}" height="{h}" rx="6" fill="{colour}"{dash}/>'
             f'<text x="{x + 8}" y="{y + 18}" fill="#fff">{esc(j.key[:22])} ({esc(j.type[:14])})'
             f'</text><text x="{x + 8}" y="{y + 36}" fill="#fff">{esc(status[:26])}</text></g>'
         )
