@@ -57,6 +57,7 @@ class NewJob(msgspec.Struct, frozen=True, kw_only=True):
     run_at: datetime | None
     expires_at: datetime | None
     unique: UniqueClaim | None = None
+    trace_context: str | None = None  # the enqueue span's W3C traceparent (tracing.py)
 
 
 class UniqueClaim(msgspec.Struct, frozen=True, kw_only=True):
@@ -90,6 +91,7 @@ class ClaimedJob(msgspec.Struct, kw_only=True):
     priority: int
     lost: int = 0  # times a process died running it: > 0 runs it alone (quarantine)
     pickup_s: float = 0.0  # from its due time (run_at) to this claim: the pickup latency
+    trace_context: str | None = None  # the enqueue span's W3C traceparent (tracing.py)
 
 
 class Completion(msgspec.Struct, frozen=True, kw_only=True):

@@ -21,6 +21,7 @@ import psycopg
 import redis
 from loguru import logger
 
+from hivejobs import tracing
 from hivejobs.broker import Broker, ControlMessage, Pusher
 from hivejobs.client import waiting
 from hivejobs.client.aio import AsyncBackends
@@ -105,6 +106,7 @@ class App:
         self.settings: Settings = settings_from_env(database_url, redis_url, prefix, **settings)
         self.types: dict[str, JobType] = {}
         self.schedules: dict[str, Schedule] = {}
+        self.process_start_hooks: list[Callable[[], object]] = []  # on_process_start
         self.connections = Connections(self.settings)
         self._remote_types: tuple[float, dict[str, JobTypeInfo]] = (0.0, {})
         self._remote_schemas = RemoteSchemas()
@@ -232,6 +234,15 @@ class App:
         )
         self.schedules[schedule.name] = schedule
 
+    def on_process_start(self, fn: Callable[[], object]) -> Callable[[], object]:
+        """Decorator: `fn()` runs in each process `hivejobs run` forks (pools, coordinator),
+        first thing after the fork, before it takes any work. What must not cross a fork
+        goes here: e.g. an OpenTelemetry exporter's connections and threads
+        (docs/howto/opentelemetry.md). An exception in it crashes that process (restarted
+        with backoff), so a broken setup is loud."""
+        self.process_start_hooks.append(fn)
+        return fn
+
     def job_type(self, name: str) -> JobType:
         """A registered type, or one a running worker fleet declared in Postgres (CLI use)."""
         jt = self.types.get(name)
@@ -332,7 +343,7 @@ class App:
         job = jt.new_job(payload, id, priority, delay, run_at, expires_at)
         raw = driver_connection(conn) if conn is not None else None
         own = raw is None or owns_transaction(raw)
-        with self._postgres_errors():
+        with self._postgres_errors(), tracing.enqueueing(job) as job:
             # On an error the job is not acknowledged; if the connection died during COMMIT
             # it may be stored: enqueue again with the same id to be sure (idempotent).
             inserted = self.store.insert_job(job, id is not None, raw)
@@ -361,7 +372,7 @@ class App:
         raw = await adriver_connection(conn) if conn is not None else None
         own = raw is None or owns_transaction(raw)
         backends = await self.async_backends()
-        with self._postgres_errors():
+        with self._postgres_errors(), tracing.enqueueing(job) as job:
             inserted = await backends.store.insert_job(job, id is not None, raw)
         job_id, created = jt.outcome(job, inserted)
         if created and own:
@@ -387,7 +398,7 @@ class App:
         if not jobs:
             return []
         raw = driver_connection(conn) if conn is not None else None
-        with self._postgres_errors():
+        with self._postgres_errors(), tracing.enqueueing_many(jobs) as jobs:
             pushes = self.store.insert_many(jobs, raw)
         if pushes:
             self._push(name, pushes[0][2], [job_id for job_id, _, _ in pushes])
@@ -410,7 +421,7 @@ class App:
             return []
         raw = await adriver_connection(conn) if conn is not None else None
         backends = await self.async_backends()
-        with self._postgres_errors():
+        with self._postgres_errors(), tracing.enqueueing_many(jobs) as jobs:
             pushes = await backends.store.insert_many(jobs, raw)
         await self._apush(backends, pushes)
         return [j.id for j in jobs]
@@ -654,7 +665,8 @@ class App:
         ready = await asyncio.to_thread(chains.prepare, chain)  # may read declared types
         raw = await adriver_connection(conn) if conn is not None else None
         backends = await self.async_backends()
-        await backends.store.create_chain(ready.head, ready.jobs, ready.sequences, raw)
+        with tracing.submitting_chain(ready.head) as head:
+            await backends.store.create_chain(head, ready.jobs, ready.sequences, raw)
         logger.info(
             "chain stored", chain_id=ready.request_id, chain=chain.name, jobs=len(ready.jobs)
         )

@@ -22,6 +22,7 @@ import msgspec
 import redis
 from loguru import logger
 
+from hivejobs import tracing
 from hivejobs.broker import ControlMessage
 from hivejobs.chains.builder import Chain
 from hivejobs.chains.checks import job_row
@@ -96,7 +97,8 @@ class ChainClient:
         on commit; returns the request id."""
         ready = self.prepare(chain)
         raw = driver_connection(conn) if conn is not None else None
-        self._chains.create(ready.head, ready.jobs, ready.sequences, raw)
+        with tracing.submitting_chain(ready.head) as head:
+            self._chains.create(head, ready.jobs, ready.sequences, raw)
         logger.info(
             "chain stored", chain_id=ready.request_id, chain=chain.name, jobs=len(ready.jobs)
         )
@@ -122,7 +124,13 @@ class ChainClient:
             for start, s in valid.starts.items()
         ]
         request_id = uuid.uuid4().hex
-        head = {"id": request_id, "name": chain.name, "args": args, "jobs": len(jobs)}
+        head = {
+            "id": request_id,
+            "name": chain.name,
+            "args": args,
+            "jobs": len(jobs),
+            "trace_context": None,  # set by tracing.submitting_chain when traced
+        }
         return PreparedChain(request_id, head, jobs, sequences)
 
     def status(self, request_id: str) -> ChainStatus:

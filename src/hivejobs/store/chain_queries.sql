@@ -2,7 +2,8 @@
 -- Rule numbers (R1..R12) are those of docs/concepts/reliability.md.
 
 -- name: insert_chain
-INSERT INTO hivejobs_chain (id, name, args, jobs) VALUES (%(id)s, %(name)s, %(args)s, %(jobs)s);
+INSERT INTO hivejobs_chain (id, name, args, jobs, trace_context)
+VALUES (%(id)s, %(name)s, %(args)s, %(jobs)s, %(trace_context)s);
 
 -- name: insert_chain_jobs
 -- `added_by`: NULL for a chain's declared jobs, the adding job's key for ctx.chain.add.
@@ -99,9 +100,11 @@ ON CONFLICT (chain_id, key, try) DO NOTHING;
 -- name: insert_tries
 -- One hivejobs job per try, attempts = 1: the chain counts tries, not the pool. The id names
 -- the try, so an insert repeated after a crash conflicts instead of running it twice.
+-- Each try carries the chain's trace context: the chain is one trace (hivejobs/tracing.py).
 INSERT INTO hivejobs_job (id, name, state, priority, attempts, delivery, payload, run_at,
-                          queued_at)
-SELECT u.id, u.name, 'queued', u.priority, 1, u.delivery, u.payload, now(), now()
+                          queued_at, trace_context)
+SELECT u.id, u.name, 'queued', u.priority, 1, u.delivery, u.payload, now(), now(),
+       (SELECT c.trace_context FROM hivejobs_chain c WHERE c.id = %(chain_id)s)
   FROM unnest(%(ids)s::text[], %(names)s::text[], %(priorities)s::int2[],
               %(deliveries)s::text[], %(payloads)s::bytea[])
        AS u(id, name, priority, delivery, payload)

@@ -574,6 +574,7 @@ class ChainStore:
             inserted = conn.execute(
                 CHAIN_QUERIES["insert_tries"],
                 {
+                    "chain_id": chain_id,
                     "ids": [t.job_id for t in tr],
                     "names": [t.name for t in tr],
                     "priorities": [t.priority for t in tr],

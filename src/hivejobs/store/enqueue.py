@@ -33,7 +33,7 @@ NOTIFY = load_queries("notify.sql")
 COPY_JOBS = QUERIES["copy_jobs"]
 COPY_TYPES = [
     "text", "text", "text", "int2", "int4", "text", "bytea", "timestamptz", "timestamptz",
-    "timestamptz",
+    "timestamptz", "text",
 ]  # fmt: skip
 
 
@@ -132,6 +132,7 @@ def insert_params(job: NewJob) -> dict[str, Any]:
         "run_at": job.run_at,
         "delay_s": job.delay_s,
         "expires_at": job.expires_at,
+        "trace_context": job.trace_context,
     }
 
 
@@ -151,6 +152,7 @@ def copy_rows(jobs: Sequence[NewJob], now: datetime) -> Iterator[tuple[Any, ...]
             run_at,
             None if waiting else now,
             job.expires_at,
+            job.trace_context,
         )
 
 

@@ -10,11 +10,12 @@ WITH v AS (
                     now()) AS run_at
 )
 INSERT INTO hivejobs_job (id, name, state, priority, attempts, delivery, payload,
-                          run_at, queued_at, expires_at)
+                          run_at, queued_at, expires_at, trace_context)
 SELECT %(id)s, %(name)s,
        CASE WHEN v.run_at > now() THEN 'scheduled' ELSE 'queued' END,
        %(priority)s, %(attempts)s, %(delivery)s, %(payload)s,
-       v.run_at, CASE WHEN v.run_at > now() THEN NULL ELSE now() END, %(expires_at)s
+       v.run_at, CASE WHEN v.run_at > now() THEN NULL ELSE now() END, %(expires_at)s,
+       %(trace_context)s
   FROM v
 ON CONFLICT (id) DO NOTHING
 RETURNING id, name, state, priority;
@@ -82,7 +83,7 @@ UPDATE hivejobs_job
    -- primary key, run once per statement (it names no column of the job row).
    AND NOT EXISTS (SELECT 1 FROM hivejobs_flow f WHERE f.name = %(name)s AND f.paused)
 RETURNING id, name, attempt, attempts, delivery, payload, claim_token, priority, lost,
-          extract(epoch FROM now() - run_at)::float8 AS pickup_s;
+          extract(epoch FROM now() - run_at)::float8 AS pickup_s, trace_context;
 
 -- name: foreign_ids
 -- Ids a pool popped but did not claim that are live jobs of another type.
@@ -238,4 +239,4 @@ SELECT n.name, coalesce(t.concurrency, 0) AS concurrency, coalesce(t.processes, 
 -- name: copy_jobs
 -- insert_many: fresh jobs (generated ids) in one COPY; columns as in store/jobs.py COPY_TYPES.
 COPY hivejobs_job (id, name, state, priority, attempts, delivery, payload, run_at, queued_at,
-                   expires_at) FROM STDIN (FORMAT BINARY);
+                   expires_at, trace_context) FROM STDIN (FORMAT BINARY);

@@ -17,6 +17,7 @@ import traceback
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any, cast
 
+from hivejobs import tracing
 from hivejobs.errors import HivejobsError, Interrupted, PayloadInvalid, ResultTooLarge
 from hivejobs.records import ClaimedJob, Completion, Outcome
 from hivejobs.serialization import encode_result, storable_text
@@ -92,7 +93,19 @@ def execute(
 ) -> Completion:
     """Run `job` under `jt`'s handler and return its Completion; never raises for what the
     handler does (a handler's error ends its attempt, not the caller's thread). An `async
-    def` handler is awaited on the process's loop (call_handler): a thread waits for it."""
+    def` handler is awaited on the process's loop (call_handler): a thread waits for it.
+    The attempt runs in its span (tracing.py) when an OpenTelemetry SDK is configured."""
+    with tracing.attempting(job) as attempt:
+        return attempt.ended(_execute(jt, job, ctx, max_result_bytes, shutting_down))
+
+
+def _execute(
+    jt: JobType,
+    job: ClaimedJob,
+    ctx: JobContext,
+    max_result_bytes: int,
+    shutting_down: Callable[[], bool],
+) -> Completion:
     started = _began(job, ctx)
     try:
         handler = _handler(jt)
@@ -116,6 +129,17 @@ async def execute_async(
     of that task, and ends the attempt as a thread handler's Interrupted does. The caller's
     task must not be cancelled for any other reason: the CancelledError is taken as the
     stop's and not raised on."""
+    with tracing.attempting(job) as attempt:
+        return attempt.ended(await _execute_async(jt, job, ctx, max_result_bytes, shutting_down))
+
+
+async def _execute_async(
+    jt: JobType,
+    job: ClaimedJob,
+    ctx: JobContext,
+    max_result_bytes: int,
+    shutting_down: Callable[[], bool],
+) -> Completion:
     started = _began(job, ctx)
     canceller: _Canceller | None = None
     try:
@@ -192,6 +216,7 @@ def _raised(
     """The Completion of an attempt whose handler (or its payload, or its result) raised."""
     from hivejobs.jobtypes import Fail, Retry
 
+    tracing.record_error(exc)
     log = ctx.logger
     names = {"job_type": job.name, "job_id": job.id}
     if isinstance(exc, PayloadInvalid):

@@ -26,6 +26,7 @@ import redis
 from loguru import logger
 from setproctitle import setproctitle
 
+from hivejobs import tracing
 from hivejobs.broker import Broker
 from hivejobs.client.app import App
 from hivejobs.config import Settings
@@ -220,6 +221,7 @@ class Supervisor:
             except BaseException as exc:  # a child must never return into the loop
                 logger.opt(exception=exc).error("child crashed", role=child.role)
             finally:
+                tracing.flush()  # os._exit skips the SDK's atexit shutdown
                 os._exit(code)
         if child.role == "pool":
             _own_group(pid)  # in both processes: whichever runs first, the group exists
@@ -236,6 +238,9 @@ class Supervisor:
             signal.signal(sig, signal.SIG_DFL)
         setproctitle(f"hivejobs {child.title} {self.app_spec}")
         setup_logging(child.title)
+        if child.role in ("pool", "coordinator"):
+            for hook in self.app.process_start_hooks:  # App.on_process_start
+                hook()
         if child.role == "watcher":
             from hivejobs.worker.reload import watch_for_changes
 
