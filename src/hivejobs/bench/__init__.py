@@ -36,6 +36,7 @@ SCENARIOS = (
     "stale-stats",
     "prune",
     "limits",
+    "otel",
 )
 DEFAULT_SCENARIOS = "enqueue,throughput,latency"
 
@@ -294,6 +295,17 @@ def run_scenarios(env: BenchEnvironment, opts: BenchOptions) -> dict[str, Any]:
                 "limits",
                 lambda: limits_scenario(
                     env, min(opts.jobs, 10_000), opts.processes, opts.concurrency, progress
+                ),
+            )
+        )
+    if "otel" in opts.scenarios:  # tracing off, the SDK alone, the SDK with an exporter
+        from hivejobs.bench.otel import otel_scenario
+
+        plan.append(
+            (
+                "otel",
+                lambda: otel_scenario(
+                    env, min(opts.jobs, 20_000), opts.processes, opts.concurrency, progress
                 ),
             )
         )

@@ -130,3 +130,25 @@ if os.environ.get("HIVEJOBS_BENCH_LIMITS") == "1":
     app.job(
         "bench_rate_by_open", processes=_p, concurrency=_c, rate="1000000/s", limit_by="customer"
     )(bench_noop)
+
+
+def configure_otel(mode: str) -> None:
+    """`hivejobs bench --scenarios otel` (bench/otel.py): set this process's global
+    TracerProvider for `mode` (nothing for `off`)."""
+    if mode == "off":
+        return
+    from opentelemetry import trace
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+    provider = TracerProvider()
+    if mode == "exporter":  # to OTEL_EXPORTER_OTLP_TRACES_ENDPOINT: the bench's sink
+        provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+    trace.set_tracer_provider(provider)
+
+
+if os.environ.get("HIVEJOBS_BENCH_OTEL"):
+    # Each forked process of the worker sets the mode up after the fork.
+    _mode = os.environ["HIVEJOBS_BENCH_OTEL"]
+    app.on_process_start(lambda: configure_otel(_mode))
