@@ -194,7 +194,7 @@ def _attempting(found: Tracer, job: ClaimedJob) -> Iterator[Attempt]:
     """A CONSUMER span, a child of the enqueue's span and linked to it too: the messaging
     conventions' link survives a backend that drops remote parents, and a chain's jobs, all
     children of the chain's span, stay one trace."""
-    parent = _extracted(job.trace_context)
+    parent = extracted(job.trace_context)
     links = []
     if parent is not None:
         links.append(Link(trace.get_current_span(parent).get_span_context()))
@@ -217,7 +217,7 @@ def _attempting(found: Tracer, job: ClaimedJob) -> Iterator[Attempt]:
         yield Attempt(span)
 
 
-def _extracted(traceparent: str | None) -> Context | None:
+def extracted(traceparent: str | None) -> Context | None:
     """The Context of a stored traceparent; None when there is none or it is malformed."""
     if not traceparent:
         return None
@@ -239,9 +239,11 @@ def record_error(exc: BaseException) -> None:
 # -- forked processes ------------------------------------------------------------------------
 
 
-def flush(timeout_s: float = 5.0) -> None:
+def flush(timeout_s: float = 2.0) -> None:
     """Export what the SDK still holds, before a forked process ends with os._exit (which
-    skips the SDK's atexit shutdown: a batch processor's queue would be lost)."""
+    skips the SDK's atexit shutdown: a batch processor's queue would be lost). Bounded: it
+    runs after the process's jobs are written, between the shutdown timeout (25 s by
+    default) and a platform's SIGKILL (30 s on Heroku)."""
     if tracer() is None:
         return
     provider = trace.get_tracer_provider()

@@ -39,3 +39,10 @@ def otel_step(ctx: JobContext, payload: dict[str, Any]) -> str:
 @app.job("otel_flaky", concurrency=2, attempts=2, backoff=Backoff(base_s=0.05))
 def otel_flaky(ctx: JobContext, payload: dict[str, Any]) -> None:
     raise ValueError(f"flaky attempt {ctx.attempt}")
+
+
+@app.job("otel_async", concurrency=2)
+async def otel_async(ctx: JobContext, payload: dict[str, Any]) -> str:
+    """An `async def` handler, a task on the pool's loop: its span is current in the task."""
+    with trace.get_tracer("tests.otelapp").start_as_current_span("async body"):
+        return "ok"

@@ -13,13 +13,11 @@ import subprocess
 import sys
 from collections.abc import Callable
 
-import pytest
 from opentelemetry import trace
 from opentelemetry.sdk.trace import ReadableSpan
-from opentelemetry.trace import NoOpTracerProvider, ProxyTracerProvider, SpanKind
+from opentelemetry.trace import SpanKind
 
 from hivejobs import App, Chain, JobContext
-from hivejobs.tracing import tracer_of
 from tests.harness import ROOT, sql
 from tests.otel import recording
 
@@ -117,12 +115,6 @@ def test_a_chain_has_one_span_whose_context_is_stored_on_the_chain(
     assert submit.parent is not None and request.context is not None
     assert submit.parent.span_id == request.context.span_id
     assert _trace_context(database_url, "hivejobs_chain", chain_id) == _traceparent(submit)
-
-
-@pytest.mark.parametrize("provider", [ProxyTracerProvider(), NoOpTracerProvider()])
-def test_the_apis_own_providers_make_no_tracer(provider: trace.TracerProvider) -> None:
-    """The check an untraced enqueue pays: with either, no span and no context is made."""
-    assert tracer_of(provider) is None
 
 
 def test_without_an_sdk_no_context_is_stored(database_url: str, redis_prefix: str) -> None:

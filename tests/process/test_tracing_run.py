@@ -3,8 +3,9 @@ processes configure the SDK in App.on_process_start and export to a file (tests/
 this process records the enqueue side in memory. A 3-job chain is one trace: the chain's
 submit span under the caller's span, each job's attempt a child of (and linked to) it, a
 handler's own span under its attempt. A failing job's attempts are errors with the exception
-recorded. The pools' batch processor exports only when flushed: the spans reach the file
-because a pool flushes before its os._exit at shutdown.
+recorded. An `async def` handler's attempt is traced alike. The pools' batch processor
+exports only when flushed: the spans reach the file because a pool flushes before its
+os._exit at shutdown.
 """
 
 from __future__ import annotations
@@ -45,11 +46,13 @@ def test_a_chain_is_one_trace_and_a_failing_attempt_is_an_error(
         with trace.get_tracer("test").start_as_current_span("request"):
             chain_id = app.run_chain(chain)
             flaky_id = app.enqueue("otel_flaky", {})
+            async_id = app.enqueue("otel_async", {})
         local = {s.name: s for s in exporter.get_finished_spans()}
     wait_until(
         lambda: app.chain_status(chain_id).state == "succeeded", timeout=60, what="the chain"
     )
     assert app.wait(flaky_id, timeout=60).state == "failed"
+    assert app.wait(async_id, timeout=60).state == "succeeded"
 
     inst.signal_group(signal.SIGTERM)
     assert inst.wait(timeout=60) == 0
@@ -88,3 +91,11 @@ def test_a_chain_is_one_trace_and_a_failing_attempt_is_an_error(
         assert attempt["status"] == "ERROR"
         assert attempt["events"] == ["exception"]
         assert attempt["attributes"]["hivejobs.job.id"] == flaky_id
+
+    # An `async def` handler's attempt (worker/tasks.py): the same span, current in its task.
+    _, async_enqueue_id = _hex_ids(local["enqueue otel_async"])
+    (run_async,) = [s for s in spans if s["name"] == "run otel_async"]
+    assert run_async["parent_id"] == async_enqueue_id and run_async["trace_id"] == trace_id
+    assert run_async["attributes"]["hivejobs.job.outcome"] == "succeeded"
+    (body,) = [s for s in spans if s["name"] == "async body"]
+    assert body["parent_id"] == run_async["span_id"]
