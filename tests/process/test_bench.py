@@ -267,3 +267,22 @@ def test_sweep_prints_one_row_per_duration_with_its_postgres_cost(
             assert pools >= 0 and coordinator >= 0
             assert pools + coordinator <= figures["pg_cpu_ms_per_job"] + 1e-9
         assert row in proc.stdout
+
+
+def test_otel_scenario_prices_three_modes_side_by_side(admin_url: str, tmp_path: Path) -> None:
+    """CI size of `--scenarios otel` (bench/otel.py): each mode enqueues and drains, and the
+    exporting mode's spans reach the bench's OTLP sink (the scenario fails otherwise)."""
+    out = tmp_path / "otel.json"
+    server = admin_url.rsplit("/", 1)[0] + "/postgres"
+    bench = [sys.executable, "-m", "hivejobs", "bench", "--scenarios", "otel", "--jobs", "50"]
+    bench += ["--repeats", "1", "--database-url", server, "--redis-url", REDIS_URL]
+    proc = subprocess.run(
+        [*bench, "--json", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=240
+    )
+    assert proc.returncode == 0, proc.stderr
+    figures = json.loads(out.read_text())["medians"]["otel"]
+    for mode in ("off", "sdk", "exporter"):
+        for figure in ("jobs_per_s", "enqueue_single_per_s", "enqueue_cpu_us"):
+            assert figures[f"otel_{mode}_{figure}"] > 0, (mode, figure)
+        # CPU is counted in clock ticks: a drain this small may spend less than one.
+        assert figures[f"otel_{mode}_worker_cpu_us_per_job"] >= 0
