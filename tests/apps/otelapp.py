@@ -1,8 +1,9 @@
 """The app of the tracing process tests: `hivejobs run tests.apps.otelapp:app`.
 
 Each forked process configures the OpenTelemetry SDK in `App.on_process_start`, as
-docs/howto/opentelemetry.md advises: a batch processor exporting to the JSON-lines file
-$HJ_SPANS (tests/otel.py). Its schedule delay is longer than any test: the spans reach the
+docs/howto/opentelemetry.md advises (or, with HJ_OTEL_SETUP=import, the supervisor does at
+import, before it forks): a batch processor exporting to the JSON-lines file $HJ_SPANS
+(tests/otel.py). Its schedule delay is longer than any test: the spans reach the
 file only when the pool flushes before it exits, which is what a test of that flush needs.
 """
 
@@ -21,12 +22,19 @@ from tests.otel import FileSpanExporter
 app = App()
 
 
-@app.on_process_start
 def configure_tracing() -> None:
     provider = TracerProvider()
     exporter = FileSpanExporter(os.environ["HJ_SPANS"])
     provider.add_span_processor(BatchSpanProcessor(exporter, schedule_delay_millis=600_000))
     trace.set_tracer_provider(provider)
+
+
+if os.environ.get("HJ_OTEL_SETUP") == "import":
+    # At import, in the supervisor, before it forks: the SDK restarts the batch processor's
+    # thread in each child, and each child flushes before its os._exit.
+    configure_tracing()
+else:
+    app.on_process_start(configure_tracing)
 
 
 @app.job("otel_step", concurrency=2)

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
 from opentelemetry import trace
 from opentelemetry.sdk.trace import ReadableSpan
 
@@ -29,13 +30,20 @@ def _hex_ids(span: ReadableSpan) -> tuple[str, str]:
     return f"{ctx.trace_id:032x}", f"{ctx.span_id:016x}"
 
 
+@pytest.mark.parametrize("setup", ["hook", "import"])
 def test_a_chain_is_one_trace_and_a_failing_attempt_is_an_error(
-    start_instance: Callable[..., Instance], make_app: Callable[..., App], tmp_path: Path
+    setup: str,
+    start_instance: Callable[..., Instance],
+    make_app: Callable[..., App],
+    tmp_path: Path,
 ) -> None:
+    """`hook`: the SDK set up in App.on_process_start, after each fork; `import`: set up at
+    import in the supervisor, before the forks (the SDK's own fork handling)."""
     from tests.apps.otelapp import app as declared
 
     spans_file = tmp_path / "spans.jsonl"
-    inst = start_instance({"HJ_SPANS": str(spans_file)}, app_spec="tests.apps.otelapp:app")
+    env = {"HJ_SPANS": str(spans_file), "HJ_OTEL_SETUP": setup}
+    inst = start_instance(env, app_spec="tests.apps.otelapp:app")
     app = make_app()
     app.types.update(declared.types)
     chain = Chain("three")
