@@ -8,7 +8,11 @@ from loguru import logger
 
 from hivejobs.chains import Chain, ChainInfo, JobRef
 from hivejobs.client.app import App
+from hivejobs.client.batches import AsyncBatch, Batch
 from hivejobs.errors import (
+    BatchClosed,
+    BatchInvalid,
+    BatchNotFound,
     ChainInvalid,
     ChainNotFound,
     ChainStopPending,
@@ -31,13 +35,20 @@ from hivejobs.errors import (
     WaitTimeout,
 )
 from hivejobs.jobtypes import Backoff, Fail, Retry
-from hivejobs.records import JobInfo, JobState
+from hivejobs.records import BatchDone, BatchStatus, JobInfo, JobState
 from hivejobs.worker.context import JobContext
 
 logger.disable("hivejobs")
 
 __all__ = [
     "App",
+    "AsyncBatch",
+    "Batch",
+    "BatchClosed",
+    "BatchDone",
+    "BatchInvalid",
+    "BatchNotFound",
+    "BatchStatus",
     "Backoff",
     "Chain",
     "ChainInfo",

@@ -241,3 +241,34 @@ class PayloadUncheckable(InvalidArgument):
             f"cannot check the payload of job type {name!r}: {why}; enqueue with the app "
             "(--app MODULE:APP or HIVEJOBS_APP) so that its own type checks it"
         )
+
+
+class BatchInvalid(InvalidArgument):
+    """A batch option refused before anything is stored; `field` names it."""
+
+    def __init__(self, field: str, detail: str) -> None:
+        super().__init__(f"batch {field}: {detail}")
+        self.field = field
+
+
+class BatchNotFound(HivejobsError):
+    """No batch has that id (or it was pruned)."""
+
+    def __init__(self, batch_id: str) -> None:
+        super().__init__(f"no batch with id {batch_id!r}")
+        self.batch_id = batch_id
+
+
+class BatchClosed(HivejobsError):
+    """Jobs added to a batch that no longer takes them: sealed (only its own running jobs
+    may add) or complete (its callbacks ran or are queued)."""
+
+    def __init__(self, batch_id: str, state: str) -> None:
+        why = (
+            "its callbacks were already enqueued"
+            if state == "complete"
+            else "only its own running jobs may add to it now (ctx.batch)"
+        )
+        super().__init__(f"batch {batch_id!r} is {state}: {why}")
+        self.batch_id = batch_id
+        self.state = state

@@ -25,6 +25,15 @@ from hivejobs import tracing
 from hivejobs.broker import Broker, ControlMessage, Pusher
 from hivejobs.client import waiting
 from hivejobs.client.aio import AsyncBackends
+from hivejobs.client.batches import (
+    AsyncBatch,
+    Batch,
+    acreate_batch,
+    batch_params,
+    batch_status,
+    create_batch,
+    job_batch,
+)
 from hivejobs.client.chains import ChainClient, chain_query
 from hivejobs.client.connections import Connections
 from hivejobs.client.integrations import adriver_connection, driver_connection
@@ -80,7 +89,7 @@ from hivejobs.worker.placement import check_pool
 if TYPE_CHECKING:
     from hivejobs.chains.builder import Chain
     from hivejobs.embedded.servers import EmbeddedServers
-    from hivejobs.records import ChainStatus, ChainSummary, JobLogEntry, RunningTry
+    from hivejobs.records import BatchStatus, ChainStatus, ChainSummary, JobLogEntry, RunningTry
     from hivejobs.store.callbacks import CallbackResult
 
 
@@ -706,6 +715,48 @@ class App:
         """What runs now across the fleet (spincycle's `ps`): each live chain try with its
         host, pid, status text and age."""
         return self._chains().running_tries(limit)
+
+    # -- batches (hivejobs.client.batches does the work) -----------------------------------
+
+    def batch(
+        self,
+        *,
+        on_complete: str | None = None,
+        on_success: str | None = None,
+        data: object = None,
+        priority: int = 0,
+        conn: object | None = None,
+    ) -> Batch:
+        """Store a batch and return its handle: `with app.batch(on_complete="report") as b:
+        b.enqueue(...)`. Once sealed (leaving the block, or `b.seal()`) and every job of it
+        has ended, job `on_complete` runs once with a BatchDone payload (counts, failed ids,
+        `data`); `on_success` too when every job succeeded. `conn`: in the caller's
+        transaction, with the rules of `enqueue`. docs/howto/batches.md."""
+        params = batch_params(self, on_complete, on_success, data, priority)
+        return create_batch(self, params, conn)
+
+    async def abatch(
+        self,
+        *,
+        on_complete: str | None = None,
+        on_success: str | None = None,
+        data: object = None,
+        priority: int = 0,
+        conn: object | None = None,
+    ) -> AsyncBatch:
+        """`batch` for event loops: `async with await app.abatch(...) as b:`."""
+        params = await asyncio.to_thread(
+            batch_params, self, on_complete, on_success, data, priority
+        )  # may read declared types
+        return await acreate_batch(self, params, conn)
+
+    def batch_status(self, batch_id: str) -> BatchStatus:
+        """A batch's state, counters and first failed members; BatchNotFound if unknown."""
+        return batch_status(self, batch_id)
+
+    def job_batch(self, job_id: str) -> Batch | None:
+        """The batch of a live job, as a handle its own run may add to (JobContext.batch)."""
+        return job_batch(self, job_id)
 
 
 def _job_info(job_id: str, row: dict[str, Any] | None) -> JobInfo:

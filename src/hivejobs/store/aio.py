@@ -6,6 +6,7 @@ the I/O is awaited. Never commits, rolls back or closes a caller's connection.
 
 from __future__ import annotations
 
+from contextlib import AbstractAsyncContextManager
 from datetime import datetime
 from typing import Any
 
@@ -70,6 +71,10 @@ class AsyncStore:
 
     async def close(self) -> None:
         await self._pool.close()
+
+    def connection(self) -> AbstractAsyncContextManager[AsyncConn]:
+        """A connection of the pool, for the statements of other aggregates (batches)."""
+        return self._pool.connection()
 
     async def insert_job(
         self, job: NewJob, explicit_id: bool, conn: AsyncConn | None = None

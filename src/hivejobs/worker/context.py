@@ -19,6 +19,7 @@ if TYPE_CHECKING:
 
     from hivejobs.chains.context import ChainInfo, ChainView
     from hivejobs.client.app import App
+    from hivejobs.client.batches import Batch
     from hivejobs.store.chains import ChainStore
 
 
@@ -51,6 +52,7 @@ class JobContext:
         self._logger: Logger | None = None
         self._chains = chains
         self._chain: ChainView | None = None
+        self._batch: tuple[Batch | None] | None = None  # looked up on first use
 
     @property
     def stopping(self) -> threading.Event:
@@ -112,6 +114,14 @@ class JobContext:
     def set_status(self, text: str) -> None:
         """A live status line for `hivejobs chain status` ("copied 40%"); plain jobs: no-op."""
         self._chain_view().set_status(text)
+
+    @property
+    def batch(self) -> Batch | None:
+        """The batch this job belongs to (None if none), as a handle that may add jobs to it
+        while this job runs, even once the batch is sealed: `ctx.batch.enqueue(...)`."""
+        if self._batch is None:
+            self._batch = (self.app.job_batch(self.job_id),)
+        return self._batch[0]
 
     def _chain_view(self) -> ChainView:
         if self._chain is None:
