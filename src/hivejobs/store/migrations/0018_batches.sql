@@ -58,53 +58,53 @@ CREATE TABLE hivejobs_batch_failed (
 -- that made the batch done, and a rollback of that transaction undoes it all.
 -- The dispatch NOTIFY uses the payload of store/notify.py (type TAB priority TAB id); a lost
 -- one (no coordinator listening) costs latency only: the reconciler pushes queued jobs.
-CREATE FUNCTION hivejobs_batch_finish_if_done(batch text) RETURNS void
+CREATE FUNCTION hivejobs_batch_finish_if_done(p_batch text) RETURNS void
 LANGUAGE plpgsql AS $$
 DECLARE
     b hivejobs_batch%ROWTYPE;
-    report jsonb;
-    ids jsonb;
-    cb_id text;
+    v_report jsonb;
+    v_ids jsonb;
+    v_job text;
 BEGIN
     UPDATE hivejobs_batch SET completed_at = now()
-     WHERE id = batch AND sealed AND pending = 0 AND completed_at IS NULL
+     WHERE id = p_batch AND sealed AND pending = 0 AND completed_at IS NULL
     RETURNING * INTO b;
     IF NOT FOUND THEN
         RETURN;
     END IF;
-    SELECT coalesce(jsonb_agg(x.job_id ORDER BY x.job_id), '[]'::jsonb) INTO ids
+    SELECT coalesce(jsonb_agg(x.job_id ORDER BY x.job_id), '[]'::jsonb) INTO v_ids
       FROM (SELECT job_id FROM hivejobs_batch_failed WHERE batch_id = b.id
              ORDER BY job_id LIMIT 1000) x;
-    report := jsonb_build_object(
+    v_report := jsonb_build_object(
         'batch_id', b.id, 'total', b.total, 'succeeded', b.succeeded, 'failed', b.failed,
-        'cancelled', b.cancelled, 'expired', b.expired, 'failed_ids', ids,
+        'cancelled', b.cancelled, 'expired', b.expired, 'failed_ids', v_ids,
         'failed_ids_truncated', b.total - b.succeeded > 1000,
         'data', convert_from(b.data, 'UTF8')::jsonb);
     IF b.on_complete IS NOT NULL THEN
-        cb_id := b.id || ':complete';
+        v_job := b.id || ':complete';
         INSERT INTO hivejobs_job (id, name, state, priority, attempts, delivery, payload,
                                   run_at, queued_at)
-        VALUES (cb_id, b.on_complete, 'queued', b.priority, b.complete_attempts,
+        VALUES (v_job, b.on_complete, 'queued', b.priority, b.complete_attempts,
                 b.complete_delivery,
-                convert_to((report || '{"event": "complete"}'::jsonb)::text, 'UTF8'),
+                convert_to((v_report || '{"event": "complete"}'::jsonb)::text, 'UTF8'),
                 now(), now())
         ON CONFLICT (id) DO NOTHING;
         PERFORM pg_notify('hivejobs_dispatch',
-                          b.on_complete || E'\t' || b.priority || E'\t' || cb_id);
-        UPDATE hivejobs_batch SET complete_job_id = cb_id WHERE id = b.id;
+                          b.on_complete || E'\t' || b.priority || E'\t' || v_job);
+        UPDATE hivejobs_batch SET complete_job_id = v_job WHERE id = b.id;
     END IF;
     IF b.on_success IS NOT NULL AND b.succeeded = b.total THEN
-        cb_id := b.id || ':success';
+        v_job := b.id || ':success';
         INSERT INTO hivejobs_job (id, name, state, priority, attempts, delivery, payload,
                                   run_at, queued_at)
-        VALUES (cb_id, b.on_success, 'queued', b.priority, b.success_attempts,
+        VALUES (v_job, b.on_success, 'queued', b.priority, b.success_attempts,
                 b.success_delivery,
-                convert_to((report || '{"event": "success"}'::jsonb)::text, 'UTF8'),
+                convert_to((v_report || '{"event": "success"}'::jsonb)::text, 'UTF8'),
                 now(), now())
         ON CONFLICT (id) DO NOTHING;
         PERFORM pg_notify('hivejobs_dispatch',
-                          b.on_success || E'\t' || b.priority || E'\t' || cb_id);
-        UPDATE hivejobs_batch SET success_job_id = cb_id WHERE id = b.id;
+                          b.on_success || E'\t' || b.priority || E'\t' || v_job);
+        UPDATE hivejobs_batch SET success_job_id = v_job WHERE id = b.id;
     END IF;
 END
 $$;
@@ -114,12 +114,12 @@ $$;
 -- batches lock their rows in the same order and cannot deadlock on them.
 CREATE FUNCTION hivejobs_batch_jobs_ended() RETURNS trigger LANGUAGE plpgsql AS $$
 DECLARE
-    batches text[];
-    n int[];
-    ok int[];
-    bad int[];
-    gone_c int[];
-    gone_e int[];
+    v_batches text[];
+    v_n int[];
+    v_ok int[];
+    v_failed int[];
+    v_cancelled int[];
+    v_expired int[];
 BEGIN
     IF NOT EXISTS (SELECT 1 FROM hivejobs_batch_job) THEN
         RETURN NULL;
@@ -143,15 +143,15 @@ BEGIN
     SELECT array_agg(batch_id ORDER BY batch_id), array_agg(n ORDER BY batch_id),
            array_agg(ok ORDER BY batch_id), array_agg(bad ORDER BY batch_id),
            array_agg(c ORDER BY batch_id), array_agg(e ORDER BY batch_id)
-      INTO batches, n, ok, bad, gone_c, gone_e
+      INTO v_batches, v_n, v_ok, v_failed, v_cancelled, v_expired
       FROM counts;
-    FOR i IN 1 .. coalesce(array_length(batches, 1), 0) LOOP
+    FOR i IN 1 .. coalesce(array_length(v_batches, 1), 0) LOOP
         UPDATE hivejobs_batch
-           SET pending = pending - n[i], succeeded = succeeded + ok[i],
-               failed = failed + bad[i], cancelled = cancelled + gone_c[i],
-               expired = expired + gone_e[i]
-         WHERE id = batches[i];
-        PERFORM hivejobs_batch_finish_if_done(batches[i]);
+           SET pending = pending - v_n[i], succeeded = succeeded + v_ok[i],
+               failed = failed + v_failed[i], cancelled = cancelled + v_cancelled[i],
+               expired = expired + v_expired[i]
+         WHERE id = v_batches[i];
+        PERFORM hivejobs_batch_finish_if_done(v_batches[i]);
     END LOOP;
     RETURN NULL;
 END
