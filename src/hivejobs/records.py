@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from datetime import datetime
-from typing import Generic, Literal, NamedTuple, TypeVar
+from typing import Any, Generic, Literal, NamedTuple, TypeVar
 
 import msgspec
 
@@ -438,7 +438,7 @@ BatchState = Literal["open", "sealed", "complete"]
 class BatchDone(msgspec.Struct, frozen=True, kw_only=True):
     """The payload of a batch's callback job: annotate the callback handler's payload with
     it. `failed_ids` holds the first 1,000 ids (by id) of the jobs that did not succeed;
-    `failed_ids_truncated` says there were more (`app.batch_status` pages them all)."""
+    `failed_ids_truncated` says there were more (`app.batch_status(id, failures=n)`)."""
 
     batch_id: str
     event: Literal["complete", "success"]
@@ -449,7 +449,7 @@ class BatchDone(msgspec.Struct, frozen=True, kw_only=True):
     expired: int
     failed_ids: list[str]
     failed_ids_truncated: bool
-    data: object = None
+    data: Any = None  # the batch's `data`: any JSON value (Any: `object` has no JSON Schema)
 
 
 class BatchFailure(msgspec.Struct, frozen=True, kw_only=True):

@@ -750,9 +750,10 @@ class App:
         )  # may read declared types
         return await acreate_batch(self, params, conn)
 
-    def batch_status(self, batch_id: str) -> BatchStatus:
-        """A batch's state, counters and first failed members; BatchNotFound if unknown."""
-        return batch_status(self, batch_id)
+    def batch_status(self, batch_id: str, failures: int = 1000) -> BatchStatus:
+        """A batch's state, counters and its first `failures` failed members (by id);
+        BatchNotFound if unknown."""
+        return batch_status(self, batch_id, failures)
 
     def job_batch(self, job_id: str) -> Batch | None:
         """The batch of a live job, as a handle its own run may add to (JobContext.batch)."""
