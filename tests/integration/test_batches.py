@@ -28,7 +28,7 @@ from hivejobs import (
 from hivejobs.records import Completion
 from hivejobs.store import new_worker_id
 from hivejobs.testing import drain
-from tests.harness import sql
+from tests.harness import sql, wait_until
 
 
 class Reports:
@@ -255,3 +255,49 @@ def test_concurrent_last_completions_enqueue_one_callback(app: App, database_url
     assert (status.state, status.total, status.pending, status.succeeded) == (
         "complete", 64, 0, 64,
     )  # fmt: skip
+
+
+def test_the_last_two_ends_overlapping_store_one_callback(app: App, database_url: str) -> None:
+    """The batch's last two jobs end in two transactions open at once: the second waits for
+    the first's batch row lock, then sees the count the first left, so one of them stores
+    the callback (deciding from a snapshot instead, each would see the other's job still
+    live, and neither would)."""
+    with app.batch(on_complete="report") as batch:
+        ids = batch.enqueue_many("work", [Work()] * 2)
+    store = app.store
+    with store.connection() as conn:
+        claimed = store.claim_queued(ids, new_worker_id(), conn, name="work")
+    first, second = (
+        Completion(id=c.id, claim_token=c.claim_token, outcome="succeeded") for c in claimed
+    )
+    errors: list[BaseException] = []
+
+    def end_second() -> None:
+        try:
+            with psycopg.connect(database_url, autocommit=True) as conn:
+                store.finish([second], conn)
+        except BaseException as exc:
+            errors.append(exc)
+
+    with psycopg.connect(database_url) as open_conn:  # the first end, not committed yet
+        store.finish([first], open_conn)
+        thread = threading.Thread(target=end_second)
+        thread.start()
+        wait_until(
+            lambda: not thread.is_alive() or waiting_on_lock(database_url),
+            what="the second end blocked on the batch row (or done)",
+        )
+        open_conn.commit()
+    thread.join(30)
+    assert errors == []
+    rows = sql(database_url, "SELECT id FROM hivejobs_job WHERE name = 'report'")
+    assert rows == [(f"{batch.id}:complete",)]
+
+
+def waiting_on_lock(url: str) -> bool:
+    rows = sql(
+        url,
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+        " AND wait_event_type = 'Lock'",
+    )
+    return bool(rows[0][0])
