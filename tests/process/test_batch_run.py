@@ -10,9 +10,12 @@ import signal
 from collections.abc import Callable
 from pathlib import Path
 
+import msgspec
+
 from hivejobs import App, Batch
 from tests.apps.gate import open_gate
-from tests.harness import Instance, alive, fleet_app, read_ledger, sql, wait_until
+from tests.harness import REDIS_URL, Instance, alive, fleet_app, read_ledger, sql, wait_until
+from tests.process.cli import cli_env, hivejobs
 
 APP = "tests.apps.batchapp:app"
 TYPES = ["bwork", "breport", "bsuccess"]
@@ -129,3 +132,15 @@ def test_members_add_jobs_and_on_success_runs_once(
         ["report", batch.id, "complete", "24", "24", "0", "-"],
         ["report", batch.id, "success", "24", "24", "0", "-"],
     ]
+
+    env = cli_env(HIVEJOBS_DATABASE_URL=database_url, HIVEJOBS_REDIS_URL=REDIS_URL)
+    shown = hivejobs(["batch", "status", batch.id], env)
+    assert shown.returncode == 0, shown.stderr
+    assert "state        complete" in shown.stdout and "total        24" in shown.stdout
+    assert f"breport -> {batch.id}:complete" in shown.stdout
+    as_json = hivejobs(["batch", "status", batch.id, "--json"], env)
+    assert msgspec.json.decode(as_json.stdout)["success_job_id"] == f"{batch.id}:success"
+    unknown = hivejobs(["batch", "status", "nope"], env)
+    assert (unknown.returncode, unknown.stderr) == (1, "hivejobs: no batch with id 'nope'\n")
+    bad = hivejobs(["batch", "status", batch.id, "--failures", "-1"], env)
+    assert bad.returncode == 2 and "batch failures: must be a count" in bad.stderr

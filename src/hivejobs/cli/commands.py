@@ -458,6 +458,18 @@ def cmd_chain(args: argparse.Namespace) -> int:
     return ExitCode.OK
 
 
+def cmd_batch(args: argparse.Namespace) -> int:
+    """`hivejobs batch status ID`."""
+    from hivejobs.cli.views import batch_lines
+
+    status = _app(args).batch_status(args.batch_id, failures=args.failures)
+    if args.json:
+        _print_json(msgspec.to_builtins(status))
+    else:
+        print("\n".join(batch_lines(status)))
+    return ExitCode.OK
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     from hivejobs.web.serve import serve_main
 
@@ -669,6 +681,17 @@ def build_parser() -> Parser:
     c.add_argument("--until", help="created before: ISO 8601 or a span back from now")
     c = chain_cmd("ps", "what runs now across the fleet: job, try, host, status, age")
     c.add_argument("--limit", type=int, default=500, help="running tries to show")
+    p = add("batch", cmd_batch, "show batches (app.batch): counters, callbacks, failed jobs")
+    batch_sub = p.add_subparsers(dest="batch_command", required=True, parser_class=Parser)
+    b: Parser = batch_sub.add_parser(
+        "status",
+        help="one batch: state, counts, callback jobs, the jobs that did not succeed",
+        parents=[app_parent()],
+        formatter_class=HelpFormatter,
+    )
+    b.add_argument("batch_id", help="the batch's id (Batch.id)")
+    b.add_argument("--json", action="store_true", help="the batch as one JSON document")
+    b.add_argument("--failures", type=int, default=100, help="failed jobs to list (default 100)")
     p = add("serve", cmd_serve, "HTTP API, dashboard and /metrics (needs hivejobs[web])", False)
     from hivejobs.web.options import add_serve_arguments
 

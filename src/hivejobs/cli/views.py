@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 
 from hivejobs.display import escape, exception_line
-from hivejobs.records import ChainSummary, JobLogEntry, JobSummary, RunningTry
+from hivejobs.records import BatchStatus, ChainSummary, JobLogEntry, JobSummary, RunningTry
 
 
 def table(rows: Sequence[Sequence[object]]) -> list[str]:
@@ -96,3 +96,28 @@ def log_lines(entries: Sequence[JobLogEntry]) -> list[str]:
 
 def _t(moment: datetime | None) -> str:
     return "-" if moment is None else moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def batch_lines(status: BatchStatus) -> list[str]:
+    """`hivejobs batch status`: the batch's state and counters, its callbacks, then the
+    members that did not succeed (as many as were asked for)."""
+    pairs: list[tuple[str, object]] = [
+        ("id", status.id),
+        ("state", status.state),
+        ("total", status.total),
+        ("pending", status.pending),
+        ("succeeded", status.succeeded),
+        ("failed", status.failed),
+        ("cancelled", status.cancelled),
+        ("expired", status.expired),
+        ("on_complete", f"{status.on_complete or '-'} -> {status.complete_job_id or '-'}"),
+        ("on_success", f"{status.on_success or '-'} -> {status.success_job_id or '-'}"),
+        ("created", _t(status.created_at)),
+        ("sealed", _t(status.sealed_at)),
+        ("completed", _t(status.completed_at)),
+    ]
+    lines = [f"{key:<12} {escape(value)}" for key, value in pairs]
+    if status.failures:
+        lines.append("not succeeded:")
+        lines += [f"  {escape(f.job_id)}  {f.state}" for f in status.failures]
+    return lines

@@ -28,7 +28,7 @@ from hivejobs.errors import (
     PayloadTooLarge,
     UnknownJobType,
 )
-from hivejobs.jobtypes import JobType, check_id, check_priority
+from hivejobs.jobtypes import JobType, check_priority
 from hivejobs.records import BatchDone, BatchStatus, Push
 from hivejobs.serialization import encode_json
 from hivejobs.store.batches import FAILURES_SHOWN, AsyncBatchStore, BatchStore
@@ -306,7 +306,10 @@ async def acreate_batch(app: App, params: dict[str, object], conn: object | None
 
 def batch_status(app: App, batch_id: str, failures: int = FAILURES_SHOWN) -> BatchStatus:
     """The batch's counters, state and first `failures` failed members; BatchNotFound."""
-    check_id(batch_id)
+    if not isinstance(batch_id, str) or not 1 <= len(batch_id) <= 255 or "\x00" in batch_id:
+        raise BatchInvalid("id", f"must be a string of 1-255 characters, not {batch_id!r:.80}")
+    if isinstance(failures, bool) or not isinstance(failures, int) or failures < 0:
+        raise BatchInvalid("failures", f"must be a count of 0 or more, not {failures!r:.80}")
     with app.connections.postgres_errors():
         status = BatchStore(app.read_store).status(batch_id, failures)
     if status is None:
