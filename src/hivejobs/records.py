@@ -453,7 +453,10 @@ class BatchDone(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class BatchFailure(msgspec.Struct, frozen=True, kw_only=True):
+    """A member of a batch that ended other than succeeded."""
+
     job_id: str
+    name: str
     state: str
 
 
@@ -477,5 +480,5 @@ class BatchStatus(msgspec.Struct, frozen=True, kw_only=True):
     completed_at: datetime | None
     complete_job_id: str | None
     success_job_id: str | None
-    data: object = None
+    data: Any = None  # the batch's `data`: any JSON value
     failures: list[BatchFailure] = msgspec.field(default_factory=list)

@@ -51,7 +51,7 @@ SELECT id, on_complete, on_success, priority, data, sealed, total, pending, succ
 
 -- name: failed_members
 -- The members that ended other than succeeded, by id (the page a status shows).
-SELECT job_id, state FROM hivejobs_batch_failed
+SELECT job_id, name, state FROM hivejobs_batch_failed
  WHERE batch_id = %(id)s
  ORDER BY job_id
  LIMIT %(limit)s;

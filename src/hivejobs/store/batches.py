@@ -143,7 +143,9 @@ class BatchStore:
                 return None
             params = {"id": batch_id, "limit": failures}
             failed = c.execute(QUERIES["failed_members"], params).fetchall()
-        return batch_status(found, [BatchFailure(job_id=r[0], state=r[1]) for r in failed])
+        return batch_status(
+            found, [BatchFailure(job_id=r[0], name=r[1], state=r[2]) for r in failed]
+        )
 
     def recent(self, limit: int = 50) -> list[BatchStatus]:
         with self.store.connection() as c:

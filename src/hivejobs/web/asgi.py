@@ -33,7 +33,7 @@ from loguru import logger
 
 from hivejobs.client.app import App
 from hivejobs.errors import ConfigError
-from hivejobs.web import api, dashboard, errors, fleet, flow, inputs, shield
+from hivejobs.web import api, batches, dashboard, errors, fleet, flow, inputs, shield
 from hivejobs.web.auth import (
     SESSION_COOKIE,
     Role,
@@ -180,7 +180,13 @@ def create_app(
         }
     )
     return Litestar(
-        route_handlers=[*api.HANDLERS, *fleet.HANDLERS, *flow.HANDLERS, *dashboard.HANDLERS],
+        route_handlers=[
+            *api.HANDLERS,
+            *fleet.HANDLERS,
+            *flow.HANDLERS,
+            *dashboard.HANDLERS,
+            *batches.HANDLERS,
+        ],
         guards=[guard],
         before_request=inputs.refuse_nul,
         exception_handlers=errors.HANDLERS,

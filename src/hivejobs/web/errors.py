@@ -17,6 +17,8 @@ from litestar.response import Redirect
 from loguru import logger
 
 from hivejobs.errors import (
+    BatchClosed,
+    BatchNotFound,
     CallbackRefused,
     ChainAlreadyFinished,
     ChainInvalid,
@@ -40,11 +42,13 @@ STATUS_OF: list[tuple[type[HivejobsError], int]] = [
     (UnknownJobType, 404),
     (JobNotFound, 404),
     (ChainNotFound, 404),
+    (BatchNotFound, 404),
     (JobIdConflict, 409),
     (JobNotFinished, 409),
     (JobAlreadyFinished, 409),
     (ChainAlreadyFinished, 409),
     (CallbackRefused, 409),
+    (BatchClosed, 409),
     (PayloadTooLarge, 413),
     (PayloadInvalid, 422),
     (InvalidArgument, 422),
@@ -57,7 +61,7 @@ DESCRIPTIONS = {
     400: "malformed JSON",
     401: "no valid token",
     403: "a read-only token cannot change anything",
-    404: "unknown job type, job or chain",
+    404: "unknown job type, job, chain or batch",
     409: "conflict with the job's current state or payload",
     413: "body over the size limit",
     422: "invalid options or payload; `details` names the fields",

@@ -116,6 +116,7 @@ def page(base: str, title: str, fragment: str, live: bool = True) -> str:
             ("/dashboard", "Job types"),
             ("/dashboard/failed", "Failed jobs"),
             ("/dashboard/chains", "Chains"),
+            ("/dashboard/batches", "Batches"),
             ("/dashboard/workers", "Workers"),
         )
     )

@@ -47,6 +47,7 @@ CREATE TABLE hivejobs_batch_job (
 CREATE TABLE hivejobs_batch_failed (
     batch_id text NOT NULL,
     job_id   text NOT NULL,
+    name     text NOT NULL,
     state    text NOT NULL,
     PRIMARY KEY (batch_id, job_id)
 );
@@ -127,10 +128,10 @@ BEGIN
     WITH gone AS (
         DELETE FROM hivejobs_batch_job bj USING finished f
          WHERE bj.job_id = f.id
-        RETURNING bj.batch_id, f.id, f.state
+        RETURNING bj.batch_id, f.id, f.name, f.state
     ), kept AS (
-        INSERT INTO hivejobs_batch_failed (batch_id, job_id, state)
-        SELECT batch_id, id, state FROM gone WHERE state <> 'succeeded'
+        INSERT INTO hivejobs_batch_failed (batch_id, job_id, name, state)
+        SELECT batch_id, id, name, state FROM gone WHERE state <> 'succeeded'
         ON CONFLICT DO NOTHING
     ), counts AS (
         SELECT batch_id, count(*)::int AS n,
