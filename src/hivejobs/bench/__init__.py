@@ -37,6 +37,7 @@ SCENARIOS = (
     "prune",
     "limits",
     "otel",
+    "batch",
 )
 DEFAULT_SCENARIOS = "enqueue,throughput,latency"
 
@@ -307,6 +308,15 @@ def run_scenarios(env: BenchEnvironment, opts: BenchOptions) -> dict[str, Any]:
                 lambda: otel_scenario(
                     env, min(opts.jobs, 20_000), opts.processes, opts.concurrency, progress
                 ),
+            )
+        )
+    if "batch" in opts.scenarios:  # a batch of --jobs: its callback's delay after the last
+        from hivejobs.bench.batch import batch_scenario
+
+        plan.append(
+            (
+                "batch",
+                lambda: batch_scenario(env, opts.jobs, opts.processes, opts.concurrency, progress),
             )
         )
     runs: dict[str, list[scenarios.Figures]] = {}

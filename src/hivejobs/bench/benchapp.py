@@ -26,7 +26,7 @@ from typing import Any
 import redis
 import redis.asyncio
 
-from hivejobs import App, JobContext
+from hivejobs import App, BatchDone, JobContext
 
 app = App()
 WORK = os.environ.get("HIVEJOBS_BENCH_WORK", "sleep")
@@ -152,3 +152,10 @@ if os.environ.get("HIVEJOBS_BENCH_OTEL"):
     # Each forked process of the worker sets the mode up after the fork.
     _mode = os.environ["HIVEJOBS_BENCH_OTEL"]
     app.on_process_start(lambda: configure_otel(_mode))
+
+
+if os.environ.get("HIVEJOBS_BENCH_BATCH") == "1":
+    # `hivejobs bench --scenarios batch` (bench/batch.py): the batch's callback, no work.
+    @app.job("bench_batch_done", concurrency=1)
+    def bench_batch_done(ctx: JobContext, done: BatchDone) -> None:
+        """The batch scenario reads its times from the archive: nothing to record here."""
