@@ -301,3 +301,21 @@ def waiting_on_lock(url: str) -> bool:
         " AND wait_event_type = 'Lock'",
     )
     return bool(rows[0][0])
+
+
+def test_the_pruner_drops_complete_batches_past_retention(app: App, database_url: str) -> None:
+    from hivejobs.coordinator.pruner import Pruner
+
+    with app.batch(on_complete="report") as done:
+        done.enqueue("work", Work(fail=True))
+    drain(app)
+    still_open = app.batch(on_complete="report")
+    still_open.enqueue("work", Work())
+    drain(app)
+    Pruner(app.store, retention_s=3600.0).prune(lambda: True)
+    assert counts(database_url)[0] == 2  # within retention: kept
+    Pruner(app.store, retention_s=0.0).prune(lambda: True)
+    with pytest.raises(BatchNotFound):
+        app.batch_status(done.id)
+    assert sql(database_url, "SELECT count(*) FROM hivejobs_batch_failed") == [(0,)]
+    assert app.batch_status(still_open.id).state == "open"

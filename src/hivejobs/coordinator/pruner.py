@@ -20,6 +20,7 @@ from hivejobs.logs import error_fields
 from hivejobs.records import Lease
 from hivejobs.store import Store
 from hivejobs.store.archive import PRUNE_BATCH, prune_archive
+from hivejobs.store.batches import prune_batches
 
 # A pass runs until the archive is caught up: a short interval only matters when a pass
 # ended early (lease lost, or the max_run_s cap while far behind).
@@ -69,6 +70,8 @@ class Pruner:
             n = prune_archive(self.store, self.retention_s)  # each type's own retention
             deleted += n
             if n < PRUNE_BATCH:
+                # Complete batches go with the archive's retention (their jobs' rows).
+                deleted += prune_batches(self.store, self.retention_s)
                 return PruneResult(deleted, time.monotonic() - began, True)
             if not still_leader() or time.monotonic() - began > self.max_run_s:
                 return PruneResult(deleted, time.monotonic() - began, False)

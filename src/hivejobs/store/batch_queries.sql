@@ -66,3 +66,17 @@ SELECT id, on_complete, on_success, priority, data, sealed, total, pending, succ
   FROM hivejobs_batch
  ORDER BY created_at DESC, id DESC
  LIMIT %(limit)s;
+
+-- name: prune_completed_batches
+-- Batches complete for longer than the archive's retention, with their failed-member rows
+-- (found through the failed table's primary key). Open and sealed batches are never pruned.
+WITH gone AS (
+    DELETE FROM hivejobs_batch
+     WHERE id IN (SELECT id FROM hivejobs_batch
+                   WHERE completed_at < now() - %(retention_s)s::float8 * interval '1 second'
+                   ORDER BY completed_at LIMIT %(limit)s)
+    RETURNING id
+), failed AS (
+    DELETE FROM hivejobs_batch_failed f USING gone WHERE f.batch_id = gone.id
+)
+SELECT count(*) FROM gone;

@@ -228,6 +228,14 @@ class AsyncBatchStore:
                 yield conn
 
 
+def prune_batches(store: Store, retention_s: float, limit: int = 1000) -> int:
+    """Delete up to `limit` batches complete for longer than `retention_s`; how many."""
+    with store.connection() as c:
+        params = {"retention_s": retention_s, "limit": limit}
+        row = c.execute(QUERIES["prune_completed_batches"], params).fetchone()
+    return 0 if row is None else int(row[0])
+
+
 def batch_status(row: dict[str, Any], failures: list[BatchFailure]) -> BatchStatus:
     state: BatchState = "complete" if row["completed_at"] else "sealed" if row["sealed"] else "open"
     fields = {k: v for k, v in row.items() if k not in ("sealed", "data")}
