@@ -220,6 +220,26 @@ def test_async_batch(app: App, reports: Reports) -> None:
     ]
 
 
+def test_async_batch_in_the_callers_transaction(
+    app: App, reports: Reports, database_url: str
+) -> None:
+    async def main() -> None:
+        async with await psycopg.AsyncConnection.connect(database_url) as conn:
+            batch = await app.abatch(on_complete="report", conn=conn)
+            await batch.enqueue("work", Work(), conn=conn)
+            await conn.rollback()
+            assert counts(database_url) == (0, 0, 0)
+            async with await app.abatch(on_complete="report", conn=conn) as batch:
+                await batch.enqueue_many("work", [Work()] * 2, conn=conn)
+            assert counts(database_url) == (0, 0, 0)
+            await conn.commit()
+        await app.aclose()
+
+    asyncio.run(main())
+    drain(app)
+    assert [(d.total, d.succeeded) for d in reports.done] == [(2, 2)]
+
+
 def test_concurrent_last_completions_enqueue_one_callback(app: App, database_url: str) -> None:
     """Many transactions end the batch's last jobs at once: the counters under the batch
     row's lock see every one, and exactly one of them stores the callback."""
