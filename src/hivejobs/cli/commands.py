@@ -683,9 +683,11 @@ def build_parser() -> Parser:
     c.add_argument("--limit", type=int, default=500, help="running tries to show")
     p = add("batch", cmd_batch, "show batches (app.batch): counters, callbacks, failed jobs")
     batch_sub = p.add_subparsers(dest="batch_command", required=True, parser_class=Parser)
+    batch_help = "one batch: state, counts, callback jobs, the jobs that did not succeed"
     b: Parser = batch_sub.add_parser(
         "status",
-        help="one batch: state, counts, callback jobs, the jobs that did not succeed",
+        help=batch_help,
+        description=batch_help,
         parents=[app_parent()],
         formatter_class=HelpFormatter,
     )
