@@ -9,8 +9,8 @@ VALUES (%(id)s, %(on_complete)s, %(complete_attempts)s, %(complete_delivery)s,
 RETURNING id;
 
 -- name: lock_batch_for_add
--- Held until the adding transaction ends, so the counters it raises and the jobs it stores
--- commit together, and no ending job's transaction can complete the batch in between.
+-- Taken after the jobs are stored, held until the adding transaction ends: the counters it
+-- raises and the jobs commit together, checked against the batch's state as it is then.
 -- FOR NO KEY UPDATE: the same lock the counting trigger's UPDATE takes.
 SELECT sealed, completed_at IS NOT NULL AS completed,
        EXISTS (SELECT 1 FROM hivejobs_batch_job m

@@ -1,11 +1,14 @@
 """Batches in Postgres: create, add jobs, seal, read. SQL in batch_queries.sql; the counting
 trigger and the callback decision in migrations/0018_batches.sql.
 
-Adding jobs is one transaction (the store's own, or the caller's under a savepoint): lock the
-batch row, store the jobs, record them as members and raise the counters. The lock is what
-keeps an ending job's transaction from completing the batch between the jobs' insert and
-the counters' rise. Never decides who may add: the caller says who adds (`adder`, a running
-member's job id, or None) and the guard here refuses what the batch's state forbids.
+Adding jobs is one transaction (the store's own, or the caller's under a savepoint): store
+the jobs, then lock the batch row, check that it takes them, record them as members and
+raise the counters. The jobs cannot end before that transaction commits (nobody sees them),
+so the lock is taken last: it is held for the counters' update and the commit only, not for
+the COPY of 10,000 jobs, during which the batch's running jobs could not end. A refusal
+rolls the jobs back with the rest. Never decides who may add: the caller says who adds
+(`adder`, a running member's job id, or None) and the guard here refuses what the batch's
+state forbids.
 """
 
 from __future__ import annotations
@@ -49,7 +52,7 @@ FAILURES_SHOWN = 1000
 
 def lock_plan(batch_id: str, adder: str | None) -> Steps[None]:
     """Lock the batch for an add, or raise what forbids it (the transaction then stores
-    nothing: the caller rolls back)."""
+    nothing: the caller rolls back, the jobs stored before this with it)."""
     row = yield QUERIES["lock_batch_for_add"], {"id": batch_id, "adder": adder}
     if row is None:
         raise BatchNotFound(batch_id)
@@ -66,8 +69,8 @@ def add_one_plan(
     batch_id: str, adder: str | None, job: NewJob, explicit_id: bool, in_caller: bool
 ) -> Steps[Inserted]:
     """One job: a duplicate in a unique window or an existing id is not made a member."""
-    yield from lock_plan(batch_id, adder)
     inserted = yield from enqueue_plan(job, explicit_id, in_caller)
+    yield from lock_plan(batch_id, adder)
     if inserted.created:
         yield QUERIES["add_members"], {"id": batch_id, "ids": [job.id]}
     return inserted
@@ -113,12 +116,12 @@ class BatchStore:
         transaction, whose commit dispatches them by NOTIFY)."""
         in_caller = conn is not None and not owns_transaction(conn)
         with self._transaction(conn) as c:
-            run_plan(c, lock_plan(batch_id, adder))
             now = db_now(c)
             with c.cursor().copy(COPY_JOBS) as copy:
                 copy.set_types(COPY_TYPES)
                 for row in copy_rows(jobs, now):
                     copy.write_row(row)
+            run_plan(c, lock_plan(batch_id, adder))
             run_plan(c, members_plan(batch_id, jobs))
             pushes = queued_pushes(jobs, now)
             if not in_caller:
@@ -196,7 +199,6 @@ class AsyncBatchStore:
     ) -> list[Push]:
         in_caller = conn is not None and not owns_transaction(conn)
         async with self._transaction(conn) as c:
-            await arun_plan(c, lock_plan(batch_id, adder))
             cur = await c.execute(SCHEMA["db_now"])
             row = await cur.fetchone()
             assert row is not None  # SELECT now() returns one row
@@ -204,6 +206,7 @@ class AsyncBatchStore:
                 copy.set_types(COPY_TYPES)
                 for values in copy_rows(jobs, row[0]):
                     await copy.write_row(values)
+            await arun_plan(c, lock_plan(batch_id, adder))
             await arun_plan(c, members_plan(batch_id, jobs))
             pushes = queued_pushes(jobs, row[0])
             if not in_caller:
