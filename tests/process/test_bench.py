@@ -286,3 +286,26 @@ def test_otel_scenario_prices_three_modes_side_by_side(admin_url: str, tmp_path:
             assert figures[f"otel_{mode}_{figure}"] > 0, (mode, figure)
         # CPU is counted in clock ticks: a drain this small may spend less than one.
         assert figures[f"otel_{mode}_worker_cpu_us_per_job"] >= 0
+
+
+def test_batch_scenario_at_ci_size(admin_url: str, tmp_path: Path) -> None:
+    """`--scenarios batch` (bench/batch.py) at a small size: one callback, stored in the
+    transaction that ended the last job; the 100,000-job run is bench/results' batch file."""
+    out = tmp_path / "batch.json"
+    server = admin_url.rsplit("/", 1)[0] + "/postgres"
+    proc = subprocess.run(
+        [sys.executable, "-m", "hivejobs", "bench", "--scenarios", "batch", "--jobs", "300"]
+        + ["--repeats", "1", "--database-url", server, "--redis-url", REDIS_URL]
+        + ["--json", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert proc.returncode == 0, proc.stderr
+    batch = json.loads(out.read_text())["medians"]["batch"]
+    assert batch["batch_callback_runs"] == 1.0 and batch["batch_jobs"] == 300.0
+    assert batch["batch_callback_started_after_last_ms"] >= batch["batch_completed_after_last_ms"]
+    assert batch["batch_drain_per_s"] > 0 and batch["plain_drain_per_s"] > 0
+    run_id = bench_run_id(proc.stderr)
+    assert sql(admin_url, "SELECT 1 FROM pg_database WHERE datname = %s", (run_id.db,)) == []
