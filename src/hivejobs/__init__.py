@@ -8,6 +8,7 @@ from loguru import logger
 
 from hivejobs.chains import Chain, ChainInfo, JobRef
 from hivejobs.client.app import App
+from hivejobs.debounce import Unique
 from hivejobs.errors import (
     ChainInvalid,
     ChainNotFound,
@@ -66,5 +67,6 @@ __all__ = [
     "Retry",
     "SchemaMissing",
     "SchemaOutdated",
+    "Unique",
     "UnknownJobType",
 ]
