@@ -16,16 +16,21 @@ RETURNING job_id, first_at;
 -- in Redis is then skipped by the claim (state guard) and pushed again when due. Read in a
 -- new snapshot, after lock_debounce_key waited for the previous holder of the key.
 -- `push`: the job became queued in this transaction (queued_at is the transaction's now()).
-WITH v AS (
-    SELECT least(now() + %(within_s)s * interval '1 second',
-                 %(first_at)s::timestamptz + %(max_wait_s)s::float8 * interval '1 second') AS run_at
+-- greatest(): an enqueue whose transaction began before the previous holder's (it waited
+-- for the lock) never moves the run earlier than that one's quiet time. The run time read in
+-- `r` is current: only the key's enqueuers, who hold its lock, change it before the start.
+WITH r AS (
+    SELECT least(greatest(run_at, now() + %(within_s)s * interval '1 second'),
+                 %(first_at)s::timestamptz + %(max_wait_s)s::float8 * interval '1 second')
+           AS run_at
+      FROM hivejobs_job WHERE id = %(owner)s
 )
 UPDATE hivejobs_job j
    SET payload = %(payload)s, priority = %(priority)s, expires_at = %(expires_at)s,
-       run_at = v.run_at,
-       state = CASE WHEN v.run_at > now() THEN 'scheduled' ELSE 'queued' END,
-       queued_at = CASE WHEN v.run_at > now() THEN NULL ELSE coalesce(j.queued_at, now()) END
-  FROM v
+       run_at = r.run_at,
+       state = CASE WHEN r.run_at > now() THEN 'scheduled' ELSE 'queued' END,
+       queued_at = CASE WHEN r.run_at > now() THEN NULL ELSE coalesce(j.queued_at, now()) END
+  FROM r
  WHERE j.id = %(owner)s AND j.state IN ('scheduled', 'queued') AND j.started_at IS NULL
 RETURNING j.id, j.name, j.state, j.priority, j.state = 'queued' AND j.queued_at = now();
 
