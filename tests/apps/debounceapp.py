@@ -4,8 +4,9 @@ enqueuer processes' App (`python -m tests.apps.debounceapp debounced|coalesced N
 Each handler writes "ran <type> <id> <payload JSON>" to the ledger (tests/apps/ledger.py):
 the record of what really ran, with which payload. An enqueuer process connects, says
 "ready" and waits for a "go" line on stdin (the test releases all at once, once all are
-ready), enqueues N jobs of one key from its threads, and prints as JSON the ids it got and `last_start`: the latest database clock read
-by a thread just before its last enqueue, so the key's last enqueue began at or after it.
+ready), enqueues N jobs of one key from its threads, and prints as JSON the ids it got and
+`last_start`: the latest database clock read by a thread just before its last enqueue, so
+the key's last enqueue began at or after it.
 """
 
 from __future__ import annotations
