@@ -37,6 +37,7 @@ SCENARIOS = (
     "prune",
     "limits",
     "otel",
+    "debounce",
 )
 DEFAULT_SCENARIOS = "enqueue,throughput,latency"
 
@@ -309,6 +310,10 @@ def run_scenarios(env: BenchEnvironment, opts: BenchOptions) -> dict[str, Any]:
                 ),
             )
         )
+    if "debounce" in opts.scenarios:  # the cost of a debounced or coalesced enqueue
+        from hivejobs.bench.debounce import debounce_scenario
+
+        plan.append(("debounce", lambda: debounce_scenario(env, opts.jobs, opts.payload_bytes)))
     runs: dict[str, list[scenarios.Figures]] = {}
     started = time.perf_counter()
     # Round after round, every scenario once per round: on a shared machine a noisy minute
