@@ -118,6 +118,12 @@ def test_sixteen_racing_threads_make_one_job_with_the_last_payload(
     assert set(again) == {ids[0]}
     assert len(live(database_url)) == 1
     assert sql(database_url, "SELECT count(*) FROM hivejobs_debounce")[0][0] == 1
+    # The job started: racing enqueuers open exactly one new window (the key lock decides;
+    # the job row's own lock alone would let each of them start one).
+    sql(database_url, "UPDATE hivejobs_job SET state = 'running', started_at = now()")
+    after = race(16, lambda i: app.enqueue("sync", {"user": 7, "n": 200 + i}))
+    assert len(set(after)) == 1 and after[0] != ids[0]
+    assert sorted(row[1] for row in live(database_url)) == ["running", "scheduled"]
     assert app.enqueue("sync", {"user": 8}) != ids[0]  # another key, another job
 
 
@@ -169,8 +175,20 @@ def test_a_started_or_cancelled_job_opens_a_new_window(
     payloads = {row[0]: row[2] for row in live(database_url)}
     assert payloads == {first: {"user": 1, "n": 0}, second: {"user": 1, "n": 1}}
     assert app.enqueue("sync", {"user": 1, "n": 2}) == second
+    # A started job waiting for its retry (scheduled again) is not joined either.
+    sql(
+        database_url,
+        "UPDATE hivejobs_job SET state = 'running', attempt = 1, started_at = now() WHERE id = %s",
+        (second,),
+    )
+    retrying = "UPDATE hivejobs_job SET state = 'scheduled', started_at = now() WHERE id = %s"
+    sql(database_url, retrying, (second,))
+    second_retry = app.enqueue("sync", {"user": 1, "n": 3})
+    assert second_retry != second
+    assert {row[0]: row[2]["n"] for row in live(database_url)}[second] == 2
+    second = second_retry
     app.cancel(second)
-    third = app.enqueue("sync", {"user": 1, "n": 3})
+    third = app.enqueue("sync", {"user": 1, "n": 4})
     assert third not in (first, second)
     # The pruner drops a key whose job started, never one whose job still waits.
     sql(database_url, "DELETE FROM hivejobs_job WHERE id = %s", (third,))
@@ -191,6 +209,15 @@ def test_debounce_in_the_callers_transaction(
         assert app.enqueue("sync", {"user": 1, "n": 2}, conn=conn) == job_id
         conn.commit()
     assert live(database_url)[0][2] == {"user": 1, "n": 2}
+    # A transaction that began before another enqueue, and enqueues after it: the run keeps
+    # the other's later quiet time (now() is the transaction's start).
+    with psycopg.connect(database_url) as conn:
+        conn.execute("SELECT now()")  # the transaction starts here
+        app.enqueue("sync", {"user": 1, "n": 3})
+        quiet_from_3 = live(database_url)[0][4]
+        app.enqueue("sync", {"user": 1, "n": 4}, conn=conn)
+        conn.commit()
+    assert live(database_url)[0][2::2] == ({"user": 1, "n": 4}, quiet_from_3)
 
 
 def test_debounce_takes_the_last_priority(make_app: Callable[..., App], database_url: str) -> None:
@@ -230,6 +257,11 @@ def test_coalesce_in_the_callers_transaction_and_async(
         conn.rollback()
     assert asyncio.run(app.aenqueue("digest", {"user": 1, "items": [2]})) == job_id
     assert live(database_url)[0][2] == {"user": 1, "items": [0, 2]}
+    # Started: a later enqueue is not merged into it but opens a new window.
+    sql(database_url, "UPDATE hivejobs_job SET state = 'running', started_at = now()")
+    fresh = app.enqueue("digest", {"user": 1, "items": [3]})
+    assert fresh != job_id
+    assert [row[2]["items"] for row in live(database_url)] == [[0, 2], [3]]
 
 
 def test_bad_declarations_are_refused_naming_the_field(make_app: Callable[..., App]) -> None:
