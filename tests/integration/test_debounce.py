@@ -296,7 +296,7 @@ def test_bad_enqueues_store_nothing(make_app: Callable[..., App], database_url: 
     job_id = app.enqueue("digest", {"user": 1, "items": [0]})
     for options, field in (({"id": "mine"}, "id"), ({"delay": 5}, "delay")):
         with pytest.raises(InvalidArgument, match=f"^{field}: "):
-            app.enqueue("digest", {"user": 1, "items": [1]}, **options)  # type: ignore[arg-type]
+            app.enqueue("digest", {"user": 1, "items": [1]}, **options)
     with pytest.raises(InvalidArgument, match="merge of job type 'digest' raised"):
         app.enqueue("digest", {"user": 1, "items": [2], "boom": True})
     with pytest.raises(InvalidArgument, match="one by one"):
