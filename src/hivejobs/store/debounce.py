@@ -10,36 +10,34 @@ what a merge is: the job type's merge function comes in the claim.
 
 from __future__ import annotations
 
-from typing import Any
+from datetime import datetime
 
 from hivejobs.records import DebounceClaim, Inserted, NewJob
 from hivejobs.store.sql import Steps, load_queries
 
 DEBOUNCE = load_queries("debounce.sql")
-QUERIES = load_queries("jobs.sql")
 
 
-def debounce_plan(job: NewJob, claim: DebounceClaim) -> Steps[Inserted]:
-    """Go into the key's waiting job, or start a new window with `job`.
+def debounce_plan(job: NewJob, claim: DebounceClaim) -> Steps[Inserted | None]:
+    """Go into the key's waiting job; None when `job` starts a new window instead, which the
+    caller then inserts as any job (store/enqueue.py), scheduled `within` seconds ahead.
 
     Returns the id of the job that will run, its state and priority, and as `created`
     whether it must be dispatched now (it became queued here: max_wait reached)."""
     row = yield DEBOUNCE["lock_debounce_key"], {"key": claim.key, "id": job.id}
     assert row is not None  # an upsert with RETURNING returns its row
     owner, first_at = str(row[0]), row[1]
-    if owner != job.id:
-        joined = yield from _join(job, claim, owner, first_at)
-        if joined is not None:
-            return joined
+    if owner == job.id:
+        return None  # the key's first enqueue: its row now names this job
+    joined = yield from _join(job, claim, owner, first_at)
+    if joined is None:
         yield DEBOUNCE["start_debounce_window"], {"key": claim.key, "id": job.id}
-    # A new window: the job waits `within` (max_wait >= within, so it cannot cut this short).
-    params = _window_params(job, claim)
-    inserted = yield QUERIES["insert_job"], params
-    assert inserted is not None  # a fresh uuid: the insert cannot conflict
-    return Inserted(job.id, job.name, str(inserted[2]), int(inserted[3]), job.payload, False)
+    return joined
 
 
-def _join(job: NewJob, claim: DebounceClaim, owner: str, first_at: Any) -> Steps[Inserted | None]:
+def _join(
+    job: NewJob, claim: DebounceClaim, owner: str, first_at: datetime
+) -> Steps[Inserted | None]:
     """This enqueue into the key's job if it has not started; None if it has (or is gone)."""
     if claim.mode == "debounce":
         params = {
@@ -70,17 +68,3 @@ def _join(job: NewJob, claim: DebounceClaim, owner: str, first_at: Any) -> Steps
     if row is None:
         return None
     return Inserted(str(row[0]), str(row[1]), str(row[2]), int(row[3]), b"", bool(row[4]))
-
-
-def _window_params(job: NewJob, claim: DebounceClaim) -> dict[str, Any]:
-    return {
-        "id": job.id,
-        "name": job.name,
-        "priority": job.priority,
-        "attempts": job.attempts,
-        "delivery": job.delivery,
-        "payload": job.payload,
-        "run_at": None,
-        "delay_s": claim.within_s,
-        "expires_at": job.expires_at,
-    }

@@ -19,6 +19,7 @@ from collections.abc import AsyncIterator, Iterator, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
+import msgspec
 import psycopg
 from psycopg.pq import TransactionStatus
 
@@ -73,6 +74,9 @@ def enqueue_plan(job: NewJob, explicit_id: bool, in_caller: bool) -> Steps[Inser
     key's job, with `created` telling whether it became queued here and must be dispatched."""
     if job.debounce is not None:
         joined = yield from debounce_plan(job, job.debounce)
+        if joined is None:  # a new window: this job, waiting `within` (max_wait >= within)
+            window = msgspec.structs.replace(job, delay_s=job.debounce.within_s, run_at=None)
+            return (yield from insert_plan(window, False))  # a fresh uuid: no conflict
         if in_caller and joined.created and joined.state == "queued":
             yield from notify_plan([Push(joined.id, joined.name, joined.priority)])
         return joined
