@@ -35,7 +35,7 @@ from hivejobs.serialization import PayloadCodec, decode_json
 
 MODES = ("window", "debounce", "coalesce")
 MAX_WINDOW_S = 366 * 24 * 3600.0
-Merge = Callable[[object, object], object]
+Merge = Callable[..., object]  # merge(stored, new): any payload types the handler takes
 _canonical = msgspec.json.Encoder(order="deterministic")  # key order does not make a new key
 
 
