@@ -290,7 +290,7 @@ def test_bad_enqueues_store_nothing(make_app: Callable[..., App], database_url: 
         assert isinstance(new, dict)
         if new.get("boom"):
             raise ValueError("cannot merge")
-        return new
+        return ["not", "a", "dict"] if new.get("bad") else new
 
     app = coalesced(make_app, merge)
     job_id = app.enqueue("digest", {"user": 1, "items": [0]})
@@ -299,6 +299,8 @@ def test_bad_enqueues_store_nothing(make_app: Callable[..., App], database_url: 
             app.enqueue("digest", {"user": 1, "items": [1]}, **options)
     with pytest.raises(InvalidArgument, match="merge of job type 'digest' raised"):
         app.enqueue("digest", {"user": 1, "items": [2], "boom": True})
+    with pytest.raises(PayloadInvalid):  # the merge's result is checked as a payload is
+        app.enqueue("digest", {"user": 1, "items": [2], "bad": True})
     with pytest.raises(InvalidArgument, match="one by one"):
         app.enqueue_many("digest", [{"user": 1, "items": [3]}])
     with pytest.raises(PayloadInvalid):
