@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Callable
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
@@ -17,6 +17,7 @@ import redis
 
 from hivejobs import App, InvalidArgument, InvalidJobType, JobContext, PayloadInvalid, Unique
 from hivejobs.store.archive import prune_archive
+from hivejobs.store.notify import parse_dispatch
 from tests.harness import REDIS_URL, sql
 
 WITHIN = 600.0  # no job comes due during a test unless the test moves its clock
@@ -220,11 +221,32 @@ def test_debounce_in_the_callers_transaction(
     assert live(database_url)[0][2::2] == ({"user": 1, "n": 4}, quiet_from_3)
 
 
-def test_debounce_takes_the_last_priority(make_app: Callable[..., App], database_url: str) -> None:
+def test_debounce_takes_the_last_priority_and_expiry(
+    make_app: Callable[..., App], database_url: str
+) -> None:
     app = debounced(make_app)
-    app.enqueue("sync", {"user": 1}, priority=5)
+    later = datetime.now(UTC) + timedelta(hours=2)
+    app.enqueue("sync", {"user": 1}, priority=5, expires_at=later)
     app.enqueue("sync", {"user": 1}, priority=2)
     assert live(database_url)[0][3] == 2
+    assert sql(database_url, "SELECT expires_at FROM hivejobs_job") == [(None,)]
+
+
+def test_a_due_job_made_in_a_transaction_is_dispatched_on_commit(
+    make_app: Callable[..., App], database_url: str
+) -> None:
+    app = debounced(make_app, max_wait=WITHIN)
+    job_id = app.enqueue("sync", {"user": 1, "n": 0})
+    shift = "UPDATE hivejobs_debounce SET first_at = first_at - %s * interval '1 second'"
+    sql(database_url, shift, (WITHIN,))  # max_wait has passed
+    with psycopg.connect(database_url, autocommit=True) as listener:
+        listener.execute("LISTEN hivejobs_dispatch")
+        with psycopg.connect(database_url) as conn:
+            assert app.enqueue("sync", {"user": 1, "n": 1}, conn=conn) == job_id
+            conn.commit()
+        heard = [n.payload for n in listener.notifies(timeout=10, stop_after=1)]
+    assert [p.id for p in parse_dispatch(heard[0])] == [job_id]
+    assert live(database_url)[0][1] == "queued"
 
 
 def test_coalesce_merges_every_racing_enqueue_once(
@@ -232,7 +254,15 @@ def test_coalesce_merges_every_racing_enqueue_once(
 ) -> None:
     merges = Merges()
     app = coalesced(make_app, merges)
-    ids = race(16, lambda i: app.enqueue("digest", {"user": 1, "items": [i]}, priority=9 - i % 3))
+    soon, later = (datetime.now(UTC) + timedelta(hours=h) for h in (1, 2))
+
+    def enqueue(i: int) -> str:
+        expiry = later if i == 5 else soon
+        return app.enqueue(
+            "digest", {"user": 1, "items": [i]}, priority=9 - i % 3, expires_at=expiry
+        )
+
+    ids = race(16, enqueue)
     assert len(set(ids)) == 1
     ((job_id, state, payload, priority, _),) = live(database_url)
     assert (job_id, state) == (ids[0], "scheduled")
@@ -243,6 +273,7 @@ def test_coalesce_merges_every_racing_enqueue_once(
         set(range(16)) - {payload["items"][0]}
     )
     assert priority == 7  # the most urgent of the merged enqueues
+    assert sql(database_url, "SELECT expires_at FROM hivejobs_job") == [(later,)]  # the latest
 
 
 def test_coalesce_in_the_callers_transaction_and_async(
