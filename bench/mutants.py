@@ -294,6 +294,14 @@ GUARDS: tuple[Guard, ...] = (
         "a late lock holder moves the run before another enqueue's quiet time",
     ),
     Guard(
+        "debounce-dispatch-on-commit",
+        "src/hivejobs/store/enqueue.py",
+        'if in_caller and joined.created and joined.state == "queued":',
+        "if False:",
+        (DEBOUNCE + "::test_a_due_job_made_in_a_transaction_is_dispatched_on_commit",),
+        "a job a transaction's enqueue made due waits for the coordinator's repair to run",
+    ),
+    Guard(
         "debounce-prune-live",
         "src/hivejobs/store/debounce.sql",
         "     WHERE NOT EXISTS (SELECT 1 FROM hivejobs_job j",
