@@ -45,6 +45,7 @@ ORDERING = "tests/unit/test_chain_ordering.py"
 READ_REFUSED = ROUTES + "::test_a_read_token_is_refused_by_every_admin_route_and_writes_nothing"
 TOKEN_NEEDED = ROUTES + "::test_every_guarded_route_needs_a_token"
 CALLBACK_ROLE = "tests/web/test_callback_role.py"
+DEBOUNCE = "tests/integration/test_debounce.py"
 HARDENING = "tests/web/test_hardening.py"
 
 
@@ -243,6 +244,70 @@ GUARDS: tuple[Guard, ...] = (
         "if owner is not None:",
         ("tests/integration/test_unique.py::test_a_failed_job_or_a_passed_window_frees_the_key",),
         "a failed job keeps its key for the whole window",
+    ),
+    # -- debounce and coalesce ---------------------------------------------------------------
+    Guard(
+        "debounce-key-lock",
+        "src/hivejobs/store/debounce.sql",
+        "INSERT INTO hivejobs_debounce (key, job_id, first_at)\n"
+        "VALUES (%(key)s, %(id)s, now())\n"
+        "ON CONFLICT (key) DO UPDATE SET key = EXCLUDED.key\n"
+        "RETURNING job_id, first_at;",
+        "WITH ins AS (INSERT INTO hivejobs_debounce (key, job_id, first_at)\n"
+        "VALUES (%(key)s, %(id)s, now())\n"
+        "ON CONFLICT (key) DO NOTHING RETURNING job_id, first_at)\n"
+        "SELECT job_id, first_at FROM ins UNION ALL\n"
+        "SELECT job_id, first_at FROM hivejobs_debounce WHERE key = %(key)s LIMIT 1;",
+        (DEBOUNCE + "::test_sixteen_racing_threads_make_one_job_with_the_last_payload",),
+        "racing enqueuers of one key decide without its lock: two waiting jobs for a key",
+    ),
+    Guard(
+        "debounce-not-started",
+        "src/hivejobs/store/debounce.sql",
+        " WHERE j.id = %(owner)s AND j.state IN ('scheduled', 'queued') AND j.started_at IS NULL",
+        " WHERE j.id = %(owner)s AND j.state IN ('scheduled', 'queued')",
+        (DEBOUNCE + "::test_a_started_or_cancelled_job_opens_a_new_window",),
+        "an enqueue rewrites the payload of a job that already started (a retry waiting)",
+    ),
+    Guard(
+        "coalesce-not-started",
+        "src/hivejobs/store/debounce.sql",
+        " WHERE id = %(owner)s AND state IN ('scheduled', 'queued') AND started_at IS NULL\n",
+        " WHERE id = %(owner)s AND state IN ('scheduled', 'queued', 'running')\n",
+        (DEBOUNCE + "::test_coalesce_in_the_callers_transaction_and_async",),
+        "an enqueue is merged into a running job, whose handler never sees it",
+    ),
+    Guard(
+        "debounce-max-wait",
+        "src/hivejobs/store/debounce.sql",
+        "%(first_at)s::timestamptz + %(max_wait_s)s::float8 * interval '1 second'",
+        "NULL::timestamptz",  # least() ignores it: no cap
+        (DEBOUNCE + "::test_the_run_waits_for_quiet_within_max_wait",),
+        "a key enqueued without pause never runs",
+    ),
+    Guard(
+        "debounce-quiet-floor",
+        "src/hivejobs/store/debounce.sql",
+        "greatest(run_at, now() + %(within_s)s * interval '1 second')",
+        "now() + %(within_s)s * interval '1 second'",
+        (DEBOUNCE + "::test_debounce_in_the_callers_transaction",),
+        "a late lock holder moves the run before another enqueue's quiet time",
+    ),
+    Guard(
+        "debounce-dispatch-on-commit",
+        "src/hivejobs/store/enqueue.py",
+        'if in_caller and joined.created and joined.state == "queued":',
+        "if False:",
+        (DEBOUNCE + "::test_a_due_job_made_in_a_transaction_is_dispatched_on_commit",),
+        "a job a transaction's enqueue made due waits for the coordinator's repair to run",
+    ),
+    Guard(
+        "debounce-prune-live",
+        "src/hivejobs/store/debounce.sql",
+        "     WHERE NOT EXISTS (SELECT 1 FROM hivejobs_job j",
+        "     WHERE true OR NOT EXISTS (SELECT 1 FROM hivejobs_job j",
+        (DEBOUNCE + "::test_a_started_or_cancelled_job_opens_a_new_window",),
+        "the pruner drops the key of a waiting job: the next enqueue stores a second one",
     ),
     # -- the executor's outcome mapping ------------------------------------------------------
     Guard(

@@ -9,6 +9,7 @@ from loguru import logger
 from hivejobs.chains import Chain, ChainInfo, JobRef
 from hivejobs.client.app import App
 from hivejobs.client.batches import AsyncBatch, Batch
+from hivejobs.debounce import Unique
 from hivejobs.errors import (
     BatchClosed,
     BatchInvalid,
@@ -77,5 +78,6 @@ __all__ = [
     "Retry",
     "SchemaMissing",
     "SchemaOutdated",
+    "Unique",
     "UnknownJobType",
 ]

@@ -21,6 +21,8 @@ from typing import TYPE_CHECKING, TypeVar, get_args
 import msgspec
 
 from hivejobs.broker import MAX_ID_LENGTH
+from hivejobs.debounce import Debounce, checked_key, debounce_policy
+from hivejobs.debounce import Unique as UniqueSpec
 from hivejobs.errors import (
     InvalidArgument,
     InvalidJobType,
@@ -136,6 +138,7 @@ class JobType:
     callback: bool = False
     callback_timeout_s: float | None = None
     unique: Unique | None = None
+    debounce: Debounce | None = None  # debounce.py: its enqueues go into one waiting job
     retention_s: float | None = None  # archive retention of its finished jobs (None: global)
     limits: Limits | None = None  # fleet-wide limits (flow.py)
     max_rss_mb: float | None = None  # recycle its pool processes above this (worker/memory.py)
@@ -190,6 +193,9 @@ class JobType:
             run_at=run_at,
             expires_at=expires_at,
             unique=None if self.unique is None else self.unique.claim(self.name, encoded),
+            debounce=None
+            if self.debounce is None
+            else self.debounce.claim(self.name, encoded, self.codec),
         )
 
     def new_jobs(
@@ -200,7 +206,7 @@ class JobType:
         expires_at: datetime | None,
     ) -> list[NewJob]:
         """Every payload checked first: one bad one stores nothing."""
-        if self.unique is not None:
+        if self.unique is not None or self.debounce is not None:
             raise InvalidArgument(
                 f"job type {self.name!r} is unique: enqueue its jobs one by one (enqueue_many "
                 "stores with COPY, which cannot take unique keys)"
@@ -216,7 +222,10 @@ class JobType:
 
         An existing id with the same type and payload is an idempotent retry; with another, a
         conflict (unless the job finished and was pruned meanwhile). A duplicate in a unique
-        window returns the key's job, or raises."""
+        window returns the key's job, or raises. A debounced or coalesced enqueue returns the
+        key's job, dispatched now only if this enqueue made it queued (store/debounce.py)."""
+        if self.debounce is not None:
+            return inserted.id, inserted.created and inserted.state == "queued"
         if inserted.state == "duplicate":
             if self.unique is not None and self.unique.on_duplicate == "raise":
                 raise JobDuplicate(self.name, inserted.id)
@@ -237,6 +246,8 @@ class JobType:
         expires_at: datetime | None,
     ) -> int:
         """Refuse bad enqueue options before anything is written; returns the priority."""
+        if self.debounce is not None:
+            _check_debounced_options(self.name, job_id, delay, run_at)
         if job_id is not None:
             check_id(job_id)
         prio = self.priority if priority is None else priority
@@ -255,6 +266,18 @@ class JobType:
         if expires_at is not None and expires_at.timestamp() <= time.time():
             raise InvalidArgument("expires_at is already in the past")
         return prio
+
+
+def _check_debounced_options(
+    name: str, job_id: str | None, delay: float | None, run_at: datetime | None
+) -> None:
+    """A debounced or coalesced job's id and run time belong to its key's window."""
+    for option, value in (("id", job_id), ("delay", delay), ("run_at", run_at)):
+        if value is not None:
+            raise InvalidArgument(
+                f"{option}: job type {name!r} is debounced/coalesced, so the key's window "
+                "chooses the job's id and run time; enqueue without it"
+            )
 
 
 # --------------------------------------------------------------------------- registry checks
@@ -360,6 +383,22 @@ def checked_unique(
     if on_duplicate not in ("return", "raise"):
         raise InvalidJobType(f"on_duplicate must be 'return' or 'raise', not {on_duplicate!r}")
     return Unique(float(window_s), None if by is None else tuple(by), tuple(states), on_duplicate)
+
+
+def unique_policies(
+    spec: UniqueSpec,
+    window: Unique | None,
+    states: Sequence[str],
+    on_duplicate: str,
+) -> tuple[Unique | None, Debounce | None]:
+    """`unique=Unique(...)`: a window (as `unique_for`) or a debounce/coalesce policy."""
+    if window is not None:
+        raise InvalidJobType("unique: give either unique=Unique(...) or unique_for, not both")
+    policy = debounce_policy(spec)
+    if policy is not None:
+        return None, policy
+    by = checked_key(spec.key)
+    return checked_unique(spec.within, by, states, on_duplicate), None
 
 
 def new_schedule(

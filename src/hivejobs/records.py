@@ -8,6 +8,8 @@ plain `str`, so that its OpenAPI schema has no enums for states.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Generic, Literal, NamedTuple, TypeVar
 
@@ -58,6 +60,21 @@ class NewJob(msgspec.Struct, frozen=True, kw_only=True):
     expires_at: datetime | None
     unique: UniqueClaim | None = None
     trace_context: str | None = None  # the enqueue span's W3C traceparent (tracing.py)
+    debounce: DebounceClaim | None = None
+
+
+@dataclass(frozen=True)
+class DebounceClaim:
+    """A debounce or coalesce key to go into (hivejobs/debounce.py says what each mode does).
+
+    A dataclass, not a Struct: it carries the type's merge function, never sent anywhere.
+    `merge(stored, new)` returns the encoded payload the job keeps (coalesce only)."""
+
+    key: str
+    mode: Literal["debounce", "coalesce"]
+    within_s: float
+    max_wait_s: float | None
+    merge: Callable[[bytes, bytes], bytes] | None = None
 
 
 class UniqueClaim(msgspec.Struct, frozen=True, kw_only=True):

@@ -38,6 +38,7 @@ SCENARIOS = (
     "limits",
     "otel",
     "batch",
+    "debounce",
 )
 DEFAULT_SCENARIOS = "enqueue,throughput,latency"
 
@@ -319,6 +320,10 @@ def run_scenarios(env: BenchEnvironment, opts: BenchOptions) -> dict[str, Any]:
                 lambda: batch_scenario(env, opts.jobs, opts.processes, opts.concurrency, progress),
             )
         )
+    if "debounce" in opts.scenarios:  # the cost of a debounced or coalesced enqueue
+        from hivejobs.bench.debounce import debounce_scenario
+
+        plan.append(("debounce", lambda: debounce_scenario(env, opts.jobs, opts.payload_bytes)))
     runs: dict[str, list[scenarios.Figures]] = {}
     started = time.perf_counter()
     # Round after round, every scenario once per round: on a shared machine a noisy minute

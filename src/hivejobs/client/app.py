@@ -38,6 +38,7 @@ from hivejobs.client.chains import ChainClient, chain_query
 from hivejobs.client.connections import Connections
 from hivejobs.client.integrations import adriver_connection, driver_connection
 from hivejobs.config import Settings, settings_from_env
+from hivejobs.debounce import Unique
 from hivejobs.errors import (
     CallbackRefused,
     InvalidArgument,
@@ -67,6 +68,7 @@ from hivejobs.jobtypes import (
     declare_type,
     declared_type,
     new_schedule,
+    unique_policies,
 )
 from hivejobs.logs import error_fields
 from hivejobs.metrics import record_callback
@@ -145,6 +147,7 @@ class App:
         unique_by: Sequence[str] | None = None,
         unique_states: Sequence[str] = UNIQUE_STATES,
         on_duplicate: str = "return",
+        unique: Unique | None = None,
         callback: bool = False,
         callback_timeout: float = 3600.0,
         retention: float | None = None,
@@ -163,6 +166,11 @@ class App:
         stored again; `enqueue` returns the existing id (or raises JobDuplicate with
         `on_duplicate="raise"`). Enforced by a Postgres primary key, so racing enqueuers on
         many machines store one job.
+
+        `unique=Unique(key=[...], within=s, mode=...)`: the same window (mode="window"), or
+        mode="debounce" (the key's last enqueue runs, after `within` s of quiet, at most
+        `max_wait` s after the first) or mode="coalesce" (later enqueues are merged into the
+        waiting job by `merge`); hivejobs/debounce.py defines them.
 
         `callback=True`: the handler starts work elsewhere and returns; the job stays running
         until the other service reports the attempt's outcome (`complete_callback`, or POST
@@ -207,6 +215,8 @@ class App:
             check_cron(cron, tz)
         if unique_for is not None:
             jt.unique = checked_unique(unique_for, unique_by, unique_states, on_duplicate)
+        if unique is not None:
+            jt.unique, jt.debounce = unique_policies(unique, jt.unique, unique_states, on_duplicate)
         if callback:
             jt.callback, jt.callback_timeout_s = True, check_callback_timeout(callback_timeout)
         jt.retention_s = check_retention(retention)
@@ -359,7 +369,7 @@ class App:
         job_id, created = jt.outcome(job, inserted)
         if created and own:
             failpoint("enqueue.after_commit_before_push")
-            self.pusher.submit(job.name, job.priority, [job.id])
+            self.pusher.submit(job.name, inserted.priority, [job_id])
         return job_id
 
     async def aenqueue(
@@ -386,7 +396,7 @@ class App:
         job_id, created = jt.outcome(job, inserted)
         if created and own:
             failpoint("enqueue.after_commit_before_push")
-            await self._apush(backends, [Push(job.id, job.name, job.priority)])
+            await self._apush(backends, [Push(job_id, job.name, inserted.priority)])
         return job_id
 
     def enqueue_many(

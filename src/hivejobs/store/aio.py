@@ -85,7 +85,7 @@ class AsyncStore:
                 return await _insert_own(own, job, explicit_id)
         if owns_transaction(conn):
             return await _insert_own(conn, job, explicit_id)
-        if not explicit_id and job.unique is None:
+        if not explicit_id and job.unique is None and job.debounce is None:
             return await arun_plan(conn, enqueue_plan(job, False, in_caller=True))
         async with acaller_savepoint(conn):
             return await arun_plan(conn, enqueue_plan(job, True, in_caller=True))
@@ -126,7 +126,8 @@ class AsyncStore:
 
 
 async def _insert_own(conn: AsyncConn, job: NewJob, explicit_id: bool) -> Inserted:
-    if not explicit_id and job.unique is None:  # one statement: atomic on its own
+    # One statement: atomic on its own.
+    if not explicit_id and job.unique is None and job.debounce is None:
         return await arun_plan(conn, insert_plan(job, False))
     async with conn.transaction():
         return await arun_plan(conn, enqueue_plan(job, explicit_id, in_caller=False))

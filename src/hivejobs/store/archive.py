@@ -22,6 +22,7 @@ if TYPE_CHECKING:
 ARCHIVE = load_queries("archive.sql")
 MAINTENANCE = load_queries("maintenance.sql")
 FLOW = load_queries("flow.sql")
+DEBOUNCE = load_queries("debounce.sql")
 PRUNE_BATCH = 10_000
 
 
@@ -69,8 +70,9 @@ def set_type_retentions(store: Store, retentions: Mapping[str, float | None]) ->
 
 def prune_archive(store: Store, retention_s: float) -> int:
     """One batch of archived jobs past their type's retention (or `retention_s`), then the
-    unique windows that have passed and the limit_by token buckets that have refilled to full
-    (no row means a full bucket; flow.py): the coordinator's prune, in place of
+    unique windows that have passed, the limit_by token buckets that have refilled to full
+    (no row means a full bucket; flow.py) and the debounce keys whose job has started: the
+    coordinator's prune, in place of
     Store.prune_archive (whose single retention would delete a longer-lived type's jobs)."""
     with store.connection() as conn:
         cur = conn.execute(
@@ -78,4 +80,5 @@ def prune_archive(store: Store, retention_s: float) -> int:
         )
         conn.execute(MAINTENANCE["prune_unique"])
         conn.execute(FLOW["prune_full_buckets"])
+        conn.execute(DEBOUNCE["prune_debounce"])  # keys whose job started: store/debounce.py
         return cur.rowcount

@@ -19,12 +19,14 @@ from collections.abc import AsyncIterator, Iterator, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
+import msgspec
 import psycopg
 from psycopg.pq import TransactionStatus
 
 from hivejobs.errors import InvalidArgument
 from hivejobs.records import Inserted, NewJob, UniqueClaim
 from hivejobs.records import Push as Push
+from hivejobs.store.debounce import debounce_plan
 from hivejobs.store.notify import dispatch_payloads
 from hivejobs.store.sql import Steps, load_queries
 
@@ -68,7 +70,16 @@ def enqueue_plan(job: NewJob, explicit_id: bool, in_caller: bool) -> Steps[Inser
     that dispatches it on commit (on the store's own connection the caller pushes instead).
 
     A duplicate in a unique window comes back as `state="duplicate"` with the id of the job
-    that holds the key."""
+    that holds the key. A debounced or coalesced one (store/debounce.py) comes back as the
+    key's job, with `created` telling whether it became queued here and must be dispatched."""
+    if job.debounce is not None:
+        joined = yield from debounce_plan(job, job.debounce)
+        if joined is None:  # a new window: this job, waiting `within` (max_wait >= within)
+            window = msgspec.structs.replace(job, delay_s=job.debounce.within_s, run_at=None)
+            return (yield from insert_plan(window, False))  # a fresh uuid: no conflict
+        if in_caller and joined.created and joined.state == "queued":
+            yield from notify_plan([Push(joined.id, joined.name, joined.priority)])
+        return joined
     if job.unique is not None:
         owner_id = yield from unique_plan(job, job.unique)
         if owner_id is not None:

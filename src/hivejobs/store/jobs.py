@@ -63,7 +63,7 @@ class Jobs(Database):
         # A generated id is one INSERT; a caller's id or a unique window may take several
         # statements, undone together if one fails so that the caller's transaction stays
         # usable.
-        single = not explicit_id and job.unique is None
+        single = not explicit_id and job.unique is None and job.debounce is None
         with nullcontext() if single else caller_savepoint(conn):
             return run_plan(conn, enqueue_plan(job, explicit_id, in_caller=True))
 
@@ -252,7 +252,8 @@ def _pg_text(value: str | None) -> str | None:
 
 def _insert_own(conn: Conn, job: NewJob, explicit_id: bool) -> Inserted:
     """The enqueue as its own transaction (the store's connection, or an autocommit one)."""
-    if not explicit_id and job.unique is None:  # one statement: atomic on its own
+    # One statement: atomic on its own.
+    if not explicit_id and job.unique is None and job.debounce is None:
         return run_plan(conn, insert_plan(job, False))
     with conn.transaction():
         return run_plan(conn, enqueue_plan(job, explicit_id, in_caller=False))
