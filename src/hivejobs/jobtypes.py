@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, TypeVar, get_args
 import msgspec
 
 from hivejobs.broker import MAX_ID_LENGTH
+from hivejobs.broker.fair import FairBy
 from hivejobs.debounce import Debounce, checked_key, debounce_policy
 from hivejobs.debounce import Unique as UniqueSpec
 from hivejobs.errors import (
@@ -144,6 +145,7 @@ class JobType:
     max_rss_mb: float | None = None  # recycle its pool processes above this (worker/memory.py)
     # A pool process shared with other types (worker/placement.py); None: its own.
     pool: str | None = None
+    fair: FairBy | None = None  # fair dispatch across the keys of a payload field (broker/fair.py)
 
     def info(self) -> JobTypeInfo:
         return JobTypeInfo(
@@ -168,6 +170,8 @@ class JobType:
                 raise PayloadInvalid(self.name, f"limit_by={field!r} needs a JSON object payload")
             if field not in value:
                 raise PayloadInvalid(self.name, f"the payload has no {field!r} field (limit_by)")
+        if self.fair is not None:
+            self.fair.check_payload(self.name, decode_json(encoded))
         return encoded
 
     def new_job(

@@ -13,7 +13,7 @@ import importlib
 import os
 import sys
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -23,6 +23,7 @@ from loguru import logger
 
 from hivejobs import tracing
 from hivejobs.broker import Broker, ControlMessage, Pusher
+from hivejobs.broker.fair import checked_fair
 from hivejobs.client import waiting
 from hivejobs.client.aio import AsyncBackends
 from hivejobs.client.batches import (
@@ -157,6 +158,8 @@ class App:
         limit_by: str | None = None,
         max_rss_mb: float | None = None,
         pool: str | None = None,
+        fair_by: str | None = None,
+        fair_weights: Mapping[str | int, int] | None = None,
     ) -> Callable[[F], F]:
         """Register a handler `fn(ctx, payload)` as job type `name`.
 
@@ -195,7 +198,13 @@ class App:
         (worker/placement.py), each
         keeping its own concurrency, delivery, timeout, limits and retries; they share the
         process's connections, memory cap and restarts, so `processes` and `max_rss_mb`
-        must be the same for every type of a pool. None: a process of its own."""
+        must be the same for every type of a pool. None: a process of its own.
+
+        `fair_by="customer_id"`: jobs are handed out round-robin across the values of that
+        payload field (broker/fair.py), so one key's backlog never starves another's;
+        `fair_weights={"big": 4}` gives a key that many jobs per turn (others: 1). Payloads
+        must be JSON objects holding the field as a string or integer (PayloadInvalid at
+        enqueue otherwise). docs/howto/fair-dispatch.md says where the guarantee ends."""
         jt = declare_type(
             self.types,
             name,
@@ -211,6 +220,7 @@ class App:
         jt.max_rss_mb = checked_max_rss(max_rss_mb)
         check_pool(self.types, name, pool, processes, jt.max_rss_mb)
         jt.pool = pool
+        jt.fair = checked_fair(fair_by, fair_weights)
         if cron is not None:
             check_cron(cron, tz)
         if unique_for is not None:

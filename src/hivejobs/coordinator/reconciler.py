@@ -25,6 +25,7 @@ import msgspec
 from loguru import logger
 
 from hivejobs.broker import Broker, KeyRefused
+from hivejobs.broker.fair import list_heads
 from hivejobs.failpoints import failpoint
 from hivejobs.logs import error_fields
 from hivejobs.records import Lease, Push
@@ -88,15 +89,20 @@ class Reconciler:
             return {}
         heads, refused = self.broker.queue_heads(oldest, HEAD_IDS)
         self._note_refused(refused, answered=heads)
-        queued_at = self.store.queued_at_of([i for ids in heads.values() for i in ids])
+        # A fair type's ids also wait in per-key lists (broker/fair.py): the ids Redis holds
+        # begin at the oldest of all its lists' heads (each list is in queue order).
+        fair = list_heads(self.broker, heads, HEAD_IDS)
+        lists = {q: [l for l in [ids, *fair.get(q, [])] if l] for q, ids in heads.items()}
+        queued_at = self.store.queued_at_of([i for ls in lists.values() for l in ls for i in l])
         grace = timedelta(seconds=self.grace_s)
         lagging: dict[tuple[str, int], datetime | None] = {}
-        for queue, ids in heads.items():  # a refused key is not there: only its list waits
-            if not ids:
+        for queue, held in lists.items():  # a refused key is not there: only its list waits
+            if not held:
                 if oldest[queue].past_grace:
                     lagging[queue] = None
                 continue
-            head_at = next((queued_at[i] for i in ids if i in queued_at), None)
+            known = [at for ids in held if (at := _head_at(ids, queued_at)) is not None]
+            head_at = min(known, default=None)
             if head_at is not None and oldest[queue].queued_at < head_at - grace:
                 lagging[queue] = head_at
         return lagging
@@ -166,3 +172,8 @@ class Reconciler:
             # popped between the two reads above and pushed again (its claim fences it).
             logger.info(MSG_FIRST_START, jobs=pushed)
         return pushed
+
+
+def _head_at(ids: list[str], queued_at: Mapping[str, datetime]) -> datetime | None:
+    """When a list's first id still queued was queued (None: none of these is queued)."""
+    return next((queued_at[i] for i in ids if i in queued_at), None)

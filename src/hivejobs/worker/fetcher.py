@@ -17,6 +17,7 @@ import redis
 from loguru import logger
 
 from hivejobs.broker import Broker, Popped
+from hivejobs.broker.fair import FairQueue
 from hivejobs.config import Settings
 from hivejobs.failpoints import failpoint
 from hivejobs.flow import Flow
@@ -25,6 +26,7 @@ from hivejobs.logs import error_fields
 from hivejobs.metrics import Recorder
 from hivejobs.records import Completion, HeldClaim
 from hivejobs.store import Store
+from hivejobs.store.fair import FairStore
 from hivejobs.worker.exits import fatal_on_error
 from hivejobs.worker.slots import Slots
 
@@ -153,6 +155,11 @@ class Fetcher:
         self._thread = threading.Thread(
             target=fatal_on_error(self._run), name="fetcher", daemon=True
         )
+        # fair_by: pops go round-robin across keys (broker/fair.py); keys read from Postgres.
+        self.fair: tuple[FairQueue, FairStore] | None = None
+        if jt.fair is not None:
+            fair_store = FairStore(store, jt.name, jt.fair.field)
+            self.fair = (FairQueue(broker, jt.name, jt.fair.weights), fair_store)
 
     def start(self) -> None:
         self._thread.start()
@@ -237,7 +244,7 @@ class Fetcher:
                     with cond:
                         cond.wait(room.wait_s)
                     continue
-                popped = self.broker.pop(self.jt.name, room.allowed)
+                popped = self._pop(room.allowed)
                 self.counts["pops"] += 1
                 if popped.ids and (wait_s := self._claim(popped)) > 0:
                     with cond:  # limit_by: only full partitions' ids were popped
@@ -252,6 +259,12 @@ class Fetcher:
                 )
                 self._stopped.wait(backoff)
                 backoff = min(backoff * 2, 2.0)
+
+    def _pop(self, count: int) -> Popped:
+        if self.fair is None:
+            return self.broker.pop(self.jt.name, count)
+        queue, fair_store = self.fair
+        return queue.pop(count, fair_store.keys_of)
 
     def _follow_scale(self) -> None:
         """With no room the loop never reaches flow.room(): a scale-up must still start

@@ -1,0 +1,311 @@
+"""Fair dispatch across keys (`fair_by=`): per-key lists and a ring of active keys in Redis.
+
+Keys (under the prefix, in the type's hash tag, so a Lua script may touch them all):
+  ``{prefix}{<type>}:p<priority>``       the ordinary lists (broker/__init__.py), the *inbox*:
+                                        every push site keeps pushing there, unchanged.
+  ``{prefix}{<type>}:fk:<priority>:<key>`` list of ids of one key at one priority; RPUSH by the
+                                        sorter, popped from the left by the ring pop.
+  ``{prefix}{<type>}:fring``            sorted set of the keys with ids, scored by turn: the
+                                        lowest score is served next, then moved to the back.
+  ``{prefix}{<type>}:fcredit``          hash key -> turns left for the key at the ring's head
+                                        (weighted round-robin: a key of weight w takes w ids).
+  ``{prefix}{<type>}:fsort``            string, the sorter's lock (a token, expires): one
+                                        process sorts the inbox at a time, so a key's ids keep
+                                        the inbox's order.
+
+The pool of a fair type sorts before it pops: it moves a batch of ids from the inbox, asks
+Postgres (the truth: `keys_of`) each live id's key and priority, and distributes them to the
+per-key lists in one script; then it pops round-robin across keys in another. Both scripts are
+atomic, so a key is in the ring whenever it has ids (a key whose lists emptied is dropped on
+its next turn). Everything here may be lost: ids popped by a process that dies, a ring or
+list evicted or flushed. The reconciler finds the ids no list holds (`list_heads`) and pushes
+them to the inbox again; a key list without a ring entry (ring lost) is seen as lost too, and
+its ids' new copies put the key back in the ring. Never decides who may run: the claim does.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+
+import redis
+
+from hivejobs.broker import Broker, Popped, _clean_id
+from hivejobs.errors import InvalidJobType, PayloadInvalid
+
+SORT_BATCH = 1000  # ids moved from the inbox per round (one Postgres lookup each)
+SORT_ROUNDS = 10  # rounds per sort, so that one pop never waits on a huge inbox for long
+SORT_LOCK_MS = 2000  # a sorter that dies holds the inbox this long at most
+MAX_KEY_CHARS = 200  # a key's JSON text, at enqueue (it becomes part of a Redis key name)
+
+# KEYS: ring. ARGV: key-list prefix, then (priority, key, id) triples in inbox order.
+_DISTRIBUTE = """
+local ring = KEYS[1]
+local prefix = ARGV[1]
+local top = redis.call('ZRANGE', ring, -1, -1, 'WITHSCORES')
+local turn = 0
+if #top > 0 then turn = tonumber(top[2]) end
+for i = 2, #ARGV, 3 do
+  local key = ARGV[i + 1]
+  redis.call('RPUSH', prefix .. ARGV[i] .. ':' .. key, ARGV[i + 2])
+  if not redis.call('ZSCORE', ring, key) then
+    turn = turn + 1
+    redis.call('ZADD', ring, turn, key)
+  end
+end
+return turn
+"""
+
+# KEYS: ring, credit. ARGV: key-list prefix, how many ids, then (key, weight) pairs.
+# Returns (priority, id) pairs. Every step pops at least one id or drops an empty key. A key's
+# lists are those of PRIORITIES (0-9, one digit each: the priority is read back from the name).
+_POP = """
+local ring, credit = KEYS[1], KEYS[2]
+local prefix = ARGV[1]
+local want = tonumber(ARGV[2])
+local weights = {}
+for i = 3, #ARGV, 2 do weights[ARGV[i]] = tonumber(ARGV[i + 1]) end
+local out = {}
+local taken = 0
+while taken < want do
+  local head = redis.call('ZRANGE', ring, 0, 0)
+  if #head == 0 then break end
+  local key = head[1]
+  local left = tonumber(redis.call('HGET', credit, key)) or weights[key] or 1
+  local args = {'LMPOP', 10}
+  for p = 0, 9 do args[#args + 1] = prefix .. p .. ':' .. key end
+  args[#args + 1] = 'LEFT'
+  args[#args + 1] = 'COUNT'
+  args[#args + 1] = math.min(left, want - taken)
+  local got = redis.call(unpack(args))
+  if not got then
+    redis.call('ZREM', ring, key)
+    redis.call('HDEL', credit, key)
+  else
+    local priority = string.sub(got[1], #prefix + 1, #prefix + 1)
+    for _, id in ipairs(got[2]) do
+      out[#out + 1] = priority
+      out[#out + 1] = id
+    end
+    taken = taken + #got[2]
+    left = left - #got[2]
+    if left > 0 then
+      redis.call('HSET', credit, key, left)
+    else
+      redis.call('HDEL', credit, key)
+      local top = redis.call('ZRANGE', ring, -1, -1, 'WITHSCORES')
+      redis.call('ZADD', ring, tonumber(top[2]) + 1, key)
+    end
+  end
+end
+return out
+"""
+
+_UNLOCK = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+
+MAX_WEIGHT = 1000
+MAX_WEIGHTS = 1000  # weighted keys per type: every pop hands the weights to the script
+
+
+@dataclass(frozen=True)
+class FairBy:
+    """A type's `fair_by` field and `fair_weights` (key -> ids per turn; others take 1)."""
+
+    field: str
+    weights: Mapping[str, int] = field(default_factory=dict)
+
+    def check_payload(self, name: str, value: object) -> None:
+        """At enqueue, before any write: the payload holds the field, as a string or an
+        integer short enough to name a list (a missing field would file every such job
+        under one key no one asked for)."""
+        if not isinstance(value, dict):
+            raise PayloadInvalid(name, f"fair_by={self.field!r} needs a JSON object payload")
+        if self.field not in value:
+            raise PayloadInvalid(name, f"the payload has no {self.field!r} field (fair_by)")
+        key = value[self.field]
+        if isinstance(key, bool) or not isinstance(key, str | int):
+            raise PayloadInvalid(
+                name,
+                f"the payload's {self.field!r} field (fair_by) must be a string or an integer,"
+                f" not {type(key).__name__}",
+            )
+        if len(str(key)) > MAX_KEY_CHARS:
+            raise PayloadInvalid(
+                name,
+                f"the payload's {self.field!r} field (fair_by) is longer than "
+                f"{MAX_KEY_CHARS} characters",
+            )
+
+
+def checked_fair(fair_by: object, weights: object) -> FairBy | None:
+    """`@app.job(fair_by=..., fair_weights=...)`, or a clear InvalidJobType."""
+    if fair_by is None:
+        if weights is not None:
+            raise InvalidJobType("fair_weights needs fair_by (the payload field of the key)")
+        return None
+    if not isinstance(fair_by, str) or not fair_by:
+        raise InvalidJobType(f"fair_by must be the name of a payload field, not {fair_by!r}")
+    if weights is None:
+        return FairBy(fair_by)
+    if not isinstance(weights, Mapping) or len(weights) > MAX_WEIGHTS:
+        raise InvalidJobType(
+            f"fair_weights must be a dict of at most {MAX_WEIGHTS} keys -> whole numbers"
+        )
+    checked: dict[str, int] = {}
+    for key, weight in weights.items():
+        if isinstance(key, bool) or not isinstance(key, str | int):
+            raise InvalidJobType(f"fair_weights keys must be strings or integers, not {key!r}")
+        if isinstance(weight, bool) or not isinstance(weight, int) or not 1 <= weight <= MAX_WEIGHT:
+            raise InvalidJobType(
+                f"fair_weights[{key!r}] must be a whole number from 1 to {MAX_WEIGHT}, "
+                f"not {weight!r}"
+            )
+        checked[str(key)] = weight
+    return FairBy(fair_by, checked)
+
+
+# (job id, priority, key) of the live ids of a batch; ids no longer queued are left out.
+KeysOf = Callable[[list[str]], list[tuple[str, int, str]]]
+
+
+def ring_key(prefix: str, name: str) -> str:
+    return f"{prefix}{{{name}}}:fring"
+
+
+def credit_key(prefix: str, name: str) -> str:
+    return f"{prefix}{{{name}}}:fcredit"
+
+
+def list_prefix(prefix: str, name: str) -> str:
+    """Prefix of the per-key lists: + '<priority>:<key>'."""
+    return f"{prefix}{{{name}}}:fk:"
+
+
+def sort_lock_key(prefix: str, name: str) -> str:
+    return f"{prefix}{{{name}}}:fsort"
+
+
+class FairQueue:
+    """One fair type's side of the broker in a pool process: sort the inbox, pop across keys.
+
+    Owns nothing but the registered scripts and the type's weights (read-only); every state
+    lives in Redis, changed only by the scripts above, so racing pools see one ring."""
+
+    def __init__(self, broker: Broker, name: str, weights: Mapping[str, int]) -> None:
+        self.broker = broker
+        self.name = name
+        prefix = broker.prefix
+        self.ring = ring_key(prefix, name)
+        self.credit = credit_key(prefix, name)
+        self.lists = list_prefix(prefix, name)
+        self.lock = sort_lock_key(prefix, name)
+        self.inbox = broker.queue_keys(name)
+        self._weights = [str(x) for kv in sorted(weights.items()) for x in kv]
+        self._distribute = broker.redis.register_script(_DISTRIBUTE)
+        self._pop = broker.redis.register_script(_POP)
+        self._unlock = broker.redis.register_script(_UNLOCK)
+
+    def pop(self, count: int, keys_of: KeysOf) -> Popped:
+        """Up to `count` ids, round-robin across keys; blocks up to the broker's block time
+        when there is nothing to pop anywhere (on the inbox, as an ordinary pool does)."""
+        self.sort(keys_of)
+        popped = self._ring_pop(count)
+        if popped.ids:
+            return popped
+        reply = self.broker.redis.blmpop(
+            self.broker.block_s, len(self.inbox), *self.inbox, direction="LEFT", count=count
+        )
+        if reply:
+            self._place(_ids(reply[1]), keys_of)  # type: ignore[arg-type]
+        return self._ring_pop(count)
+
+    def sort(self, keys_of: KeysOf) -> int:
+        """Move the inbox's ids to their keys' lists, under the sort lock (another process
+        sorting now: skip, it does the work). Returns the ids moved."""
+        token = str(uuid.uuid4())
+        if not self.broker.redis.set(self.lock, token, nx=True, px=SORT_LOCK_MS):
+            return 0
+        moved = 0
+        try:
+            for _ in range(SORT_ROUNDS):
+                reply = self.broker.redis.lmpop(
+                    len(self.inbox), *self.inbox, direction="LEFT", count=SORT_BATCH
+                )
+                if not reply:
+                    break
+                ids = _ids(reply[1])  # type: ignore[index]
+                moved += self._place(ids, keys_of)
+                if len(ids) < SORT_BATCH:
+                    break
+        finally:
+            self._unlock(keys=[self.lock], args=[token])
+        return moved
+
+    def _place(self, ids: list[str], keys_of: KeysOf) -> int:
+        """Distribute popped ids to their keys' lists. If this fails (Postgres or Redis
+        down), the ids are out of every list: the reconciler pushes them again."""
+        rows = keys_of(ids) if ids else []
+        if not rows:
+            return 0
+        args: list[str | int] = [self.lists]
+        for job_id, priority, key in rows:
+            args += [priority, key, job_id]
+        self._distribute(keys=[self.ring], args=args)
+        return len(rows)
+
+    def _ring_pop(self, count: int) -> Popped:
+        reply = self._pop(keys=[self.ring, self.credit], args=[self.lists, count, *self._weights])
+        ids = [c for raw in reply[1::2] if (c := _clean_id(raw)) is not None]
+        # Ids refused by the claim (a pause, a limit) go back through the inbox: their key
+        # and priority are read again there. The highest priority popped names the list.
+        first = int(reply[0]) if reply else 0
+        return Popped(self.broker.queue_key(self.name, first), ids)
+
+
+def list_heads(
+    broker: Broker, queues: Iterable[tuple[str, int]], count: int
+) -> dict[tuple[str, int], list[list[str]]]:
+    """The first `count` ids of every per-key list of each (type, priority) whose key is in
+    the type's ring, for the reconciler: with the inbox's head, the ids Redis still holds
+    begin there. A type that is not fair has an empty ring: one ZRANGE, nothing else."""
+    queues = list(queues)
+    names = sorted({n for n, _ in queues})
+    with broker.redis.pipeline(transaction=False) as pipe:
+        for name in names:
+            pipe.zrange(ring_key(broker.prefix, name), 0, -1)
+        rings = pipe.execute(raise_on_error=False)
+    keys = {
+        n: [k.decode(errors="replace") for k in r]
+        for n, r in zip(names, rings, strict=True)
+        if not isinstance(r, Exception)
+    }
+    wanted = [(q, k) for q in queues for k in keys.get(q[0], [])]
+    if not wanted:
+        return {}
+    with broker.redis.pipeline(transaction=False) as pipe:
+        for (name, priority), key in wanted:
+            pipe.lrange(f"{list_prefix(broker.prefix, name)}{priority}:{key}", 0, count - 1)
+        replies = pipe.execute(raise_on_error=False)
+    heads: dict[tuple[str, int], list[list[str]]] = {}
+    for (queue, _), reply in zip(wanted, replies, strict=True):
+        if isinstance(reply, Exception) or not reply:
+            continue
+        heads.setdefault(queue, []).append(_ids(reply))
+    return heads
+
+
+def active_keys(broker: Broker, name: str) -> int:
+    """Keys with ids in Redis now (the ring's size): a per-type gauge, never per key."""
+    try:
+        return int(broker.redis.zcard(ring_key(broker.prefix, name)))
+    except redis.RedisError:
+        return 0
+
+
+def _ids(raw: list[bytes]) -> list[str]:
+    return [c for r in raw if (c := _clean_id(r)) is not None]
+

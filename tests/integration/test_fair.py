@@ -1,0 +1,176 @@
+"""Fair dispatch (broker/fair.py) against real Redis and Postgres: the ring's order, weights,
+priority within a key, the reconciler's view of per-key lists, and bad input at enqueue."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from hivejobs import App
+from hivejobs.broker.fair import FairQueue, list_prefix, ring_key
+from hivejobs.coordinator.reconciler import Reconciler
+from hivejobs.errors import InvalidJobType, PayloadInvalid
+from hivejobs.store.fair import FairStore
+from tests.harness import sql
+from tests.integration.test_coordinator import leader
+
+
+def fair_app(make_app: Callable[..., App], weights: dict[str | int, int] | None = None) -> App:
+    app = make_app()
+
+    @app.job("billing", fair_by="customer", fair_weights=weights)
+    def billing(ctx: object, payload: dict[str, Any]) -> None: ...
+
+    app.store.upsert_job_types([app.types["billing"].info()])
+    app.broker.set_boot_marker("x")  # not a flushed Redis
+    return app
+
+
+def queue_of(app: App) -> tuple[FairQueue, FairStore]:
+    jt = app.types["billing"]
+    assert jt.fair is not None
+    return FairQueue(app.broker, "billing", jt.fair.weights), FairStore(
+        app.store, "billing", jt.fair.field
+    )
+
+
+def pop_all(app: App, count: int) -> list[list[str]]:
+    queue, store = queue_of(app)
+    pops: list[list[str]] = []
+    while ids := queue.pop(count, store.keys_of).ids:
+        pops.append(ids)
+    return pops
+
+
+def enqueue(app: App, customer: str | int, n: int, **options: Any) -> list[str]:
+    ids = [app.enqueue("billing", {"customer": customer, "i": i}, **options) for i in range(n)]
+    assert app.flush()
+    return ids
+
+
+def test_a_key_behind_a_backlog_gets_its_turn_in_the_first_round(
+    make_app: Callable[..., App],
+) -> None:
+    """A's 40 jobs were queued first; B's and C's 3 each come out one per turn, from the first
+    pop on, and each key's own jobs keep their enqueue order."""
+    app = fair_app(make_app)
+    a = app.enqueue_many("billing", [{"customer": "a", "i": i} for i in range(40)])
+    b, c = enqueue(app, "b", 3), enqueue(app, 7, 3)
+    assert app.flush()
+    popped = [i for ids in pop_all(app, 3) for i in ids]
+    assert popped[:9] == [a[0], b[0], c[0], a[1], b[1], c[1], a[2], b[2], c[2]]
+    assert popped[9:] == a[3:]
+    assert app.broker.redis.zcard(ring_key(app.broker.prefix, "billing")) == 0  # all left
+
+
+def test_weights_give_a_key_that_many_jobs_per_turn(make_app: Callable[..., App]) -> None:
+    """Weight 3 for "big": 3 of its jobs per turn of one of "small", whatever the pop size
+    (a turn that a pop cuts short goes on at the next pop)."""
+    app = fair_app(make_app, weights={"big": 3})
+    big, small = enqueue(app, "big", 12), enqueue(app, "small", 4)
+    popped = [i for ids in pop_all(app, 2) for i in ids]
+    assert popped == [
+        *big[0:3], small[0], *big[3:6], small[1], *big[6:9], small[2], *big[9:12], small[3]
+    ]
+
+
+def test_within_a_key_priority_comes_before_enqueue_order(make_app: Callable[..., App]) -> None:
+    app = fair_app(make_app)
+    late = enqueue(app, "a", 2, priority=5)
+    urgent = enqueue(app, "a", 2, priority=0)
+    assert [i for ids in pop_all(app, 1) for i in ids] == [*urgent, *late]
+
+
+def test_ids_no_longer_queued_are_not_placed(make_app: Callable[..., App]) -> None:
+    """A duplicate push (the reconciler's, a retry's) and an id whose job was cancelled are
+    dropped by the sorter: Postgres says which ids are live."""
+    app = fair_app(make_app)
+    ids = enqueue(app, "a", 3)
+    app.broker.push("billing", 0, [ids[0], "no-such-job"])  # a duplicate and garbage
+    assert app.cancel(ids[1])
+    assert [i for p in pop_all(app, 10) for i in p] == [ids[0], ids[2]]
+
+
+def test_the_reconciler_counts_per_key_lists_as_held(
+    make_app: Callable[..., App], database_url: str
+) -> None:
+    """Sorted ids sit in per-key lists, not in the inbox: the reconciler must not take them
+    for lost (a re-push of the whole backlog every pass). An id that is in no list (a sorter
+    or pool that died holding it) is pushed again once every list's head is past it."""
+    app = fair_app(make_app)
+    lost = enqueue(app, "a", 1)[0]
+    held = enqueue(app, "a", 5) + enqueue(app, "b", 5)
+    queue, store = queue_of(app)
+    assert queue.sort(store.keys_of) == 11
+    app.broker.redis.lrem(f"{list_prefix(app.broker.prefix, 'billing')}0:a", 0, lost)
+    sql(database_url, "UPDATE hivejobs_job SET queued_at = now() - interval '10 seconds'")
+    sql(
+        database_url,
+        "UPDATE hivejobs_job SET queued_at = now() - interval '1 minute' WHERE id = %s",
+        (lost,),
+    )
+    reconciler = Reconciler(app.store, app.broker)
+    assert reconciler.run_once(leader(app)).pushed == 1  # the lost one, not the 10 held
+    assert reconciler.run_once(leader(app)).pushed == 0
+    popped = [i for p in pop_all(app, 4) for i in p]
+    assert sorted(popped) == sorted([lost, *held])
+
+
+def test_a_lost_ring_is_repaired_from_postgres(
+    make_app: Callable[..., App], database_url: str
+) -> None:
+    """The ring and a key's list evicted: the reconciler pushes the ids again; nothing lost.
+    B's list outlived the ring, so B's ids come out twice (the claim fences the copy)."""
+    app = fair_app(make_app)
+    ids = enqueue(app, "a", 3) + enqueue(app, "b", 3)
+    queue, store = queue_of(app)
+    queue.sort(store.keys_of)
+    prefix = app.broker.prefix
+    app.broker.redis.delete(ring_key(prefix, "billing"), f"{list_prefix(prefix, 'billing')}0:a")
+    sql(database_url, "UPDATE hivejobs_job SET queued_at = now() - interval '1 minute'")
+    assert Reconciler(app.store, app.broker).run_once(leader(app)).pushed == 6
+    popped = [i for p in pop_all(app, 10) for i in p]
+    assert set(popped) == set(ids)
+    assert len(popped) == 9
+
+
+@pytest.mark.parametrize(
+    ("payload", "detail"),
+    [
+        ({"i": 1}, "the payload has no 'customer' field (fair_by)"),
+        ({"customer": None}, "'customer' field (fair_by) must be a string or an integer"),
+        ({"customer": 1.5}, "'customer' field (fair_by) must be a string or an integer"),
+        ({"customer": "x" * 201}, "'customer' field (fair_by) is longer than 200 characters"),
+    ],
+)
+def test_a_payload_without_a_usable_key_is_refused_and_nothing_stored(
+    make_app: Callable[..., App], database_url: str, payload: object, detail: str
+) -> None:
+    app = fair_app(make_app)
+    with pytest.raises(PayloadInvalid, match="customer") as err:
+        app.enqueue("billing", payload)
+    assert detail in str(err.value)
+    with pytest.raises(PayloadInvalid):
+        app.enqueue_many("billing", [{"customer": "a"}, payload])
+    assert sql(database_url, "SELECT count(*) FROM hivejobs_job") == [(0,)]
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"fair_weights": {"a": 2}}, "fair_weights needs fair_by"),
+        ({"fair_by": ""}, "fair_by must be the name of a payload field"),
+        ({"fair_by": "c", "fair_weights": {"a": 0}}, "fair_weights['a'] must be a whole number"),
+        ({"fair_by": "c", "fair_weights": {"a": True}}, "must be a whole number"),
+        ({"fair_by": "c", "fair_weights": [("a", 1)]}, "fair_weights must be a dict"),
+    ],
+)
+def test_bad_fair_options_fail_at_declaration(
+    make_app: Callable[..., App], options: dict[str, Any], message: str
+) -> None:
+    app = make_app()
+    with pytest.raises(InvalidJobType) as err:
+        app.job("billing", **options)
+    assert message in str(err.value)
