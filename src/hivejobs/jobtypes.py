@@ -157,6 +157,7 @@ class JobType:
             timeout_s=self.timeout_s,
             callback=self.callback,
             callback_timeout_s=self.callback_timeout_s,
+            fair_by=None if self.fair is None else self.fair.field,
         )
 
     def encode(self, payload: object) -> bytes:
@@ -351,6 +352,7 @@ def declared_type(info: JobTypeInfo, codec: PayloadCodec) -> JobType:
         codec,
         callback=info.callback,
         callback_timeout_s=info.callback_timeout_s,
+        fair=None if info.fair_by is None else FairBy(info.fair_by),
     )
 
 

@@ -44,6 +44,7 @@ class JobTypeInfo(msgspec.Struct, frozen=True, kw_only=True):
     timeout_s: float | None
     callback: bool = False  # stays running after its handler until a status callback
     callback_timeout_s: float | None = None
+    fair_by: str | None = None  # fair dispatch across this payload field's values
 
 
 class NewJob(msgspec.Struct, frozen=True, kw_only=True):

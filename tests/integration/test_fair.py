@@ -72,7 +72,14 @@ def test_weights_give_a_key_that_many_jobs_per_turn(make_app: Callable[..., App]
     big, small = enqueue(app, "big", 12), enqueue(app, "small", 4)
     popped = [i for ids in pop_all(app, 2) for i in ids]
     assert popped == [
-        *big[0:3], small[0], *big[3:6], small[1], *big[6:9], small[2], *big[9:12], small[3]
+        *big[0:3],
+        small[0],
+        *big[3:6],
+        small[1],
+        *big[6:9],
+        small[2],
+        *big[9:12],
+        small[3],
     ]
 
 

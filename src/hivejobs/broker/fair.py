@@ -25,9 +25,10 @@ its ids' new copies put the key back in the ring. Never decides who may run: the
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import redis
 
@@ -116,7 +117,7 @@ class FairBy:
     """A type's `fair_by` field and `fair_weights` (key -> ids per turn; others take 1)."""
 
     field: str
-    weights: Mapping[str, int] = field(default_factory=dict)
+    weights: Mapping[str, int] = dataclasses.field(default_factory=dict)
 
     def check_payload(self, name: str, value: object) -> None:
         """At enqueue, before any write: the payload holds the field, as a string or an
@@ -237,7 +238,7 @@ class FairQueue:
                 )
                 if not reply:
                     break
-                ids = _ids(reply[1])  # type: ignore[index]
+                ids = _ids(reply[1])  # type: ignore[arg-type]
                 moved += self._place(ids, keys_of)
                 if len(ids) < SORT_BATCH:
                     break
@@ -308,4 +309,3 @@ def active_keys(broker: Broker, name: str) -> int:
 
 def _ids(raw: list[bytes]) -> list[str]:
     return [c for r in raw if (c := _clean_id(r)) is not None]
-

@@ -241,6 +241,8 @@ def _print_json(data: object) -> None:
 
 def cmd_jobs(args: argparse.Namespace) -> int:
     """Counts per type; with a filter (or --list), the jobs themselves, live and archived."""
+    if args.by_key:
+        return _key_counts(args)
     listing = args.list or any(
         v is not None for v in (args.state, args.type, args.since, args.until, args.after)
     )
@@ -280,6 +282,20 @@ def cmd_jobs(args: argparse.Namespace) -> int:
         )
         for r in rows
     ]
+    _print_table(table)
+    return ExitCode.OK
+
+
+def _key_counts(args: argparse.Namespace) -> int:
+    """`jobs --type NAME --by-key`: a fair type's keys, most queued first."""
+    if args.type is None:
+        raise UsageError("--by-key needs --type NAME (a job type declared with fair_by)")
+    rows = _app(args).fair_keys(args.type, args.limit)
+    if args.json:
+        _print_json(msgspec.to_builtins(rows))
+        return ExitCode.OK
+    table: list[tuple[object, ...]] = [("key", "queued", "running", "scheduled")]
+    table += [(r.key, r.queued, r.running, r.scheduled) for r in rows]
     _print_table(table)
     return ExitCode.OK
 
@@ -610,6 +626,11 @@ def build_parser() -> Parser:
     p.add_argument("--until", help="... and before: ISO 8601 or a span back from now")
     p.add_argument("--limit", type=int, default=50, help="jobs per page (default 50)")
     p.add_argument("--after", help="the cursor printed after a full page: the next page")
+    p.add_argument(
+        "--by-key",
+        action="store_true",
+        help="with --type of a fair_by type: its keys with queued, running and scheduled jobs",
+    )
     p.add_argument(
         "--json",
         action="store_true",

@@ -86,6 +86,7 @@ from hivejobs.schedules import Schedule, check_cron
 from hivejobs.serialization import PayloadCodec, decode_json, payload_type_of, storable_text
 from hivejobs.store import Store
 from hivejobs.store.enqueue import Push, owns_transaction
+from hivejobs.store.fair import FairStore, KeyCount
 from hivejobs.worker.memory import checked_max_rss
 from hivejobs.worker.placement import check_pool
 
@@ -620,6 +621,15 @@ class App:
             concurrency=concurrency,
             scaled_concurrency=settings.concurrency,
         )
+
+    def fair_keys(self, name: str, limit: int = 100) -> list[KeyCount]:
+        """The keys of fair type `name` with live jobs (queued, running, scheduled), busiest
+        first; InvalidArgument for a type without fair_by. Reads the type's live rows: for a
+        person asking, not for a loop."""
+        jt = self.job_type(name)  # UnknownJobType first
+        if jt.fair is None:
+            raise InvalidArgument(f"job type {name!r} has no fair_by: it has no keys to show")
+        return FairStore(self.read_store, name, jt.fair.field).key_counts(limit)
 
     def replay(self, job_id: str) -> str:
         """Enqueue a finished job again, as a new job with a new id; returns that id.

@@ -92,8 +92,8 @@ class Reconciler:
         # A fair type's ids also wait in per-key lists (broker/fair.py): the ids Redis holds
         # begin at the oldest of all its lists' heads (each list is in queue order).
         fair = list_heads(self.broker, heads, HEAD_IDS)
-        lists = {q: [l for l in [ids, *fair.get(q, [])] if l] for q, ids in heads.items()}
-        queued_at = self.store.queued_at_of([i for ls in lists.values() for l in ls for i in l])
+        lists = {q: [h for h in [ids, *fair.get(q, [])] if h] for q, ids in heads.items()}
+        queued_at = self.store.queued_at_of([i for hs in lists.values() for h in hs for i in h])
         grace = timedelta(seconds=self.grace_s)
         lagging: dict[tuple[str, int], datetime | None] = {}
         for queue, held in lists.items():  # a refused key is not there: only its list waits

@@ -42,8 +42,8 @@ class FairStore:
         with self.store.connection() as conn:
             rows = conn.execute(QUERIES["fair_keys"], params).fetchall()
         found = {str(r[0]): (int(r[1]), str(r[2])) for r in rows}
-        seen: set[str] = set()  # an id pushed twice is placed once
-        return [(i, *found[i]) for i in ids if i in found and not (i in seen or seen.add(i))]
+        # dict.fromkeys: an id pushed twice is placed once, at its first place.
+        return [(i, *found[i]) for i in dict.fromkeys(ids) if i in found]
 
     def key_counts(self, limit: int = 100) -> list[KeyCount]:
         params = {"name": self.name, "field": self.field, "limit": limit}

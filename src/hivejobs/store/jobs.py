@@ -206,6 +206,7 @@ class Jobs(Database):
                         "callback_timeout_s": t.callback_timeout_s,
                     },
                 )
+                conn.execute(JOBS["set_fair_by"], {"name": t.name, "fair_by": t.fair_by})
 
     def job_types(self) -> list[JobTypeInfo]:
         with self.connection() as conn:

@@ -205,8 +205,13 @@ ON CONFLICT (name) DO UPDATE
        timeout_s = EXCLUDED.timeout_s, callback = EXCLUDED.callback,
        callback_timeout_s = EXCLUDED.callback_timeout_s, updated_at = now();
 
+-- name: set_fair_by
+-- A type's fair_by (migration 0016), beside upsert_job_type in the same transaction.
+UPDATE hivejobs_job_type SET fair_by = %(fair_by)s WHERE name = %(name)s;
+
 -- name: list_job_types
-SELECT name, concurrency, processes, attempts, delivery, timeout_s, callback, callback_timeout_s
+SELECT name, concurrency, processes, attempts, delivery, timeout_s, callback, callback_timeout_s,
+       fair_by
   FROM hivejobs_job_type ORDER BY name;
 
 -- name: type_counts

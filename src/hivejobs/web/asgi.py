@@ -33,7 +33,7 @@ from loguru import logger
 
 from hivejobs.client.app import App
 from hivejobs.errors import ConfigError
-from hivejobs.web import api, batches, dashboard, errors, fleet, flow, inputs, shield
+from hivejobs.web import api, batches, dashboard, errors, fair, fleet, flow, inputs, shield
 from hivejobs.web.auth import (
     SESSION_COOKIE,
     Role,
@@ -184,6 +184,7 @@ def create_app(
             *api.HANDLERS,
             *fleet.HANDLERS,
             *flow.HANDLERS,
+            *fair.HANDLERS,
             *dashboard.HANDLERS,
             *batches.HANDLERS,
         ],

@@ -10,6 +10,7 @@ of handler threads, each connection a read timeout, and an optional bearer token
 
 from __future__ import annotations
 
+import contextlib
 import hmac
 import ipaddress
 import socket
@@ -25,6 +26,7 @@ import redis
 from loguru import logger
 
 from hivejobs.broker import Broker
+from hivejobs.broker.fair import active_keys
 from hivejobs.config import Settings
 from hivejobs.logs import error_fields
 from hivejobs.metrics import BUCKETS, COUNTERS, HISTOGRAMS
@@ -151,6 +153,20 @@ def gauge_lines(store: Store) -> list[str]:
     return out
 
 
+def fair_key_lines(store: Store, broker: Broker) -> list[str]:
+    """Keys with ids in Redis per fair type (broker/fair.py's ring): per type, never per key,
+    so a million customers make one series, not a million."""
+    names = [t.name for t in store.job_types() if t.fair_by is not None]
+    metric = "hivejobs_fair_active_keys"
+    out = [
+        f"# HELP {metric} keys of a fair_by type with jobs waiting in Redis",
+        f"# TYPE {metric} gauge",
+    ]
+    for name in names:
+        out.append(f'{metric}{{job_type="{_label(name)}"}} {active_keys(broker, name)}')
+    return out
+
+
 def render(store: Store, broker: Broker, gauges: Callable[[], list[str]] | None = None) -> str:
     """The whole exposition; a part whose backend fails is left out and `hivejobs_up` says
     which (a scrape never fails outright because Redis or Postgres blinked). `gauges`: the
@@ -167,6 +183,9 @@ def render(store: Store, broker: Broker, gauges: Callable[[], list[str]] | None 
     except psycopg.Error as exc:
         pg_ok = 0
         logger.warning("metrics: Postgres unreadable", **error_fields(exc))
+    if pg_ok and redis_ok:
+        with contextlib.suppress(psycopg.Error, redis.RedisError):  # said by hivejobs_up
+            out += fair_key_lines(store, broker)
     out += [
         "# HELP hivejobs_up 1 when the backend answered this scrape",
         "# TYPE hivejobs_up gauge",

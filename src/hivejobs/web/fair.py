@@ -1,0 +1,49 @@
+"""The HTTP API's view of a fair type's keys (`fair_by`, broker/fair.py): each key with live
+jobs and its queued, running and scheduled counts, as `hivejobs jobs --type NAME --by-key`
+prints them. Reads only; the rules live behind App.fair_keys.
+
+No `from __future__ import annotations`: see web/threads.py.
+"""
+
+from typing import Annotated, Any
+
+import msgspec
+from litestar import get
+from litestar.datastructures import State
+from litestar.params import Parameter
+
+from hivejobs.store.fair import KeyCount
+from hivejobs.web.api import Name, hj
+from hivejobs.web.errors import ERROR_RESPONSES
+from hivejobs.web.threads import threaded
+
+
+class TypeKeysOut(msgspec.Struct, frozen=True, kw_only=True):
+    """A fair type's keys with live jobs, busiest (most queued) first, at most `limit`."""
+
+    name: str
+    fair_by: str
+    keys: list[KeyCount]
+
+
+@get(
+    "/v1/jobtypes/{name:str}/keys",
+    operation_id="job_type_keys",
+    summary="A fair type's keys with their queued, running and scheduled jobs",
+    description="For a type declared with `fair_by`: the field's values that have live jobs, "
+    "most queued first. 422 for a type without fair_by.",
+    responses=ERROR_RESPONSES(404, 422),
+)
+@threaded
+def job_type_keys(
+    state: State,
+    name: Name,
+    limit: Annotated[int, Parameter(ge=1, le=1000, description="keys to show")] = 100,
+) -> TypeKeysOut:
+    app = hj(state)
+    keys = app.fair_keys(name, limit)
+    fair = app.job_type(name).fair
+    return TypeKeysOut(name=name, fair_by=fair.field if fair is not None else "", keys=keys)
+
+
+HANDLERS: list[Any] = [job_type_keys]
