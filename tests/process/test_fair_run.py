@@ -93,3 +93,22 @@ def test_a_redis_flush_loses_no_job_of_a_fair_type(
     ran = Counter(p[1] for p in read_ledger(ledger_dir) if p[0] == "end")
     assert [i for i in ids if ran[i] != 1] == []  # each ran once: none lost, none twice
     client.close()
+
+
+def test_fair_and_limited_on_one_field_runs_everything_one_per_key(
+    start_instance: Callable[..., Instance],
+    make_app: Callable[..., App],
+    database_url: str,
+    ledger_dir: Path,
+) -> None:
+    """limit_by refuses the ids of a key at its cap; they go back through the inbox and are
+    sorted to their key's list again: every job runs once, B's few while A's many wait."""
+    start_instance(app_spec=APP)
+    app = fleet_app(make_app, database_url, ["fair_limited"])
+    big = app.enqueue_many("fair_limited", [{"customer": "a", "ms": 5}] * 200)
+    assert app.flush()
+    small = app.enqueue_many("fair_limited", [{"customer": "b", "ms": 5}] * 5, priority=3)
+    wait_until(lambda: live_jobs(database_url) == 0, timeout=90, what="all done")
+    ran = Counter(p[1] for p in read_ledger(ledger_dir) if p[0] == "end")
+    assert [i for i in big + small if ran[i] != 1] == []
+    assert big_done_when_small_done(ledger_dir, big + small) < 100

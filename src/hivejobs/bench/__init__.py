@@ -39,6 +39,7 @@ SCENARIOS = (
     "otel",
     "batch",
     "debounce",
+    "fairness",
 )
 DEFAULT_SCENARIOS = "enqueue,throughput,latency"
 
@@ -324,12 +325,23 @@ def run_scenarios(env: BenchEnvironment, opts: BenchOptions) -> dict[str, Any]:
         from hivejobs.bench.debounce import debounce_scenario
 
         plan.append(("debounce", lambda: debounce_scenario(env, opts.jobs, opts.payload_bytes)))
+    if "fairness" in opts.scenarios:  # a small key behind a backlog, at 1 to 10,000 keys
+        from hivejobs.bench.fair import fairness_scenario
+
+        plan.append(
+            (
+                "fairness",
+                lambda: fairness_scenario(
+                    env, opts.jobs, opts.processes, opts.concurrency, opts.work_ms, progress
+                ),
+            )
+        )
     runs: dict[str, list[scenarios.Figures]] = {}
     started = time.perf_counter()
     # Round after round, every scenario once per round: on a shared machine a noisy minute
     # then falls on one run of each (the `def` and `async def` rows alike), not on all the
     # runs of one.
-    once = ("backlog", "stale-stats")  # each is several long drains already: run once
+    once = ("backlog", "stale-stats", "fairness")  # each is several long drains: run once
     total = sum(1 if name in once else opts.repeats for name, _ in plan)
     done = 0
     for i in range(opts.repeats):

@@ -159,3 +159,13 @@ if os.environ.get("HIVEJOBS_BENCH_BATCH") == "1":
     @app.job("bench_batch_done", concurrency=1)
     def bench_batch_done(ctx: JobContext, done: BatchDone) -> None:
         """The batch scenario reads its times from the archive: nothing to record here."""
+
+
+if os.environ.get("HIVEJOBS_BENCH_FAIR") == "1":
+    # `hivejobs bench --scenarios fairness` (bench/fair.py): the no-op job, fair per customer.
+    app.job(
+        "bench_fair",
+        processes=int(os.environ.get("HIVEJOBS_BENCH_PROCESSES", "2")),
+        concurrency=int(os.environ.get("HIVEJOBS_BENCH_CONCURRENCY", "8")),
+        fair_by="customer",
+    )(bench_noop)

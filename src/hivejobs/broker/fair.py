@@ -34,6 +34,7 @@ import redis
 
 from hivejobs.broker import Broker, Popped, _clean_id
 from hivejobs.errors import InvalidJobType, PayloadInvalid
+from hivejobs.serialization import decode_json
 
 SORT_BATCH = 1000  # ids moved from the inbox per round (one Postgres lookup each)
 SORT_ROUNDS = 10  # rounds per sort, so that one pop never waits on a huge inbox for long
@@ -58,16 +59,24 @@ end
 return turn
 """
 
-# KEYS: ring, credit. ARGV: key-list prefix, how many ids, then (key, weight) pairs.
-# Returns (priority, id) pairs. Every step pops at least one id or drops an empty key. A key's
-# lists are those of PRIORITIES (0-9, one digit each: the priority is read back from the name).
+# KEYS: ring, credit, then the inbox's lists. ARGV: key-list prefix, how many ids, then
+# (key, weight) pairs. Returns 1 if the inbox holds ids (0 if not), then (priority, id) pairs:
+# the pool sorts only when there is something to sort, so a pop is one round trip. Every step
+# pops at least one id or drops an empty key. A key's lists are those of PRIORITIES (0-9, one
+# digit each: the priority is read back from the name).
 _POP = """
 local ring, credit = KEYS[1], KEYS[2]
 local prefix = ARGV[1]
 local want = tonumber(ARGV[2])
 local weights = {}
 for i = 3, #ARGV, 2 do weights[ARGV[i]] = tonumber(ARGV[i + 1]) end
-local out = {}
+local out = {0}
+for i = 3, #KEYS do
+  if redis.call('LLEN', KEYS[i]) > 0 then
+    out[1] = 1
+    break
+  end
+end
 local taken = 0
 while taken < want do
   local head = redis.call('ZRANGE', ring, 0, 0)
@@ -141,6 +150,13 @@ class FairBy:
                 f"{MAX_KEY_CHARS} characters",
             )
 
+    def key_of(self, payload: bytes) -> str:
+        """A stored payload's key, as fair.sql reads it (->>: a string as is, an integer
+        in decimal; missing or null: '')."""
+        value = decode_json(payload)
+        key = value.get(self.field) if isinstance(value, dict) else None
+        return "" if key is None else str(key)
+
 
 def checked_fair(fair_by: object, weights: object) -> FairBy | None:
     """`@app.job(fair_by=..., fair_weights=...)`, or a clear InvalidJobType."""
@@ -206,15 +222,18 @@ class FairQueue:
         self.lock = sort_lock_key(prefix, name)
         self.inbox = broker.queue_keys(name)
         self._weights = [str(x) for kv in sorted(weights.items()) for x in kv]
-        self._distribute = broker.redis.register_script(_DISTRIBUTE)
         self._pop = broker.redis.register_script(_POP)
         self._unlock = broker.redis.register_script(_UNLOCK)
 
     def pop(self, count: int, keys_of: KeysOf) -> Popped:
         """Up to `count` ids, round-robin across keys; blocks up to the broker's block time
         when there is nothing to pop anywhere (on the inbox, as an ordinary pool does)."""
-        self.sort(keys_of)
-        popped = self._ring_pop(count)
+        popped, inbox = self._ring_pop(count)
+        # Sorted after the pop: ids new to the ring get their turns from the next pop on
+        # (or from this one's rest, if the ring ran short).
+        if inbox and self.sort(keys_of) and len(popped.ids) < count:
+            more, _ = self._ring_pop(count - len(popped.ids))
+            popped = Popped(popped.key if popped.ids else more.key, popped.ids + more.ids)
         if popped.ids:
             return popped
         reply = self.broker.redis.blmpop(
@@ -222,7 +241,7 @@ class FairQueue:
         )
         if reply:
             self._place(_ids(reply[1]), keys_of)  # type: ignore[arg-type]
-        return self._ring_pop(count)
+        return self._ring_pop(count)[0]
 
     def sort(self, keys_of: KeysOf) -> int:
         """Move the inbox's ids to their keys' lists, under the sort lock (another process
@@ -238,10 +257,11 @@ class FairQueue:
                 )
                 if not reply:
                     break
-                ids = _ids(reply[1])  # type: ignore[arg-type]
-                moved += self._place(ids, keys_of)
-                if len(ids) < SORT_BATCH:
-                    break
+                # One list per round (LMPOP takes from the first non-empty one): a short
+                # batch does not mean the inbox is empty, only that list. Stopping there
+                # left a lower priority's ids unsorted for as long as refused ids kept
+                # coming back to a higher one.
+                moved += self._place(_ids(reply[1]), keys_of)  # type: ignore[arg-type]
         finally:
             self._unlock(keys=[self.lock], args=[token])
         return moved
@@ -252,19 +272,33 @@ class FairQueue:
         rows = keys_of(ids) if ids else []
         if not rows:
             return 0
-        args: list[str | int] = [self.lists]
-        for job_id, priority, key in rows:
-            args += [priority, key, job_id]
-        self._distribute(keys=[self.ring], args=args)
+        place(self.broker, self.name, rows)
         return len(rows)
 
-    def _ring_pop(self, count: int) -> Popped:
-        reply = self._pop(keys=[self.ring, self.credit], args=[self.lists, count, *self._weights])
-        ids = [c for raw in reply[1::2] if (c := _clean_id(raw)) is not None]
+    def _ring_pop(self, count: int) -> tuple[Popped, bool]:
+        """Up to `count` ids from the ring, and whether the inbox holds ids to sort."""
+        reply = self._pop(
+            keys=[self.ring, self.credit, *self.inbox], args=[self.lists, count, *self._weights]
+        )
+        ids = [c for raw in reply[2::2] if (c := _clean_id(raw)) is not None]
         # Ids refused by the claim (a pause, a limit) go back through the inbox: their key
         # and priority are read again there. The highest priority popped names the list.
-        first = int(reply[0]) if reply else 0
-        return Popped(self.broker.queue_key(self.name, first), ids)
+        first = int(reply[1]) if len(reply) > 1 else 0
+        return Popped(self.broker.queue_key(self.name, first), ids), bool(reply[0])
+
+
+def place(broker: Broker, name: str, rows: list[tuple[str, int, str]]) -> None:
+    """(id, priority, key) rows to the end of their keys' lists, in order, the new keys to the
+    back of the ring: one script. An enqueuer that holds the payloads places its jobs here
+    itself, so that no pool has to read their keys back from Postgres."""
+    args: list[str | int] = [list_prefix(broker.prefix, name)]
+    for job_id, priority, key in rows:
+        args += [priority, key, job_id]
+    for start in range(0, len(args) - 1, 3 * SORT_BATCH):  # bounded script arguments
+        broker.redis.register_script(_DISTRIBUTE)(
+            keys=[ring_key(broker.prefix, name)],
+            args=[args[0], *args[1 + start : 1 + start + 3 * SORT_BATCH]],
+        )
 
 
 def list_heads(
@@ -297,6 +331,16 @@ def list_heads(
             continue
         heads.setdefault(queue, []).append(_ids(reply))
     return heads
+
+
+def fair_active(broker: Broker, names: Iterable[str]) -> set[str]:
+    """The types among `names` whose ring holds keys (one pipelined EXISTS each)."""
+    names = sorted(names)
+    with broker.redis.pipeline(transaction=False) as pipe:
+        for name in names:
+            pipe.exists(ring_key(broker.prefix, name))
+        replies = pipe.execute(raise_on_error=False)
+    return {n for n, r in zip(names, replies, strict=True) if r == 1}
 
 
 def active_keys(broker: Broker, name: str) -> int:

@@ -23,7 +23,7 @@ from loguru import logger
 
 from hivejobs import tracing
 from hivejobs.broker import Broker, ControlMessage, Pusher
-from hivejobs.broker.fair import checked_fair
+from hivejobs.broker.fair import FairBy, checked_fair, place
 from hivejobs.client import waiting
 from hivejobs.client.aio import AsyncBackends
 from hivejobs.client.batches import (
@@ -79,6 +79,7 @@ from hivejobs.records import (
     JobInfo,
     JobPage,
     JobTypeInfo,
+    NewJob,
     Replayed,
     TypeFlow,
 )
@@ -430,7 +431,9 @@ class App:
         raw = driver_connection(conn) if conn is not None else None
         with self._postgres_errors(), tracing.enqueueing_many(jobs) as jobs:
             pushes = self.store.insert_many(jobs, raw)
-        if pushes:
+        if pushes and jt.fair is not None:
+            self._place_fair(jt.fair, name, jobs, pushes)
+        elif pushes:
             self._push(name, pushes[0][2], [job_id for job_id, _, _ in pushes])
         return [j.id for j in jobs]
 
@@ -463,6 +466,23 @@ class App:
             return jt
         with self._postgres_errors():
             return await asyncio.to_thread(self.job_type, name)
+
+    def _place_fair(
+        self, fair: FairBy, name: str, jobs: Sequence[NewJob], pushes: Sequence[Push]
+    ) -> None:
+        """A fair type's new jobs straight into their keys' lists (broker/fair.py): the keys
+        are in hand here, so no pool has to read them back from Postgres. A Redis error is
+        handled as a failed push: the reconciler dispatches the jobs."""
+        keys = {j.id: fair.key_of(j.payload) for j in jobs}
+        try:
+            place(self.broker, name, [(i, p, keys[i]) for i, _, p in pushes])
+        except redis.RedisError as exc:
+            logger.warning(
+                "job stored but push to Redis failed; the coordinator will dispatch it",
+                job_type=name,
+                jobs=len(pushes),
+                **error_fields(exc),
+            )
 
     def _push(self, name: str, priority: int, ids: Sequence[str]) -> None:
         try:

@@ -13,10 +13,14 @@ entry or two per queue and the heads by primary key, whatever the backlog (the
 count of every queued row it replaced took 7 ms at 20,000 queued, and it re-pushed the
 oldest ids, which were still in Redis, whenever ids popped and not yet claimed made the
 count look short).
+
+A fair type (`fair_by`, broker/fair.py) holds its ids in per-key lists too: its ids in Redis
+begin at the oldest head of all its lists, read every FAIR_EVERY_S (a lookup per key).
 """
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Iterable, Mapping
 from datetime import datetime, timedelta
@@ -25,7 +29,7 @@ import msgspec
 from loguru import logger
 
 from hivejobs.broker import Broker, KeyRefused
-from hivejobs.broker.fair import list_heads
+from hivejobs.broker.fair import fair_active, list_heads
 from hivejobs.failpoints import failpoint
 from hivejobs.logs import error_fields
 from hivejobs.records import Lease, Push
@@ -36,6 +40,10 @@ BATCH = 10_000
 # cancelled meanwhile (a duplicate push) tells nothing; a head of only such ids is judged at
 # a later pass, once a pool has popped them.
 HEAD_IDS = 16
+# The same for each per-key list of a fair type (broker/fair.py), fewer: there may be 10,000
+# such lists, and each id read is a primary-key lookup at every pass.
+FAIR_HEAD_IDS = 2
+FAIR_EVERY_S = 5.0
 MSG_KEY_REFUSED = "Redis refused a queue key (only its own list waits)"
 MSG_KEY_ACCEPTED = "Redis key accepted again"
 MSG_FLUSHED = "Redis had no boot marker (flushed or restarted): restored queues"
@@ -51,7 +59,8 @@ class ReconcileResult(msgspec.Struct):
 
 class Reconciler:
     """Owns `refused`: the keys Redis refused at the last pass, so that a bad key is logged
-    when it goes bad and when it heals, not at every pass."""
+    when it goes bad and when it heals, not at every pass; and `_fair_due`, when the per-key
+    lists of fair types are next read."""
 
     name = "reconcile"
 
@@ -62,6 +71,7 @@ class Reconciler:
         self.grace_s = grace_s
         self.interval_s = interval_s
         self.refused: set[str] = set()
+        self._fair_due = 0.0  # monotonic time of the next read of every per-key list's head
 
     def run_once(self, lease: Lease) -> ReconcileResult:
         if not self.broker.boot_marker_present():
@@ -90,8 +100,16 @@ class Reconciler:
         heads, refused = self.broker.queue_heads(oldest, HEAD_IDS)
         self._note_refused(refused, answered=heads)
         # A fair type's ids also wait in per-key lists (broker/fair.py): the ids Redis holds
-        # begin at the oldest of all its lists' heads (each list is in queue order).
-        fair = list_heads(self.broker, heads, HEAD_IDS)
+        # begin at the oldest of all its lists' heads (each list is in queue order). Reading
+        # them all costs a lookup per key, so it is done every FAIR_EVERY_S; in between, a
+        # type whose ring is in use is not judged (its repair waits that much longer).
+        active = fair_active(self.broker, {name for name, _ in heads})
+        fair: dict[tuple[str, int], list[list[str]]] = {}
+        if active and time.monotonic() >= self._fair_due:
+            fair = list_heads(self.broker, [q for q in heads if q[0] in active], FAIR_HEAD_IDS)
+            self._fair_due = time.monotonic() + FAIR_EVERY_S
+        elif active:
+            heads = {q: ids for q, ids in heads.items() if q[0] not in active}
         lists = {q: [h for h in [ids, *fair.get(q, [])] if h] for q, ids in heads.items()}
         queued_at = self.store.queued_at_of([i for hs in lists.values() for h in hs for i in h])
         grace = timedelta(seconds=self.grace_s)

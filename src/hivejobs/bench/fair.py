@@ -1,0 +1,80 @@
+"""`hivejobs bench --scenarios fairness`: does a small key get through a big backlog, and what
+does fair dispatch (`fair_by`, broker/fair.py) cost in drain rate, at 1 to 10,000 keys?
+
+One worker runs the no-op job under two types: `bench_fair` (fair_by="customer") and
+`bench_noop` (plain FIFO, the control). Each round enqueues a backlog of `jobs` jobs spread
+over K keys (k0..k{K-1}, in turn), then 50 jobs of one more key, "B"; the type is paused
+while they go in (a worker draining as fast as they are stored would leave no backlog), then
+resumed. It measures B's last finish after the first start of the round (the resume;
+database clock), and the round's drain rate from first to last finish. Fair rounds run at
+each K in KEYS; the FIFO control once (its order ignores the key). With K keys, round-robin
+gives B one turn in K + 1: at K = 1 B finishes at once, at K = 10,000 B is one key among
+10,001 and waits its turns like the others.
+"""
+
+from __future__ import annotations
+
+import time
+
+from hivejobs.bench.environment import BenchEnvironment
+from hivejobs.bench.scenarios import Figures, Progress, _wait_done
+
+KEYS = (1, 10, 1_000, 10_000)
+SMALL = 50  # B's jobs
+
+
+def fairness_scenario(
+    env: BenchEnvironment,
+    jobs: int,
+    processes: int,
+    concurrency: int,
+    work_ms: float,
+    progress: Progress,
+) -> Figures:
+    assert env.app is not None
+    env.start_worker(processes, concurrency, work_ms, extra_env={"HIVEJOBS_BENCH_FAIR": "1"})
+    fleet = env.app
+    fleet.types.clear()  # enqueue through the types the worker declared
+    figures: Figures = {}
+    rounds = [("fifo", "bench_noop", 1)] + [(f"fair_{k}_keys", "bench_fair", k) for k in KEYS]
+    for label, name, keys in rounds:
+        b_wait, rate = _round(env, name, jobs, keys, label, progress)
+        figures[f"{label}_b_last_after_s"] = b_wait
+        figures[f"{label}_jobs_per_s"] = rate
+        env.reset_jobs()
+        env.clear_redis(keep_boot_marker=True)
+    for k in KEYS:
+        figures[f"fair_{k}_keys_vs_fifo_rate"] = (
+            figures[f"fair_{k}_keys_jobs_per_s"] / figures["fifo_jobs_per_s"]
+        )
+    env.stop_worker()
+    return figures
+
+
+def _round(
+    env: BenchEnvironment, name: str, jobs: int, keys: int, label: str, progress: Progress
+) -> tuple[float, float]:
+    """(B's last job's finish after B's enqueue, s; the round's drain rate, jobs/s)."""
+    assert env.app is not None
+    # Paused while the backlog goes in: a worker draining faster than enqueue_many stores
+    # would leave no backlog for B to wait behind.
+    env.app.pause(name)
+    for offset in range(0, jobs, 10_000):
+        size = min(10_000, jobs - offset)
+        env.app.enqueue_many(name, [{"customer": f"k{(offset + i) % keys}"} for i in range(size)])
+    small = env.app.enqueue_many(name, [{"customer": "B"}] * SMALL)
+    began = time.perf_counter()
+    env.app.resume(name)
+    _wait_done(env, jobs + SMALL, began, f"fairness {label}", progress)
+    # From the resume (B's first started job at the earliest) to B's last finish: on the
+    # database clock, as both ends are its timestamps.
+    b_wait = env.sql(
+        "SELECT extract(epoch FROM max(a.finished_at) - (SELECT min(started_at)"
+        " FROM hivejobs_archive)) FROM hivejobs_archive a WHERE a.id = ANY(%s)",
+        (small,),
+    )[0][0]
+    first, last = env.sql(
+        "SELECT extract(epoch FROM min(finished_at)), extract(epoch FROM max(finished_at))"
+        " FROM hivejobs_archive"
+    )[0]
+    return float(b_wait), (jobs + SMALL - 1) / max(float(last) - float(first), 1e-6)
