@@ -83,6 +83,8 @@ while taken < want do
   if #head == 0 then break end
   local key = head[1]
   local left = tonumber(redis.call('HGET', credit, key)) or weights[key] or 1
+  local alone = redis.call('ZCARD', ring) == 1
+  if alone then left = want - taken end  -- no other key waits: no turn to keep
   local args = {'LMPOP', 10}
   for p = 0, 9 do args[#args + 1] = prefix .. p .. ':' .. key end
   args[#args + 1] = 'LEFT'
@@ -100,7 +102,7 @@ while taken < want do
     end
     taken = taken + #got[2]
     left = left - #got[2]
-    if left > 0 then
+    if left > 0 and not alone then
       redis.call('HSET', credit, key, left)
     else
       redis.call('HDEL', credit, key)
