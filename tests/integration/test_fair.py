@@ -54,14 +54,16 @@ def test_a_key_behind_a_backlog_gets_its_turn_in_the_next_round(
     make_app: Callable[..., App],
 ) -> None:
     """A's 40 jobs were placed in A's list at enqueue (enqueue_many knows their keys); B's
-    and C's 3 each, enqueued one by one, wait in the inbox until the first pop sorts them.
-    From the second pop on they come out one per turn, and each key keeps its own order."""
+    and C's 3 each, enqueued one by one, wait in the inbox until the first pop (A alone: the
+    whole pop) sorts them. From the second pop on each key gets one job per turn, a pop of 2
+    taking the next two keys of the ring, and each key keeps its own order."""
     app = fair_app(make_app)
     a = app.enqueue_many("billing", [{"customer": "a", "i": i} for i in range(40)])
     b, c = enqueue(app, "b", 3), enqueue(app, 7, 3)
     assert app.flush()
-    popped = [i for ids in pop_all(app, 3) for i in ids]
-    assert popped[:12] == [*a[:3], a[3], b[0], c[0], a[4], b[1], c[1], a[5], b[2], c[2]]
+    popped = [i for ids in pop_all(app, 2) for i in ids]
+    turns = [a[2], b[0], c[0], a[3], b[1], c[1], a[4], b[2], c[2], a[5]]
+    assert popped[:12] == [*a[:2], *turns]
     assert popped[12:] == a[6:]
     assert app.broker.redis.zcard(ring_key(app.broker.prefix, "billing")) == 0  # all left
 

@@ -9,6 +9,8 @@ Keys (under the prefix, in the type's hash tag, so a Lua script may touch them a
                                         lowest score is served next, then moved to the back.
   ``{prefix}{<type>}:fcredit``          hash key -> turns left for the key at the ring's head
                                         (weighted round-robin: a key of weight w takes w ids).
+  ``{prefix}{<type>}:fprio``            set of the priorities (digits) whose per-key lists may
+                                        exist: a pop reads only those lists.
   ``{prefix}{<type>}:fsort``            string, the sorter's lock (a token, expires): one
                                         process sorts the inbox at a time, so a key's ids keep
                                         the inbox's order.
@@ -41,16 +43,23 @@ SORT_ROUNDS = 10  # rounds per sort, so that one pop never waits on a huge inbox
 SORT_LOCK_MS = 2000  # a sorter that dies holds the inbox this long at most
 MAX_KEY_CHARS = 200  # a key's JSON text, at enqueue (it becomes part of a Redis key name)
 
-# KEYS: ring. ARGV: key-list prefix, then (priority, key, id) triples in inbox order.
+# KEYS: ring, priorities. ARGV: key-list prefix, then (priority, key, id) triples in inbox
+# order. A key not in the ring joins at its back; each priority used is noted, so that a pop
+# looks only at the lists that can exist.
 _DISTRIBUTE = """
-local ring = KEYS[1]
+local ring, prios = KEYS[1], KEYS[2]
 local prefix = ARGV[1]
 local top = redis.call('ZRANGE', ring, -1, -1, 'WITHSCORES')
 local turn = 0
 if #top > 0 then turn = tonumber(top[2]) end
+local seen = {}
 for i = 2, #ARGV, 3 do
   local key = ARGV[i + 1]
   redis.call('RPUSH', prefix .. ARGV[i] .. ':' .. key, ARGV[i + 2])
+  if not seen[ARGV[i]] then
+    seen[ARGV[i]] = true
+    redis.call('SADD', prios, ARGV[i])
+  end
   if not redis.call('ZSCORE', ring, key) then
     turn = turn + 1
     redis.call('ZADD', ring, turn, key)
@@ -59,57 +68,81 @@ end
 return turn
 """
 
-# KEYS: ring, credit, then the inbox's lists. ARGV: key-list prefix, how many ids, then
-# (key, weight) pairs. Returns 1 if the inbox holds ids (0 if not), then (priority, id) pairs:
-# the pool sorts only when there is something to sort, so a pop is one round trip. Every step
-# pops at least one id or drops an empty key. A key's lists are those of PRIORITIES (0-9, one
-# digit each: the priority is read back from the name).
+# KEYS: ring, credit, priorities, then the inbox's lists. ARGV: key-list prefix, how many
+# ids, then (key, weight) pairs. Returns 1 if the inbox holds ids (0 if not), then (priority,
+# id) pairs: the pool sorts only when there is something to sort, so a pop is one round trip.
+# Each pass takes as many keys off the ring's head as ids are still wanted (ZPOPMIN); each key
+# in turn gives up to its weight (or what its credit left), highest priority first, and goes
+# to the back (a new highest score); a key whose lists ran dry leaves the ring; a key whose
+# turn the full pop cut short, and the keys not reached, go back with their own scores (the
+# credit left is kept). A key alone in the ring gives the whole pop. The credit hash is read
+# only for a weighted type or a credit left over. Every pass pops an id or empties the ring.
 _POP = """
-local ring, credit = KEYS[1], KEYS[2]
+local ring, credit, prios = KEYS[1], KEYS[2], KEYS[3]
 local prefix = ARGV[1]
 local want = tonumber(ARGV[2])
 local weights = {}
-for i = 3, #ARGV, 2 do weights[ARGV[i]] = tonumber(ARGV[i + 1]) end
+local credits = redis.call('EXISTS', credit) == 1
+for i = 3, #ARGV, 2 do
+  weights[ARGV[i]] = tonumber(ARGV[i + 1])
+  credits = true
+end
 local out = {0}
-for i = 3, #KEYS do
+for i = 4, #KEYS do
   if redis.call('LLEN', KEYS[i]) > 0 then
     out[1] = 1
     break
   end
 end
+local used = redis.call('SMEMBERS', prios)
+table.sort(used)
+local top = redis.call('ZRANGE', ring, -1, -1, 'WITHSCORES')
+local turn = 0
+if #top > 0 then turn = tonumber(top[2]) end
 local taken = 0
 while taken < want do
-  local head = redis.call('ZRANGE', ring, 0, 0)
-  if #head == 0 then break end
-  local key = head[1]
-  local left = tonumber(redis.call('HGET', credit, key)) or weights[key] or 1
-  local alone = redis.call('ZCARD', ring) == 1
-  if alone then left = want - taken end  -- no other key waits: no turn to keep
-  local args = {'LMPOP', 10}
-  for p = 0, 9 do args[#args + 1] = prefix .. p .. ':' .. key end
-  args[#args + 1] = 'LEFT'
-  args[#args + 1] = 'COUNT'
-  args[#args + 1] = math.min(left, want - taken)
-  local got = redis.call(unpack(args))
-  if not got then
-    redis.call('ZREM', ring, key)
-    redis.call('HDEL', credit, key)
-  else
-    local priority = string.sub(got[1], #prefix + 1, #prefix + 1)
-    for _, id in ipairs(got[2]) do
-      out[#out + 1] = priority
-      out[#out + 1] = id
-    end
-    taken = taken + #got[2]
-    left = left - #got[2]
-    if left > 0 and not alone then
-      redis.call('HSET', credit, key, left)
+  local heads = redis.call('ZPOPMIN', ring, want - taken)
+  if #heads == 0 then break end
+  local alone = #heads == 2 and redis.call('ZCARD', ring) == 0
+  local back = {}
+  for i = 1, #heads, 2 do
+    local key, score = heads[i], heads[i + 1]
+    if taken >= want then
+      back[#back + 1] = score
+      back[#back + 1] = key
     else
-      redis.call('HDEL', credit, key)
-      local top = redis.call('ZRANGE', ring, -1, -1, 'WITHSCORES')
-      redis.call('ZADD', ring, tonumber(top[2]) + 1, key)
+      local left = 1
+      if credits then left = tonumber(redis.call('HGET', credit, key)) or weights[key] or 1 end
+      if alone then left = want - taken end
+      local n = math.min(left, want - taken)
+      local got = 0
+      for _, p in ipairs(used) do
+        local ids = redis.call('LPOP', prefix .. p .. ':' .. key, n - got)
+        if ids then
+          for _, id in ipairs(ids) do
+            out[#out + 1] = p
+            out[#out + 1] = id
+          end
+          got = got + #ids
+          if got >= n then break end
+        end
+      end
+      taken = taken + got
+      if got < n then
+        if credits then redis.call('HDEL', credit, key) end
+      elseif left - got > 0 and not alone then
+        back[#back + 1] = score
+        back[#back + 1] = key
+        redis.call('HSET', credit, key, left - got)
+      else
+        turn = turn + 1
+        back[#back + 1] = turn
+        back[#back + 1] = key
+        if credits then redis.call('HDEL', credit, key) end
+      end
     end
   end
+  if #back > 0 then redis.call('ZADD', ring, unpack(back)) end
 end
 return out
 """
@@ -204,6 +237,10 @@ def list_prefix(prefix: str, name: str) -> str:
     return f"{prefix}{{{name}}}:fk:"
 
 
+def priorities_key(prefix: str, name: str) -> str:
+    return f"{prefix}{{{name}}}:fprio"
+
+
 def sort_lock_key(prefix: str, name: str) -> str:
     return f"{prefix}{{{name}}}:fsort"
 
@@ -220,6 +257,7 @@ class FairQueue:
         prefix = broker.prefix
         self.ring = ring_key(prefix, name)
         self.credit = credit_key(prefix, name)
+        self.prios = priorities_key(prefix, name)
         self.lists = list_prefix(prefix, name)
         self.lock = sort_lock_key(prefix, name)
         self.inbox = broker.queue_keys(name)
@@ -280,7 +318,8 @@ class FairQueue:
     def _ring_pop(self, count: int) -> tuple[Popped, bool]:
         """Up to `count` ids from the ring, and whether the inbox holds ids to sort."""
         reply = self._pop(
-            keys=[self.ring, self.credit, *self.inbox], args=[self.lists, count, *self._weights]
+            keys=[self.ring, self.credit, self.prios, *self.inbox],
+            args=[self.lists, count, *self._weights],
         )
         ids = [c for raw in reply[2::2] if (c := _clean_id(raw)) is not None]
         # Ids refused by the claim (a pause, a limit) go back through the inbox: their key
@@ -298,7 +337,7 @@ def place(broker: Broker, name: str, rows: list[tuple[str, int, str]]) -> None:
         args += [priority, key, job_id]
     for start in range(0, len(args) - 1, 3 * SORT_BATCH):  # bounded script arguments
         broker.redis.register_script(_DISTRIBUTE)(
-            keys=[ring_key(broker.prefix, name)],
+            keys=[ring_key(broker.prefix, name), priorities_key(broker.prefix, name)],
             args=[args[0], *args[1 + start : 1 + start + 3 * SORT_BATCH]],
         )
 
@@ -306,21 +345,25 @@ def place(broker: Broker, name: str, rows: list[tuple[str, int, str]]) -> None:
 def list_heads(
     broker: Broker, queues: Iterable[tuple[str, int]], count: int
 ) -> dict[tuple[str, int], list[list[str]]]:
-    """The first `count` ids of every per-key list of each (type, priority) whose key is in
-    the type's ring, for the reconciler: with the inbox's head, the ids Redis still holds
-    begin there. A type that is not fair has an empty ring: one ZRANGE, nothing else."""
+    """The first `count` ids of every per-key list that a pop can reach (its key in the
+    type's ring, its priority noted), for each (type, priority): with the inbox's head, the
+    ids Redis still holds begin there. A list no pop reaches holds nothing that counts: its
+    ids are pushed again, and their new copies make it reachable."""
     queues = list(queues)
     names = sorted({n for n, _ in queues})
     with broker.redis.pipeline(transaction=False) as pipe:
         for name in names:
             pipe.zrange(ring_key(broker.prefix, name), 0, -1)
-        rings = pipe.execute(raise_on_error=False)
-    keys = {
-        n: [k.decode(errors="replace") for k in r]
-        for n, r in zip(names, rings, strict=True)
-        if not isinstance(r, Exception)
-    }
-    wanted = [(q, k) for q in queues for k in keys.get(q[0], [])]
+            pipe.smembers(priorities_key(broker.prefix, name))
+        replies = pipe.execute(raise_on_error=False)
+    keys: dict[str, list[str]] = {}
+    used: dict[str, set[int]] = {}
+    for i, name in enumerate(names):
+        ring, prios = replies[2 * i], replies[2 * i + 1]
+        if not isinstance(ring, Exception) and not isinstance(prios, Exception):
+            keys[name] = [k.decode(errors="replace") for k in ring]
+            used[name] = {int(p) for p in prios if p.isdigit()}
+    wanted = [(q, k) for q in queues if q[1] in used.get(q[0], ()) for k in keys.get(q[0], [])]
     if not wanted:
         return {}
     with broker.redis.pipeline(transaction=False) as pipe:
