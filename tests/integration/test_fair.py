@@ -3,6 +3,7 @@ priority within a key, the reconciler's view of per-key lists, and bad input at 
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -13,12 +14,14 @@ from hivejobs.broker.fair import FairQueue, list_prefix, ring_key
 from hivejobs.coordinator.reconciler import Reconciler
 from hivejobs.errors import InvalidJobType, PayloadInvalid
 from hivejobs.store.fair import FairStore
-from tests.harness import sql
+from tests.harness import sql, wait_until
 from tests.integration.test_coordinator import leader
 
 
-def fair_app(make_app: Callable[..., App], weights: dict[str | int, int] | None = None) -> App:
-    app = make_app()
+def fair_app(
+    make_app: Callable[..., App], weights: dict[str | int, int] | None = None, **settings: float
+) -> App:
+    app = make_app(**settings)
 
     @app.job("billing", fair_by="customer", fair_weights=weights)
     def billing(ctx: object, payload: dict[str, Any]) -> None: ...
@@ -144,6 +147,32 @@ def test_a_lost_ring_is_repaired_from_postgres(
     popped = [i for p in pop_all(app, 10) for i in p]
     assert set(popped) == set(ids)
     assert len(popped) == 9
+
+
+def test_a_pool_waiting_on_an_empty_type_wakes_for_jobs_placed_by_enqueue_many(
+    make_app: Callable[..., App],
+) -> None:
+    """enqueue_many places its jobs in their keys' lists, not in the inbox a waiting pool
+    blocks on: its placement pushes a token that ends the wait (else the pool would see them
+    only when its 20 s wait ran out)."""
+    app = fair_app(make_app, pop_block_s=20.0, redis_socket_timeout_s=30.0)
+    queue, store = queue_of(app)
+    popped: list[str] = []
+    before = blocked_pops(app)
+    waiting = threading.Thread(target=lambda: popped.extend(queue.pop(5, store.keys_of).ids))
+    waiting.start()
+    wait_until(lambda: blocked_pops(app) - before, what="the pool's pop waiting")
+    ids = app.enqueue_many("billing", [{"customer": "a"}, {"customer": "b"}])
+    waiting.join(10.0)
+    assert not waiting.is_alive(), "the waiting pop was not woken"
+    assert sorted(popped) == sorted(ids)
+
+
+def blocked_pops(app: App) -> set[str]:
+    """The Redis clients blocked in a BLMPOP now (the shared Redis may have others': the set
+    taken before the pop starts is left out)."""
+    clients = app.broker.redis.client_list()
+    return {c["id"] for c in clients if c.get("cmd") == "blmpop" and c.get("flags") == "b"}
 
 
 @pytest.mark.parametrize(

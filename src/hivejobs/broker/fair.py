@@ -11,6 +11,10 @@ Keys (under the prefix, in the type's hash tag, so a Lua script may touch them a
                                         (weighted round-robin: a key of weight w takes w ids).
   ``{prefix}{<type>}:fprio``            set of the priorities (digits) whose per-key lists may
                                         exist: a pop reads only those lists.
+  ``{prefix}{<type>}:fwake``            list of tokens pushed by every placement (at most 16
+                                        kept): a pool waiting on an empty inbox and ring
+                                        waits on it too, so ids placed straight into the
+                                        per-key lists (enqueue_many) wake it.
   ``{prefix}{<type>}:fsort``            string, the sorter's lock (a token, expires): one
                                         process sorts the inbox at a time, so a key's ids keep
                                         the inbox's order.
@@ -43,11 +47,12 @@ SORT_ROUNDS = 10  # rounds per sort, so that one pop never waits on a huge inbox
 SORT_LOCK_MS = 2000  # a sorter that dies holds the inbox this long at most
 MAX_KEY_CHARS = 200  # a key's JSON text, at enqueue (it becomes part of a Redis key name)
 
-# KEYS: ring, priorities. ARGV: key-list prefix, then (priority, key, id) triples in inbox
-# order. A key not in the ring joins at its back; each priority used is noted, so that a pop
-# looks only at the lists that can exist.
+# KEYS: ring, priorities, wake list. ARGV: key-list prefix, then (priority, key, id) triples
+# in inbox order. A key not in the ring joins at its back; each priority used is noted, so
+# that a pop looks only at the lists that can exist; a token on the wake list (at most
+# WAKE_TOKENS kept) ends the wait of a pool blocked on an empty inbox and ring.
 _DISTRIBUTE = """
-local ring, prios = KEYS[1], KEYS[2]
+local ring, prios, wake = KEYS[1], KEYS[2], KEYS[3]
 local prefix = ARGV[1]
 local top = redis.call('ZRANGE', ring, -1, -1, 'WITHSCORES')
 local turn = 0
@@ -65,6 +70,8 @@ for i = 2, #ARGV, 3 do
     redis.call('ZADD', ring, turn, key)
   end
 end
+redis.call('RPUSH', wake, 1)
+redis.call('LTRIM', wake, -16, -1)
 return turn
 """
 
@@ -241,6 +248,10 @@ def priorities_key(prefix: str, name: str) -> str:
     return f"{prefix}{{{name}}}:fprio"
 
 
+def wake_key(prefix: str, name: str) -> str:
+    return f"{prefix}{{{name}}}:fwake"
+
+
 def sort_lock_key(prefix: str, name: str) -> str:
     return f"{prefix}{{{name}}}:fsort"
 
@@ -261,6 +272,7 @@ class FairQueue:
         self.lists = list_prefix(prefix, name)
         self.lock = sort_lock_key(prefix, name)
         self.inbox = broker.queue_keys(name)
+        self.wake = wake_key(prefix, name)
         self._weights = [str(x) for kv in sorted(weights.items()) for x in kv]
         self._pop = broker.redis.register_script(_POP)
         self._unlock = broker.redis.register_script(_UNLOCK)
@@ -276,10 +288,13 @@ class FairQueue:
             popped = Popped(popped.key if popped.ids else more.key, popped.ids + more.ids)
         if popped.ids:
             return popped
+        # Nothing anywhere: wait for ids in the inbox, or for the wake list that a placement
+        # straight into the ring (enqueue_many) pushes to.
+        waited = [*self.inbox, self.wake]
         reply = self.broker.redis.blmpop(
-            self.broker.block_s, len(self.inbox), *self.inbox, direction="LEFT", count=count
+            self.broker.block_s, len(waited), *waited, direction="LEFT", count=count
         )
-        if reply:
+        if reply and reply[0] != self.wake.encode():
             self._place(_ids(reply[1]), keys_of)  # type: ignore[arg-type]
         return self._ring_pop(count)[0]
 
@@ -337,7 +352,11 @@ def place(broker: Broker, name: str, rows: list[tuple[str, int, str]]) -> None:
         args += [priority, key, job_id]
     for start in range(0, len(args) - 1, 3 * SORT_BATCH):  # bounded script arguments
         broker.redis.register_script(_DISTRIBUTE)(
-            keys=[ring_key(broker.prefix, name), priorities_key(broker.prefix, name)],
+            keys=[
+                ring_key(broker.prefix, name),
+                priorities_key(broker.prefix, name),
+                wake_key(broker.prefix, name),
+            ],
             args=[args[0], *args[1 + start : 1 + start + 3 * SORT_BATCH]],
         )
 
