@@ -60,6 +60,11 @@ def test_keys_of_a_fair_type_over_http_and_in_the_cli(
     # One series per type, never per key (no worker ran: nothing in the ring yet).
     assert 'hivejobs_fair_active_keys{job_type="fair"} 0' in c.get("/metrics").text
 
+    page = c.get("/dashboard/types/fair").text  # the type page's keys, escaped
+    assert '<h2 id="fair-keys">Keys of customer (fair dispatch)' in page
+    assert "<tr><td>a</td><td>3</td><td>0</td><td>0</td></tr>" in page
+    assert 'id="fair-keys"' not in c.get("/dashboard/types/fifo").text
+
     hj = {k: v for k, v in web_env.items() if k.startswith("HIVEJOBS_")}
     done = hivejobs(["jobs", "--type", "fair", "--by-key", "--json"], cli_env(**hj))
     assert done.returncode == 0, done.stderr

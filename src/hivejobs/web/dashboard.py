@@ -32,6 +32,7 @@ from hivejobs.web.auth import (
     client_address,
     failed_authentication,
 )
+from hivejobs.web.fair import keys_section
 from hivejobs.web.fleet import job_type_rows, read_throughput
 from hivejobs.web.render import (
     badge,
@@ -168,6 +169,7 @@ def type_jobs(
         for s in ("queued", "scheduled", "running", "failed", "finished")
     )
     body = _flow_controls(base, name, FlowStore(app.store).settings(name))
+    body += keys_section(app, name)  # fair_by types only (web/fair.py)
     body += f"<p>{tabs}</p>" + _job_list(base, path, rows, nxt, state=list_state)
     return _html(request, f"{name}: {list_state}", body, fragment)
 

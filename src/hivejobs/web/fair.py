@@ -1,6 +1,7 @@
 """The HTTP API's view of a fair type's keys (`fair_by`, broker/fair.py): each key with live
 jobs and its queued, running and scheduled counts, as `hivejobs jobs --type NAME --by-key`
-prints them. Reads only; the rules live behind App.fair_keys.
+prints them, and the same table on the dashboard's type page (keys_section). Reads only; the
+rules live behind App.fair_keys.
 
 No `from __future__ import annotations`: see web/threads.py.
 """
@@ -12,10 +13,15 @@ from litestar import get
 from litestar.datastructures import State
 from litestar.params import Parameter
 
+from hivejobs.client.app import App
+from hivejobs.errors import HivejobsError
 from hivejobs.store.fair import KeyCount
 from hivejobs.web.api import Name, hj
 from hivejobs.web.errors import ERROR_RESPONSES
+from hivejobs.web.render import esc, table
 from hivejobs.web.threads import threaded
+
+DASHBOARD_KEYS = 20  # the busiest keys a type page shows
 
 
 class TypeKeysOut(msgspec.Struct, frozen=True, kw_only=True):
@@ -44,6 +50,23 @@ def job_type_keys(
     keys = app.fair_keys(name, limit)
     fair = app.job_type(name).fair
     return TypeKeysOut(name=name, fair_by=fair.field if fair is not None else "", keys=keys)
+
+
+def keys_section(app: App, name: str) -> str:
+    """The dashboard's type page: a fair type's busiest keys with their live jobs ('' for a
+    type without fair_by, or one this process cannot look up)."""
+    try:
+        fair = app.job_type(name).fair
+    except HivejobsError:
+        return ""
+    if fair is None:
+        return ""
+    rows = app.fair_keys(name, DASHBOARD_KEYS)
+    cells = [[esc(r.key), str(r.queued), str(r.running), str(r.scheduled)] for r in rows]
+    return (
+        f'<h2 id="fair-keys">Keys of {esc(fair.field)} (fair dispatch), busiest first</h2>'
+        + table(["key", "queued", "running", "scheduled"], cells, empty="no live jobs")
+    )
 
 
 HANDLERS: list[Any] = [job_type_keys]
