@@ -7,6 +7,8 @@ Order is judged from the handlers' own ledger (tests/apps/fairapp.py), not from 
 
 from __future__ import annotations
 
+import os
+import signal
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -20,7 +22,9 @@ from tests.harness import (
     RedisServer,
     fleet_app,
     live_jobs,
+    pool_pids,
     read_ledger,
+    sql,
     wait_until,
 )
 
@@ -112,3 +116,29 @@ def test_fair_and_limited_on_one_field_runs_everything_one_per_key(
     ran = Counter(p[1] for p in read_ledger(ledger_dir) if p[0] == "end")
     assert [i for i in big + small if ran[i] != 1] == []
     assert big_done_when_small_done(ledger_dir, big + small) < 100
+
+
+def test_a_killed_fair_pool_loses_no_job(
+    start_instance: Callable[..., Instance],
+    make_app: Callable[..., App],
+    database_url: str,
+    ledger_dir: Path,
+) -> None:
+    """kill -9 of the fair pool mid-drain: its claims are rescued, and the ids it had popped
+    from the ring and not claimed (out of every Redis list) are pushed again by the
+    reconciler. Every job succeeds; none is left queued."""
+    start_instance(app_spec=APP)
+    app = fleet_app(make_app, database_url, ["fair"])
+    ids = app.enqueue_many("fair", [{"customer": f"c{i % 30}", "ms": 3} for i in range(1500)])
+    wait_until(lambda: len(ends(ledger_dir, ids)) >= 200, what="some jobs done")
+    (victim,) = pool_pids(database_url, "fair")
+    os.kill(victim, signal.SIGKILL)
+    wait_until(lambda: live_jobs(database_url) == 0, timeout=120, what="all jobs finished")
+    ran = Counter(p[1] for p in read_ledger(ledger_dir) if p[0] == "end")
+    assert [i for i in ids if ran[i] < 1] == []  # a finished but unwritten attempt re-runs
+    done = sql(
+        database_url,
+        "SELECT count(*) FROM hivejobs_archive WHERE state = 'succeeded' AND id = ANY(%s)",
+        (ids,),
+    )
+    assert done == [(len(ids),)]
