@@ -46,6 +46,7 @@ READ_REFUSED = ROUTES + "::test_a_read_token_is_refused_by_every_admin_route_and
 TOKEN_NEEDED = ROUTES + "::test_every_guarded_route_needs_a_token"
 CALLBACK_ROLE = "tests/web/test_callback_role.py"
 DEBOUNCE = "tests/integration/test_debounce.py"
+FAIR = "tests/integration/test_fair.py"
 HARDENING = "tests/web/test_hardening.py"
 
 
@@ -514,6 +515,66 @@ GUARDS: tuple[Guard, ...] = (
         'if row.state != "pending":',
         (ORDERING,),
         "every pending job starts at once, whatever its predecessors did",
+    ),
+    Guard(
+        "fair-turn",
+        "src/hivejobs/broker/fair.py",
+        "        back[#back + 1] = turn\n",
+        "        back[#back + 1] = score\n",
+        (FAIR + "::test_a_key_behind_a_backlog_gets_its_turn_in_the_next_round",),
+        "a key served keeps its place at the ring's head: the keys behind it starve",
+    ),
+    Guard(
+        "fair-weight",
+        "src/hivejobs/broker/fair.py",
+        "or weights[key] or 1",
+        "or 1",
+        (FAIR + "::test_weights_give_a_key_that_many_jobs_per_turn",),
+        "fair_weights are ignored",
+    ),
+    Guard(
+        "fair-ring-membership",
+        "src/hivejobs/broker/fair.py",
+        "  if not redis.call('ZSCORE', ring, key) then",
+        "  if redis.call('LLEN', prefix .. ARGV[i] .. ':' .. key) == 1 then",
+        (FAIR + "::test_a_lost_ring_is_repaired_from_postgres",),
+        "a key whose list outlived a lost ring never rejoins it: its jobs wait for ever",
+    ),
+    Guard(
+        "fair-wake",
+        "src/hivejobs/broker/fair.py",
+        "redis.call('RPUSH', wake, 1)\n",
+        "",
+        (FAIR + "::test_a_pool_waiting_on_an_empty_type_wakes_for_jobs_placed_by_enqueue_many",),
+        "jobs placed by enqueue_many wait out an idle pool's blocking pop",
+    ),
+    Guard(
+        "fair-sort-every-list",
+        "src/hivejobs/broker/fair.py",
+        "moved += self._place(_ids(reply[1]), keys_of)  # type: ignore[arg-type]\n",
+        "moved += self._place(_ids(reply[1]), keys_of)  # type: ignore[arg-type]\n"
+        "                break\n",
+        (
+            "tests/process/test_fair_run.py"
+            "::test_fair_and_limited_on_one_field_runs_everything_one_per_key",
+        ),
+        "refused ids coming back to one priority's inbox keep another priority's unsorted",
+    ),
+    Guard(
+        "fair-held-lists",
+        "src/hivejobs/coordinator/reconciler.py",
+        "active = fair_active(self.broker, {name for name, _ in heads})",
+        "active: set[str] = set()",
+        (FAIR + "::test_the_reconciler_counts_per_key_lists_as_held",),
+        "the reconciler takes a fair type's sorted backlog for lost and pushes it again",
+    ),
+    Guard(
+        "fair-payload-key",
+        "src/hivejobs/jobtypes.py",
+        "            self.fair.check_payload(self.name, decode_json(encoded))",
+        "            pass",
+        (FAIR + "::test_a_payload_without_a_usable_key_is_refused_and_nothing_stored",),
+        "a payload without the fair_by field is stored (under the '' key)",
     ),
 )
 

@@ -106,12 +106,14 @@ def test_fair_and_limited_on_one_field_runs_everything_one_per_key(
     ledger_dir: Path,
 ) -> None:
     """limit_by refuses the ids of a key at its cap; they go back through the inbox and are
-    sorted to their key's list again: every job runs once, B's few while A's many wait."""
+    sorted to their key's list again: every job runs once, B's few while A's many wait (B's
+    ids are sorted too, though the refused ids keep coming back to another inbox list)."""
     start_instance(app_spec=APP)
     app = fleet_app(make_app, database_url, ["fair_limited"])
     big = app.enqueue_many("fair_limited", [{"customer": "a", "ms": 5}] * 200)
     assert app.flush()
-    small = app.enqueue_many("fair_limited", [{"customer": "b", "ms": 5}] * 5, priority=3)
+    # One by one: through the inbox (at priority 3), which A's refused ids keep refilling at 0.
+    small = [app.enqueue("fair_limited", {"customer": "b", "ms": 5}, priority=3) for _ in range(5)]
     wait_until(lambda: live_jobs(database_url) == 0, timeout=90, what="all done")
     ran = Counter(p[1] for p in read_ledger(ledger_dir) if p[0] == "end")
     assert [i for i in big + small if ran[i] != 1] == []
