@@ -13,6 +13,10 @@ Keys (all under the prefix, default ``hivejobs:``):
                                   pools to the coordinator, when Postgres LISTEN is out of
                                   reach (a transaction-mode pooler, no listen URL). A hint:
                                   the periodic traversal finds the same work.
+  ``{prefix}events:<job id>``       pub/sub channel: one job's streamed events (JobEvent JSON:
+                                  progress, partial results), from the pool running it to
+                                  its readers (app.stream, SSE). Live only: a reader who
+                                  subscribes late reads the last progress from Postgres.
   ``{prefix}metrics``               hash of fleet-wide counters and histogram buckets (HINCRBY by
                                   pools, coordinator and API; read by /metrics; see metrics.py).
   ``{prefix}tp:<minute>``           hash of jobs finished per type and outcome in that minute
@@ -43,7 +47,7 @@ from hivejobs.batching import Batcher
 from hivejobs.broker.clients import AsyncClient, Client, async_client, sync_client
 from hivejobs.config import Settings, redact_url, scrub, url_secrets
 from hivejobs.errors import ConnectionFailed
-from hivejobs.records import PRIORITIES
+from hivejobs.records import PRIORITIES, JobEvent
 
 MAX_ID_LENGTH = 255
 PUSH_BATCH = 10_000  # ids per pipeline from the Pusher
@@ -59,6 +63,7 @@ class ControlMessage(msgspec.Struct, frozen=True, kw_only=True):
 
 
 _control_decoder = msgspec.json.Decoder(ControlMessage)
+_event_decoder = msgspec.json.Decoder(JobEvent)
 
 
 class KeyRefused(redis.ResponseError):
@@ -260,6 +265,22 @@ class Broker:
         """A subscription of its own to the control channel (raises RedisError if down)."""
         return ControlSubscription(self)
 
+    # -- job events (worker/streaming.py publishes, client/streaming.py reads) ----------
+
+    def events_channel(self, job_id: str) -> str:
+        return events_channel(self.prefix, job_id)
+
+    def publish_events(self, messages: Sequence[tuple[str, bytes]]) -> None:
+        """(job id, encoded JobEvent) pairs, one pipeline: a pool's events of one moment."""
+        with self.redis.pipeline(transaction=False) as pipe:
+            for job_id, message in messages:
+                pipe.publish(self.events_channel(job_id), message)
+            pipe.execute()
+
+    def subscribe_events(self, job_id: str) -> EventSubscription:
+        """A subscription of its own to one job's events (raises RedisError if down)."""
+        return EventSubscription(self, job_id)
+
 
 class ControlSubscription:
     """One pub/sub connection on the control channel, for a pool's liveness thread: owns
@@ -280,6 +301,60 @@ class ControlSubscription:
 
     def close(self) -> None:
         self._pubsub.close()
+
+
+class EventSubscription:
+    """One pub/sub connection on one job's events channel, for one reader of its stream:
+    owns that connection (closed by close()) and hands out decoded events, dropping what does
+    not decode or names another job (anyone who can publish may write garbage there)."""
+
+    def __init__(self, broker: Broker, job_id: str) -> None:
+        self.job_id = job_id
+        self._pubsub = broker.redis.pubsub(  # type: ignore[no-untyped-call,unused-ignore]  # typed from redis 8.2
+            ignore_subscribe_messages=True
+        )
+        self._pubsub.subscribe(broker.events_channel(job_id))
+
+    def get(self, timeout_s: float) -> JobEvent | None:
+        """The next event, or None after `timeout_s` without one."""
+        msg = self._pubsub.get_message(timeout=timeout_s)
+        return None if msg is None else decode_event(msg["data"], self.job_id)
+
+    def close(self) -> None:
+        self._pubsub.close()
+
+
+class AsyncEventSubscription:
+    """EventSubscription for event loops (redis.asyncio): open with `await ...open()`."""
+
+    def __init__(self, pubsub: Any, job_id: str) -> None:
+        self._pubsub = pubsub
+        self.job_id = job_id
+
+    @classmethod
+    async def open(cls, broker: AsyncBroker, job_id: str) -> AsyncEventSubscription:
+        pubsub = broker.redis.pubsub(ignore_subscribe_messages=True)
+        await pubsub.subscribe(events_channel(broker.prefix, job_id))
+        return cls(pubsub, job_id)
+
+    async def get(self, timeout_s: float) -> JobEvent | None:
+        msg = await self._pubsub.get_message(timeout=timeout_s)
+        return None if msg is None else decode_event(msg["data"], self.job_id)
+
+    async def close(self) -> None:
+        await self._pubsub.aclose()
+
+
+def events_channel(prefix: str, job_id: str) -> str:
+    return f"{prefix}events:{job_id}"
+
+
+def decode_event(raw: bytes, job_id: str) -> JobEvent | None:
+    try:
+        event = _event_decoder.decode(raw)
+    except msgspec.DecodeError:
+        return None
+    return event if event.job_id == job_id and event.kind != "end" else None
 
 
 class AsyncBroker:

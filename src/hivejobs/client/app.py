@@ -13,7 +13,7 @@ import importlib
 import os
 import sys
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -24,7 +24,7 @@ from loguru import logger
 from hivejobs import tracing
 from hivejobs.broker import Broker, ControlMessage, Pusher
 from hivejobs.broker.fair import FairBy, checked_fair, place
-from hivejobs.client import waiting
+from hivejobs.client import streaming, waiting
 from hivejobs.client.aio import AsyncBackends
 from hivejobs.client.batches import (
     AsyncBatch,
@@ -76,6 +76,7 @@ from hivejobs.metrics import record_callback
 from hivejobs.payload_schema import RemoteSchemas
 from hivejobs.records import (
     Delivery,
+    JobEvent,
     JobInfo,
     JobPage,
     JobTypeInfo,
@@ -593,17 +594,60 @@ class App:
 
     # -- waiting (the logic is in waiting.py) ---------------------------------------------
 
-    def wait(self, job_id: str, timeout: float | None = None) -> JobInfo:
+    def wait(
+        self,
+        job_id: str,
+        timeout: float | None = None,
+        *,
+        on_progress: Callable[[JobEvent], object] | None = None,
+    ) -> JobInfo:
         """Block until the job finishes and return it (state, attempt, error, result).
         Woken by a Postgres NOTIFY when it is archived, not by polling. Raises WaitTimeout
-        after `timeout` seconds (None: no limit), JobNotFound for an unknown id."""
+        after `timeout` seconds (None: no limit), JobNotFound for an unknown id.
+        `on_progress`: called with each progress report and partial result (JobEvent) as
+        the job sends them, the last stored progress first (see `stream`)."""
         check_id(job_id)
+        if on_progress is not None:
+            return streaming.wait_with_progress(self, job_id, timeout, on_progress)
         return waiting.wait(self, job_id, timeout)
 
-    async def await_job(self, job_id: str, timeout: float | None = None) -> JobInfo:
-        """`wait` for event loops: `info = await app.await_job(job_id, timeout=30)`."""
+    async def await_job(
+        self,
+        job_id: str,
+        timeout: float | None = None,
+        *,
+        on_progress: Callable[[JobEvent], object] | None = None,
+    ) -> JobInfo:
+        """`wait` for event loops: `info = await app.await_job(job_id, timeout=30)`;
+        `on_progress` may be a coroutine function."""
         check_id(job_id)
+        if on_progress is not None:
+            return await streaming.await_with_progress(self, job_id, timeout, on_progress)
         return await waiting.await_job(self, job_id, timeout)
+
+    # -- streamed events (the logic is in streaming.py) ------------------------------------
+
+    def stream(self, job_id: str, timeout: float | None = None) -> Iterator[JobEvent]:
+        """The job's events until it ends: its last stored progress first (a late reader
+        sees where it got to), then each progress and partial result as the job sends them
+        (ctx.progress, ctx.emit), then one `kind="end"` event with its final state. Raises
+        WaitTimeout after `timeout` seconds (None: no limit), JobNotFound for an unknown
+        id. Close the iterator (or leave the loop) to stop early."""
+        check_id(job_id)
+        return streaming.stream(self, job_id, timeout)
+
+    def astream(self, job_id: str, timeout: float | None = None) -> AsyncIterator[JobEvent]:
+        """`stream` for event loops: `async for event in app.astream(job_id): ...`."""
+        check_id(job_id)
+        return streaming.astream(self, job_id, timeout)
+
+    def progress(self, job_id: str) -> JobEvent | None:
+        """The job's last stored progress (at most a second behind the live one while it
+        runs, its last when it ended), None if it reported none."""
+        check_id(job_id)
+        from hivejobs.store.progress import get_progress
+
+        return get_progress(self.store, job_id)
 
     # -- flow control (the logic is in flow.py) -------------------------------------------
 

@@ -15,7 +15,7 @@ from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from hivejobs.config import redact_url
 from hivejobs.errors import ConnectionFailed
-from hivejobs.records import Inserted, NewJob, Push
+from hivejobs.records import Inserted, JobEvent, NewJob, Push
 from hivejobs.store.chains import create_chain_plan
 from hivejobs.store.db import SCHEMA
 from hivejobs.store.enqueue import (
@@ -31,6 +31,7 @@ from hivejobs.store.enqueue import (
     queued_pushes,
 )
 from hivejobs.store.migrate import schema_check_plan
+from hivejobs.store.progress import progress_plan
 from hivejobs.store.session_settings import connect_kwargs
 from hivejobs.store.sql import arun_plan
 
@@ -105,6 +106,11 @@ class AsyncStore:
     async def get_row(self, job_id: str) -> dict[str, Any] | None:
         async with self._pool.connection() as conn:
             return await arun_plan(conn, get_plan(job_id))
+
+    async def get_progress(self, job_id: str) -> JobEvent | None:
+        """The job's last stored progress (store/progress.py), None if it reported none."""
+        async with self._pool.connection() as conn:
+            return await arun_plan(conn, progress_plan(job_id))
 
     async def create_chain(
         self,

@@ -23,6 +23,7 @@ ARCHIVE = load_queries("archive.sql")
 MAINTENANCE = load_queries("maintenance.sql")
 FLOW = load_queries("flow.sql")
 DEBOUNCE = load_queries("debounce.sql")
+PROGRESS = load_queries("progress.sql")
 PRUNE_BATCH = 10_000
 
 
@@ -71,8 +72,8 @@ def set_type_retentions(store: Store, retentions: Mapping[str, float | None]) ->
 def prune_archive(store: Store, retention_s: float) -> int:
     """One batch of archived jobs past their type's retention (or `retention_s`), then the
     unique windows that have passed, the limit_by token buckets that have refilled to full
-    (no row means a full bucket; flow.py) and the debounce keys whose job has started: the
-    coordinator's prune, in place of
+    (no row means a full bucket; flow.py), the debounce keys whose job has started and the
+    progress rows of jobs gone (progress.py): the coordinator's prune, in place of
     Store.prune_archive (whose single retention would delete a longer-lived type's jobs)."""
     with store.connection() as conn:
         cur = conn.execute(
@@ -81,4 +82,5 @@ def prune_archive(store: Store, retention_s: float) -> int:
         conn.execute(MAINTENANCE["prune_unique"])
         conn.execute(FLOW["prune_full_buckets"])
         conn.execute(DEBOUNCE["prune_debounce"])  # keys whose job started: store/debounce.py
+        conn.execute(PROGRESS["prune_progress"], {"retention_s": retention_s})
         return cur.rowcount

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from hivejobs.client.app import App
     from hivejobs.client.batches import Batch
     from hivejobs.store.chains import ChainStore
+    from hivejobs.worker.streaming import EventSink
 
 
 class JobContext:
@@ -34,7 +35,13 @@ class JobContext:
     work; the chain view uses `chains`, the store of the process running the handler.
     """
 
-    def __init__(self, job: ClaimedJob, app: App, chains: ChainStore | None = None) -> None:
+    def __init__(
+        self,
+        job: ClaimedJob,
+        app: App,
+        chains: ChainStore | None = None,
+        events: EventSink | None = None,
+    ) -> None:
         self.job_id = job.id
         self.name = job.name
         self.attempt = job.attempt
@@ -53,6 +60,7 @@ class JobContext:
         self._chains = chains
         self._chain: ChainView | None = None
         self._batch: tuple[Batch | None] | None = None  # looked up on first use
+        self._events = events
 
     @property
     def stopping(self) -> threading.Event:
@@ -133,3 +141,28 @@ class JobContext:
             chains = self._chains if self._chains is not None else ChainStore(self.app.store)
             self._chain = ChainView(chains, self.job_id, self.app.job_type)
         return self._chain
+
+    # -- streamed events (worker/streaming.py: the bounds and the rates) ----------------
+
+    def progress(self, done: float, total: float | None = None, *, note: str | None = None) -> None:
+        """Report how far the job got ("done of total", a short note): readers of its stream
+        (app.stream, app.wait(on_progress=...), `hivejobs status --follow`, the dashboard)
+        see it live, and late ones see the last report. Cheap to call often: reports within
+        0.1 s of each other are coalesced, the latest wins. Bad values raise InvalidArgument.
+        Without a pool (hivejobs.testing, inline mode) it only checks its arguments."""
+        from hivejobs.worker.streaming import progress_event
+
+        event = progress_event(self.job_id, self.attempt, done, total, note)
+        if self._events is not None:
+            self._events.progress(event)
+
+    def emit(self, partial_result: object) -> bool:
+        """Send a partial result (JSON, at most 64 KiB) to the job's live readers; not
+        stored. False when this attempt's emit rate (a burst of 20, then 20 a second) was
+        spent and it was dropped; the next one delivered says how many were dropped."""
+        from hivejobs.worker.streaming import encoded_partial
+
+        encoded = encoded_partial(partial_result)
+        if self._events is None:
+            return True
+        return self._events.emit(self.job_id, self.attempt, encoded)

@@ -31,6 +31,7 @@ from hivejobs.worker.executor import execute, interrupted
 from hivejobs.worker.exits import fatal_on_error
 from hivejobs.worker.fetcher import Fetcher
 from hivejobs.worker.slots import Slots
+from hivejobs.worker.streaming import EventSink
 
 
 class Runners:
@@ -70,6 +71,7 @@ class Runners:
         self.draining = draining  # Stop.draining
         self.log = logger.bind(pool=jt.name)
         self.chains = ChainStore(store)  # stateless: one for every attempt's JobContext
+        self.events = EventSink(store, broker)  # ctx.progress / ctx.emit of this lane's jobs
         self._threads: list[threading.Thread] = []
 
     @property
@@ -124,7 +126,7 @@ class Runners:
         self.completer.submit(interrupted(job, started=False, max_result_bytes=max_bytes))
 
     def _run_started(self, job: ClaimedJob) -> None:
-        ctx = JobContext(job, self.app, self.chains)
+        ctx = JobContext(job, self.app, self.chains, self.events)
         entry = self.slots.started(job, ctx)
         began = time.monotonic()
         if looks_like_try_id(job.id):  # a chain try: its output goes to the job log
@@ -133,6 +135,7 @@ class Runners:
             self.keep_output(job, output)
         else:
             completion = self._execute(job, ctx)
+        self.events.finish(job.id)  # its last progress stored before its end is
         self.metrics.observe("run", job.name, time.monotonic() - began)
         if self.slots.finished(entry):
             failpoint("pool.before_completion_commit")

@@ -127,7 +127,7 @@ class Tasks:
 
     async def _run_started(self, job: ClaimedJob) -> None:
         runners = self.runners
-        ctx = JobContext(job, runners.app, runners.chains)
+        ctx = JobContext(job, runners.app, runners.chains, runners.events)
         entry = self.slots.started(job, ctx)
         began = time.monotonic()
         if looks_like_try_id(job.id):  # a chain try: its output goes to the job log
@@ -136,6 +136,8 @@ class Tasks:
             await asyncio.to_thread(runners.keep_output, job, output)
         else:
             completion = await self._execute(job, ctx)
+        if runners.events.reported(job.id):  # its last progress stored before its end is
+            await asyncio.to_thread(runners.events.finish, job.id)
         runners.metrics.observe("run", job.name, time.monotonic() - began)
         if self.slots.finished(entry):
             failpoint("pool.before_completion_commit")

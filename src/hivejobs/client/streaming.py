@@ -1,0 +1,294 @@
+"""`app.stream(job_id)` and `app.astream(job_id)`: a job's progress, partial results and end.
+
+A stream subscribes to the job's Redis channel first, then watches for its end as
+`app.wait` does (a LISTEN session woken by the archiving NOTIFY; without one, a read of the
+job every POLL_S), then reads the last stored progress and yields it: a reader who comes
+late starts from where the job got to, and misses nothing published after it subscribed.
+The live events follow as they come; the job's end (read from Postgres, the truth) is the
+last event. Before it, the final stored progress is yielded if the live ones did not end
+on it (a pub/sub message may lose the race with the NOTIFY). Redis down: no live events,
+the stream still starts from the stored progress and ends with the job. Never changes a
+job.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import queue
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Protocol
+
+import redis
+from loguru import logger
+
+from hivejobs.broker import AsyncEventSubscription, Broker, EventSubscription
+from hivejobs.client.aio import AsyncBackends
+from hivejobs.client.waiting import POLL_S, JobReader, checked_timeout, listen_url
+from hivejobs.errors import WaitTimeout
+from hivejobs.logs import error_fields
+from hivejobs.records import TERMINAL_STATES, JobEvent, JobInfo
+from hivejobs.store import Store
+from hivejobs.store.progress import get_progress
+from hivejobs.store.waits import AsyncWatch, Watch
+
+LISTEN_TURN_S = 0.5  # how soon a stream's helper threads notice that it was closed
+_CHECK = None  # on a stream's queue: "the job may have ended, read it"
+
+
+class App(JobReader, Protocol):
+    """What a stream needs of the App: a wait's reads, its store, broker and async ones."""
+
+    @property
+    def store(self) -> Store: ...
+
+    @property
+    def broker(self) -> Broker: ...
+
+    async def async_backends(self) -> AsyncBackends: ...
+
+
+def end_event(info: JobInfo) -> JobEvent:
+    return JobEvent(kind="end", job_id=info.id, attempt=info.attempt, state=info.state)
+
+
+def _same_progress(a: JobEvent | None, b: JobEvent) -> bool:
+    return a is not None and (a.attempt, a.done, a.total, a.note) == (
+        b.attempt,
+        b.done,
+        b.total,
+        b.note,
+    )
+
+
+def stream(app: App, job_id: str, timeout: float | None) -> Iterator[JobEvent]:
+    limit = checked_timeout(timeout)
+    deadline = time.monotonic() + limit
+    info = app.get_job(job_id)  # JobNotFound before anything is opened
+    if info.state in TERMINAL_STATES:
+        stored = get_progress(app.store, job_id)
+        if stored is not None:
+            yield stored
+        yield end_event(info)
+        return
+    items: queue.Queue[JobEvent | None] = queue.Queue()
+    stop = threading.Event()
+    subscription = _subscribe(app, job_id)
+    url = listen_url(app)
+    watch = Watch(url, job_id) if url is not None else None
+    helpers = [threading.Thread(target=_watch, args=(app, job_id, watch, items, stop))]
+    if subscription is not None:
+        helpers.append(threading.Thread(target=_listen, args=(subscription, items, stop)))
+    last: JobEvent | None = None
+    try:
+        stored = get_progress(app.store, job_id)
+        if stored is not None:
+            last = stored
+            yield stored
+        info = app.get_job(job_id)  # after the watch: an end from now on wakes us
+        for helper in helpers:
+            helper.daemon = True
+            helper.start()
+        while info.state not in TERMINAL_STATES:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise WaitTimeout(job_id, limit, info.state)
+            try:
+                item = items.get(timeout=min(left, 3600.0))
+            except queue.Empty:
+                continue
+            if item is _CHECK:
+                info = app.get_job(job_id)
+                continue
+            last = item if item.kind == "progress" else last
+            yield item
+        stop.set()
+        for helper in helpers:
+            helper.join()
+        tail = [i for i in _drained(items) if i is not None]
+        if subscription is not None:
+            tail += list(iter(lambda: subscription.get(0.0), None))
+        for item in tail:
+            last = item if item.kind == "progress" else last
+            yield item
+        final = get_progress(app.store, job_id)
+        if final is not None and not _same_progress(last, final):
+            yield final
+        yield end_event(info)
+    finally:
+        stop.set()
+        for helper in helpers:
+            if helper.is_alive():
+                helper.join()
+        if subscription is not None:
+            subscription.close()
+        if watch is not None:
+            watch.__exit__(None, None, None)
+
+
+def _subscribe(app: App, job_id: str) -> EventSubscription | None:
+    try:
+        return app.broker.subscribe_events(job_id)
+    except redis.RedisError as exc:
+        logger.warning("job stream without live events: Redis", job_id=job_id, **error_fields(exc))
+        return None
+
+
+def _drained(items: queue.Queue[JobEvent | None]) -> list[JobEvent | None]:
+    out = []
+    with contextlib.suppress(queue.Empty):
+        while True:
+            out.append(items.get_nowait())
+    return out
+
+
+def _listen(
+    subscription: EventSubscription, items: queue.Queue[JobEvent | None], stop: threading.Event
+) -> None:
+    """Live events to the queue until the stream stops (a thread of the stream's own)."""
+    while not stop.is_set():
+        try:
+            event = subscription.get(LISTEN_TURN_S)
+        except redis.RedisError as exc:
+            logger.warning("job stream lost its live events", **error_fields(exc))
+            return
+        if event is not None:
+            items.put(event)
+
+
+def _watch(
+    app: App,
+    job_id: str,
+    watch: Watch | None,
+    items: queue.Queue[JobEvent | None],
+    stop: threading.Event,
+) -> None:
+    """A check on the queue whenever the job may have ended (a thread of the stream's own):
+    the NOTIFY of its archiving, or without a LISTEN session every POLL_S."""
+    while not stop.is_set():
+        if watch is None:
+            if stop.wait(POLL_S):
+                return
+            items.put(_CHECK)
+        elif watch.woken(LISTEN_TURN_S):
+            items.put(_CHECK)
+
+
+async def astream(app: App, job_id: str, timeout: float | None) -> AsyncIterator[JobEvent]:
+    limit = checked_timeout(timeout)
+    deadline = time.monotonic() + limit
+    info = await app.aget_job(job_id)
+    backends = await app.async_backends()
+    if info.state in TERMINAL_STATES:
+        stored = await backends.store.get_progress(job_id)
+        if stored is not None:
+            yield stored
+        yield end_event(info)
+        return
+    items: asyncio.Queue[JobEvent | None] = asyncio.Queue()
+    try:
+        subscription: AsyncEventSubscription | None = await AsyncEventSubscription.open(
+            backends.broker, job_id
+        )
+    except redis.RedisError as exc:
+        logger.warning("job stream without live events: Redis", job_id=job_id, **error_fields(exc))
+        subscription = None
+    url = listen_url(app)
+    watch = await AsyncWatch.open(url, job_id) if url is not None else None
+    helpers: list[asyncio.Task[None]] = []
+    last: JobEvent | None = None
+    try:
+        stored = await backends.store.get_progress(job_id)
+        if stored is not None:
+            last = stored
+            yield stored
+        info = await app.aget_job(job_id)
+        helpers.append(asyncio.create_task(_awatch(watch, items)))
+        if subscription is not None:
+            helpers.append(asyncio.create_task(_alisten(subscription, items)))
+        while info.state not in TERMINAL_STATES:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise WaitTimeout(job_id, limit, info.state)
+            try:
+                item = await asyncio.wait_for(items.get(), min(left, 3600.0))
+            except TimeoutError:
+                continue
+            if item is _CHECK:
+                info = await app.aget_job(job_id)
+                continue
+            last = item if item.kind == "progress" else last
+            yield item
+        await _cancelled(helpers)
+        tail = []
+        while not items.empty():
+            item = items.get_nowait()
+            if item is not None:
+                tail.append(item)
+        if subscription is not None:
+            while (event := await subscription.get(0.0)) is not None:
+                tail.append(event)
+        for item in tail:
+            last = item if item.kind == "progress" else last
+            yield item
+        final = await backends.store.get_progress(job_id)
+        if final is not None and not _same_progress(last, final):
+            yield final
+        yield end_event(info)
+    finally:
+        await _cancelled(helpers)
+        if subscription is not None:
+            await subscription.close()
+        if watch is not None:
+            await watch.close()
+
+
+async def _cancelled(tasks: list[asyncio.Task[None]]) -> None:
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def _alisten(
+    subscription: AsyncEventSubscription, items: asyncio.Queue[JobEvent | None]
+) -> None:
+    try:
+        while True:
+            event = await subscription.get(3600.0)
+            if event is not None:
+                items.put_nowait(event)
+    except redis.RedisError as exc:
+        logger.warning("job stream lost its live events", **error_fields(exc))
+
+
+async def _awatch(watch: AsyncWatch | None, items: asyncio.Queue[JobEvent | None]) -> None:
+    while True:
+        if watch is None:
+            await asyncio.sleep(POLL_S)
+            items.put_nowait(_CHECK)
+        elif await watch.woken(3600.0):
+            items.put_nowait(_CHECK)
+
+
+def wait_with_progress(
+    app: App, job_id: str, timeout: float | None, on_progress: Callable[[JobEvent], object]
+) -> JobInfo:
+    """`app.wait(..., on_progress=f)`: f(event) for each progress and partial result."""
+    for event in stream(app, job_id, timeout):
+        if event.kind != "end":
+            on_progress(event)
+    return app.get_job(job_id)
+
+
+async def await_with_progress(
+    app: App, job_id: str, timeout: float | None, on_progress: Callable[[JobEvent], object]
+) -> JobInfo:
+    """`await app.await_job(..., on_progress=f)`: f may be a coroutine function."""
+    async for event in astream(app, job_id, timeout):
+        if event.kind != "end":
+            outcome = on_progress(event)
+            if asyncio.iscoroutine(outcome):
+                await outcome
+    return await app.aget_job(job_id)
