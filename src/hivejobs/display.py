@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import unicodedata
 
+from hivejobs.records import JobEvent
+
 # Controls (ESC, newline, DEL...), format characters (RTL override, zero-width), line and
 # paragraph separators, and lone surrogates (undecodable bytes).
 _ESCAPED = frozenset({"Cc", "Cf", "Zl", "Zp", "Cs"})
@@ -57,3 +59,13 @@ def exception_line(error: str | None) -> str:
     if indented and indented[-1] + 1 < len(lines):
         return lines[indented[-1] + 1]
     return lines[0]
+
+
+def progress_text(event: JobEvent) -> str:
+    """A progress report in words, as the CLI and the dashboard show it (unescaped):
+    "3/10 (30%) copying", or "3" without a total."""
+    done = f"{event.done or 0:g}"
+    text = done if event.total is None else f"{done}/{event.total:g}"
+    if event.total:
+        text += f" ({100 * (event.done or 0) / event.total:.0f}%)"
+    return text + (f" {event.note}" if event.note else "")

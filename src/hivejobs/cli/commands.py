@@ -26,7 +26,7 @@ from hivejobs.config import (
     redact_url,
     scrub_known,
 )
-from hivejobs.display import escape, exception_line
+from hivejobs.display import escape, exception_line, progress_text
 from hivejobs.errors import (
     ChainInvalid,
     ConfigError,
@@ -206,14 +206,37 @@ def _past(text: str | None) -> datetime | None:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    info = _app(args).get_job(args.job_id)
+    app = _app(args)
+    info = app.get_job(args.job_id)
     data = msgspec.to_builtins(info)
     if not args.payload:
         data.pop("payload", None)
+    if args.follow:
+        return _follow(app, args.job_id, args.json)
+    progress = app.progress(args.job_id)
+    if progress is not None:
+        data["progress"] = progress_text(progress)
     if args.json:
         _print_json(data)
     else:
         print(readable_job(data))
+    return ExitCode.OK
+
+
+def _follow(app: App, job_id: str, as_json: bool) -> int:
+    """`hivejobs status ID --follow`: a line per event (JSON lines with --json) until the job
+    ends, the last progress first; each line flushed, for a pipe as for a terminal."""
+    for event in app.stream(job_id):
+        if as_json:
+            line = escape(msgspec.json.encode(event).decode())
+        elif event.kind == "progress":
+            line = f"{'progress':<12} {escape(progress_text(event))}"
+        elif event.kind == "emit":
+            dropped = f" ({event.dropped} dropped before)" if event.dropped else ""
+            line = f"{'emit':<12} {escape(msgspec.json.encode(event.data).decode())}{dropped}"
+        else:
+            line = f"{'ended':<12} {event.state}"
+        print(line, flush=True)
     return ExitCode.OK
 
 
@@ -609,6 +632,11 @@ def build_parser() -> Parser:
     p.add_argument("job_id", help="the id `enqueue` printed")
     p.add_argument("--payload", action="store_true", help="include the payload")
     p.add_argument("--json", action="store_true", help="the job as one JSON document")
+    p.add_argument(
+        "--follow",
+        action="store_true",
+        help="print its progress and partial results as they come, until it ends",
+    )
     p = add(
         "jobs",
         cmd_jobs,

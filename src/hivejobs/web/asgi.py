@@ -33,7 +33,18 @@ from loguru import logger
 
 from hivejobs.client.app import App
 from hivejobs.errors import ConfigError
-from hivejobs.web import api, batches, dashboard, errors, fair, fleet, flow, inputs, shield
+from hivejobs.web import (
+    api,
+    batches,
+    dashboard,
+    errors,
+    events,
+    fair,
+    fleet,
+    flow,
+    inputs,
+    shield,
+)
 from hivejobs.web.auth import (
     SESSION_COOKIE,
     Role,
@@ -182,6 +193,7 @@ def create_app(
     return Litestar(
         route_handlers=[
             *api.HANDLERS,
+            *events.HANDLERS,
             *fleet.HANDLERS,
             *flow.HANDLERS,
             *fair.HANDLERS,

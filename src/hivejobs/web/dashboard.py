@@ -41,6 +41,7 @@ from hivejobs.web.render import (
     link,
     page,
     pretty,
+    progress_bar,
     seconds,
     seg,
     sparkline,
@@ -244,7 +245,8 @@ def job_page(
         ("expires", esc(when(info.expires_at))),
     ]
     dl = "<dl>" + "".join(f"<dt>{k}</dt><dd>{v}</dd>" for k, v in facts) + "</dl>"
-    body = f"{buttons}{dl}<h3>Payload</h3><pre>{pretty(info.payload)}</pre>"
+    bar = progress_bar(url, info.state, app.progress(job_id))
+    body = f"{buttons}{dl}{bar}<h3>Payload</h3><pre>{pretty(info.payload)}</pre>"
     if info.error:
         body += f'<h3>Error</h3><pre class="error">{esc(info.error)}</pre>'
     if info.result is not None:

@@ -16,7 +16,8 @@ from urllib.parse import quote, urlencode
 import msgspec
 
 from hivejobs.chains.render import layers
-from hivejobs.records import ChainJobStatus
+from hivejobs.display import progress_text
+from hivejobs.records import TERMINAL_STATES, ChainJobStatus, JobEvent
 
 STATE_COLOURS = {
     "pending": "#9aa5b1",
@@ -54,7 +55,8 @@ async function refresh(){
   try {
     const r = await fetch(u, {credentials:'same-origin'});
     if (r.ok) { live.innerHTML = await r.text();
-      live.querySelectorAll('input.pick').forEach(e=>{e.checked = keep.has(e.value);}); }
+      live.querySelectorAll('input.pick').forEach(e=>{e.checked = keep.has(e.value);});
+      follow(); }
   } catch (e) {}
 }
 async function act(method, url, body){
@@ -73,6 +75,27 @@ document.addEventListener('click', ev => {
   } else { act(b.dataset.method || 'POST', b.dataset.url); }
 });
 setInterval(refresh, 2000);
+// A job page's progress bar follows the job's server-sent events; the latest event is
+// drawn again after each refresh (the stored progress may be a second behind it).
+let events = null, latest = null;
+function drawProgress(){
+  const bar = document.getElementById('progress-bar');
+  const text = document.getElementById('progress-text');
+  if (!latest || !bar) return;
+  if (latest.total) { bar.max = latest.total; bar.value = latest.done; }
+  const done = latest.done || 0, total = latest.total;
+  const pct = total ? ' (' + Math.round(100 * done / total) + '%)' : '';
+  text.textContent = (total == null ? String(done) : done + '/' + total + pct) +
+    (latest.note ? ' ' + latest.note : '');
+}
+function follow(){
+  const box = document.getElementById('progress');
+  if (events || !box || !box.dataset.events) { drawProgress(); return; }
+  events = new EventSource(box.dataset.events);
+  events.addEventListener('progress', m => { latest = JSON.parse(m.data); drawProgress(); });
+  events.addEventListener('end', () => { events.close(); refresh(); });
+}
+follow();
 """
 
 
@@ -215,4 +238,19 @@ def dag(base: str, jobs: Sequence[ChainJobStatus]) -> str:
         '<defs><marker id="arrow" viewBox="0 0 10 10" refX="10" refY="5" markerWidth="6" '
         'markerHeight="6" orient="auto"><path d="M0,0 L10,5 L0,10 z" fill="#9aa5b1"/></marker>'
         f"</defs>{''.join(edges)}{''.join(nodes)}</svg>"
+    )
+
+
+def progress_bar(job_url: str, state: str, progress: JobEvent | None) -> str:
+    """The job page's progress: the last stored report, and while the job is live the URL
+    of its events, which the page's script follows (`job_url` is escaped already)."""
+    if progress is None and state in TERMINAL_STATES:
+        return ""
+    done, total = (progress.done or 0, progress.total) if progress else (0, None)
+    value = f' max="{total:g}" value="{done:g}"' if total else ""
+    live = "" if state in TERMINAL_STATES else f' data-events="{job_url}/events"'
+    text = progress_text(progress) if progress else "no progress reported yet"
+    return (
+        f'<div id="progress"{live}><progress id="progress-bar"{value}></progress> '
+        f'<span id="progress-text">{esc(text)}</span></div>'
     )
