@@ -23,7 +23,8 @@ from __future__ import annotations
 import math
 import threading
 import time
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import msgspec
 import psycopg
@@ -103,8 +104,8 @@ class _Attempt:
     """What the sink keeps of one running attempt's events (guarded by EventSink.cond)."""
 
     attempt: int
+    refilled_at: float
     tokens: float = float(EMIT_BURST)
-    refilled_at: float = field(default_factory=time.monotonic)
     dropped: int = 0
     latest: JobEvent | None = None  # progress not published yet
     published_at: float = -math.inf
@@ -121,9 +122,19 @@ class EventSink:
     the only one doing I/O. Keeps, per attempt: at most one progress per PROGRESS_EVERY_S
     reaches Redis and one per STORE_EVERY_S Postgres, the latest of each interval."""
 
-    def __init__(self, store: Store, broker: Broker) -> None:
+    def __init__(
+        self,
+        store: Store,
+        broker: Broker,
+        clock: Callable[[], float] = time.monotonic,
+        sending: bool = True,
+    ) -> None:
         self.store = store
         self.broker = broker
+        # A test's own clock and no thread (sending=False) leave the decisions (_due) to
+        # be checked without timing anything.
+        self.clock = clock
+        self.sending = sending
         self.cond = threading.Condition()
         self._attempts: dict[str, _Attempt] = {}
         self._outbox: list[tuple[str, bytes]] = []
@@ -136,12 +147,12 @@ class EventSink:
         with self.cond:
             entry = self._entry(event.job_id, event.attempt)
             entry.latest = event
-            if time.monotonic() - entry.published_at >= PROGRESS_EVERY_S:
+            if self.clock() - entry.published_at >= PROGRESS_EVERY_S:
                 self.cond.notify()
 
     def emit(self, job_id: str, attempt: int, encoded: bytes) -> bool:
         """Queue one partial result; False when the attempt's rate is spent (dropped)."""
-        now = time.monotonic()
+        now = self.clock()
         with self.cond:
             entry = self._entry(job_id, attempt)
             entry.tokens = min(
@@ -188,8 +199,8 @@ class EventSink:
     def _entry(self, job_id: str, attempt: int) -> _Attempt:
         entry = self._attempts.get(job_id)
         if entry is None or entry.attempt != attempt:
-            entry = self._attempts[job_id] = _Attempt(attempt)
-            if self._thread is None or not self._thread.is_alive():
+            entry = self._attempts[job_id] = _Attempt(attempt, refilled_at=self.clock())
+            if self.sending and (self._thread is None or not self._thread.is_alive()):
                 self._thread = threading.Thread(target=self._run, name="events", daemon=True)
                 self._thread.start()
         return entry
@@ -199,7 +210,7 @@ class EventSink:
     def _run(self) -> None:
         while True:
             with self.cond:
-                publish, store, ended, wait_s = self._due(time.monotonic())
+                publish, store, ended, wait_s = self._due(self.clock())
                 if not (publish or store or ended):
                     self.cond.wait(wait_s)
                     continue
