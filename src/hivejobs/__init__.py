@@ -36,7 +36,7 @@ from hivejobs.errors import (
     WaitTimeout,
 )
 from hivejobs.jobtypes import Backoff, Fail, Retry
-from hivejobs.records import BatchDone, BatchStatus, JobInfo, JobState
+from hivejobs.records import BatchDone, BatchStatus, JobEvent, JobInfo, JobState
 from hivejobs.worker.context import JobContext
 
 logger.disable("hivejobs")
@@ -67,6 +67,7 @@ __all__ = [
     "JobContext",
     "JobDuplicate",
     "JobIdConflict",
+    "JobEvent",
     "JobInfo",
     "JobNotFinished",
     "JobNotFound",

@@ -83,7 +83,9 @@ def test_progress_takes_what_is_in_bounds() -> None:
 def test_emit_refuses_oversize_or_unencodable_results_naming_partial_result() -> None:
     events = sink(Clock())
     ctx = context(events)
-    with pytest.raises(InvalidArgument, match=f"partial_result is .* more than the {MAX_EMIT_BYTES}"):
+    with pytest.raises(
+        InvalidArgument, match=f"partial_result is .* more than the {MAX_EMIT_BYTES}"
+    ):
         ctx.emit({"blob": "x" * MAX_EMIT_BYTES})
     with pytest.raises(InvalidArgument, match="partial_result is not JSON-encodable"):
         ctx.emit({"when": object()})

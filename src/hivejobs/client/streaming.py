@@ -102,7 +102,10 @@ def stream(app: App, job_id: str, timeout: float | None) -> Iterator[JobEvent]:
             if item is _CHECK:
                 info = app.get_job(job_id)
                 continue
-            last = item if item.kind == "progress" else last
+            if item.kind == "progress":
+                if _same_progress(last, item):
+                    continue  # the report just read from Postgres, arriving live too
+                last = item
             yield item
         stop.set()
         for helper in helpers:
@@ -110,13 +113,8 @@ def stream(app: App, job_id: str, timeout: float | None) -> Iterator[JobEvent]:
         tail = [i for i in _drained(items) if i is not None]
         if subscription is not None:
             tail += list(iter(lambda: subscription.get(0.0), None))
-        for item in tail:
-            last = item if item.kind == "progress" else last
-            yield item
         final = get_progress(app.store, job_id)
-        if final is not None and not _same_progress(last, final):
-            yield final
-        yield end_event(info)
+        closing = _closing(tail, last, final, info)
     finally:
         stop.set()
         for helper in helpers:
@@ -126,6 +124,25 @@ def stream(app: App, job_id: str, timeout: float | None) -> Iterator[JobEvent]:
             subscription.close()
         if watch is not None:
             watch.__exit__(None, None, None)
+    # After the cleanup: a reader that stops at the end event leaves nothing open.
+    yield from closing
+
+
+def _closing(
+    tail: list[JobEvent], last: JobEvent | None, final: JobEvent | None, info: JobInfo
+) -> list[JobEvent]:
+    """The stream's last events: what came before the end was seen, the stored progress
+    if the live ones did not end on it, and the end."""
+    out = []
+    for item in tail:
+        if item.kind == "progress":
+            if _same_progress(last, item):
+                continue
+            last = item
+        out.append(item)
+    if final is not None and not _same_progress(last, final):
+        out.append(final)
+    return [*out, end_event(info)]
 
 
 def _subscribe(app: App, job_id: str) -> EventSubscription | None:
@@ -219,10 +236,13 @@ async def astream(app: App, job_id: str, timeout: float | None) -> AsyncIterator
             if item is _CHECK:
                 info = await app.aget_job(job_id)
                 continue
-            last = item if item.kind == "progress" else last
+            if item.kind == "progress":
+                if _same_progress(last, item):
+                    continue  # the report just read from Postgres, arriving live too
+                last = item
             yield item
         await _cancelled(helpers)
-        tail = []
+        tail: list[JobEvent] = []
         while not items.empty():
             item = items.get_nowait()
             if item is not None:
@@ -230,19 +250,16 @@ async def astream(app: App, job_id: str, timeout: float | None) -> AsyncIterator
         if subscription is not None:
             while (event := await subscription.get(0.0)) is not None:
                 tail.append(event)
-        for item in tail:
-            last = item if item.kind == "progress" else last
-            yield item
         final = await backends.store.get_progress(job_id)
-        if final is not None and not _same_progress(last, final):
-            yield final
-        yield end_event(info)
+        closing = _closing(tail, last, final, info)
     finally:
         await _cancelled(helpers)
         if subscription is not None:
             await subscription.close()
         if watch is not None:
             await watch.close()
+    for item in closing:
+        yield item
 
 
 async def _cancelled(tasks: list[asyncio.Task[None]]) -> None:
