@@ -40,6 +40,7 @@ SCENARIOS = (
     "batch",
     "debounce",
     "fairness",
+    "progress",
 )
 DEFAULT_SCENARIOS = "enqueue,throughput,latency"
 
@@ -333,6 +334,17 @@ def run_scenarios(env: BenchEnvironment, opts: BenchOptions) -> dict[str, Any]:
                 "fairness",
                 lambda: fairness_scenario(
                     env, opts.jobs, opts.processes, opts.concurrency, opts.work_ms, progress
+                ),
+            )
+        )
+    if "progress" in opts.scenarios:  # ctx.progress / ctx.emit, beside the same body without
+        from hivejobs.bench.progress import progress_scenario
+
+        plan.append(
+            (
+                "progress",
+                lambda: progress_scenario(
+                    env, opts.jobs, opts.processes, opts.concurrency, opts.sweep, progress
                 ),
             )
         )

@@ -169,3 +169,30 @@ if os.environ.get("HIVEJOBS_BENCH_FAIR") == "1":
         concurrency=int(os.environ.get("HIVEJOBS_BENCH_CONCURRENCY", "8")),
         fair_by="customer",
     )(bench_noop)
+
+
+if os.environ.get("HIVEJOBS_BENCH_PROGRESS") == "1":
+    # `hivejobs bench --scenarios progress` (bench/progress.py): one body, split in STEPS
+    # steps of the job's work; `bench_progress_on` also reports each step (ctx.progress)
+    # and emits one partial result, `bench_progress_off` does not.
+    STEPS = 10
+
+    def _stepped(ctx: JobContext, report: bool) -> None:
+        for i in range(STEPS):
+            if WORK_S:
+                time.sleep(WORK_S / STEPS)
+            if report:
+                ctx.progress(i + 1, STEPS, note="step")
+        if report:
+            ctx.emit({"steps": STEPS})
+
+    def bench_progress_off(ctx: JobContext, payload: dict[str, Any]) -> None:
+        _stepped(ctx, False)
+
+    def bench_progress_on(ctx: JobContext, payload: dict[str, Any]) -> None:
+        _stepped(ctx, True)
+
+    _p = int(os.environ.get("HIVEJOBS_BENCH_PROCESSES", "2"))
+    _c = int(os.environ.get("HIVEJOBS_BENCH_CONCURRENCY", "8"))
+    app.job("bench_progress_off", processes=_p, concurrency=_c)(bench_progress_off)
+    app.job("bench_progress_on", processes=_p, concurrency=_c)(bench_progress_on)

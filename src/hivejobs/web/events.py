@@ -26,6 +26,23 @@ from hivejobs.records import JobEvent
 from hivejobs.web.errors import ERROR_RESPONSES
 
 PING_S = 15.0
+
+
+class EventMessage(msgspec.Struct, kw_only=True):
+    """One server-sent event as the OpenAPI document describes it (the wire format is SSE's
+    `event:` and `data:` lines, not this JSON)."""
+
+    event: Annotated[str, msgspec.Meta(description="progress, emit or end")]
+    data: Annotated[
+        str,
+        msgspec.Meta(
+            description="the event as JSON: kind, job_id, attempt; done, total, note "
+            "(progress); data, dropped (emit); state (end)",
+            extra_json_schema={"contentMediaType": "application/json"},
+        ),
+    ]
+
+
 Name = Annotated[str, Parameter(description="job type", min_length=1, max_length=64)]
 JobId = Annotated[str, Parameter(description="job id", min_length=1, max_length=255)]
 
@@ -42,7 +59,7 @@ JobId = Annotated[str, Parameter(description="job id", min_length=1, max_length=
     responses={
         **ERROR_RESPONSES(404),
         200: ResponseSpec(
-            data_container=str,
+            data_container=EventMessage,
             description="the stream (text/event-stream)",
             media_type="text/event-stream",
         ),
