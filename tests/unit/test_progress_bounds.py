@@ -109,7 +109,7 @@ def test_progress_within_an_interval_is_coalesced_the_latest_wins() -> None:
         ctx.progress(i + 1, 100)
     publish, store, ended, _ = events._due(clock())
     assert [msgspec.json.decode(m, type=JobEvent).done for _, m in publish] == [100.0]
-    assert [e.done for e in store] == [100.0] and ended == []
+    assert store == [] and ended == []  # stored a second after the first report at most
     clock.now += PROGRESS_EVERY_S / 2
     ctx.progress(101, 200)
     ctx.progress(102, 200)
@@ -124,6 +124,11 @@ def test_progress_within_an_interval_is_coalesced_the_latest_wins() -> None:
     clock.now += STORE_EVERY_S
     _, store, _, _ = events._due(clock())
     assert [e.done for e in store] == [102.0]
+    ctx.progress(103, 200)
+    clock.now += PROGRESS_EVERY_S
+    publish, store, _, wait_s = events._due(clock())
+    assert len(publish) == 1 and store == []  # a second after the last store, not before
+    assert wait_s == pytest.approx(STORE_EVERY_S - PROGRESS_EVERY_S)
 
 
 def test_an_ending_attempt_sends_its_pending_progress_at_once() -> None:

@@ -108,9 +108,11 @@ class _Attempt:
     tokens: float = float(EMIT_BURST)
     dropped: int = 0
     latest: JobEvent | None = None  # progress not published yet
-    published_at: float = -math.inf
+    published_at: float = -math.inf  # the first report goes out at once
     unstored: JobEvent | None = None  # progress published but not stored yet
-    stored_at: float = -math.inf
+    # The first store waits STORE_EVERY_S from the attempt's first report: a short job
+    # writes one row, when it ends, not one at its start and another at its end.
+    stored_at: float = 0.0
     ending: threading.Event | None = None  # set by the thread once all is sent (finish)
 
 
@@ -199,7 +201,8 @@ class EventSink:
     def _entry(self, job_id: str, attempt: int) -> _Attempt:
         entry = self._attempts.get(job_id)
         if entry is None or entry.attempt != attempt:
-            entry = self._attempts[job_id] = _Attempt(attempt, refilled_at=self.clock())
+            now = self.clock()
+            entry = self._attempts[job_id] = _Attempt(attempt, refilled_at=now, stored_at=now)
             if self.sending and (self._thread is None or not self._thread.is_alive()):
                 self._thread = threading.Thread(target=self._run, name="events", daemon=True)
                 self._thread.start()
