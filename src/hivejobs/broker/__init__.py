@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
@@ -316,9 +317,16 @@ class EventSubscription:
         self._pubsub.subscribe(broker.events_channel(job_id))
 
     def get(self, timeout_s: float) -> JobEvent | None:
-        """The next event, or None after `timeout_s` without one."""
-        msg = self._pubsub.get_message(timeout=timeout_s)
-        return None if msg is None else decode_event(msg["data"], self.job_id)
+        """The next event, or None after `timeout_s` without one (redis-py answers None
+        for a subscribe confirmation too, and we for garbage: both keep waiting)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            msg = self._pubsub.get_message(timeout=max(0.0, deadline - time.monotonic()))
+            event = None if msg is None else decode_event(msg["data"], self.job_id)
+            if event is not None:
+                return event
+            if time.monotonic() >= deadline:
+                return None
 
     def close(self) -> None:
         self._pubsub.close()
@@ -338,8 +346,14 @@ class AsyncEventSubscription:
         return cls(pubsub, job_id)
 
     async def get(self, timeout_s: float) -> JobEvent | None:
-        msg = await self._pubsub.get_message(timeout=timeout_s)
-        return None if msg is None else decode_event(msg["data"], self.job_id)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            msg = await self._pubsub.get_message(timeout=max(0.0, deadline - time.monotonic()))
+            event = None if msg is None else decode_event(msg["data"], self.job_id)
+            if event is not None:
+                return event
+            if time.monotonic() >= deadline:
+                return None
 
     async def close(self) -> None:
         await self._pubsub.aclose()

@@ -45,6 +45,7 @@ EMIT_PER_S = 20.0  # ... and per second after that, per attempt
 MAX_NOTE_CHARS = 500
 MAX_EMIT_BYTES = 64 * 1024
 FINISH_WAIT_S = 5.0  # an ending attempt waits this long at most for its last events
+WARN_EVERY_S = 10.0  # a lost event's warning, at most this often
 
 _encoder = msgspec.json.Encoder()
 
@@ -141,6 +142,8 @@ class EventSink:
         self._attempts: dict[str, _Attempt] = {}
         self._outbox: list[tuple[str, bytes]] = []
         self._thread: threading.Thread | None = None
+        self._warned_at = -math.inf
+        self._lost = 0
         self.log = logger.bind(role="events")
 
     # -- the handler's side (any thread, the event loop's included: no I/O) -------------
@@ -256,11 +259,18 @@ class EventSink:
                 self.broker.publish_events(publish)
             except redis.RedisError as exc:
                 # Live readers miss these; the last progress still reaches Postgres below.
-                self.log.warning(
-                    "job events not published", events=len(publish), **error_fields(exc)
-                )
+                self._warn("job events not published", len(publish), exc)
         if store:
             try:
                 save_progress(self.store, store)
             except psycopg.Error as exc:
-                self.log.warning("job progress not stored", jobs=len(store), **error_fields(exc))
+                self._warn("job progress not stored", len(store), exc)
+
+    def _warn(self, message: str, count: int, exc: Exception) -> None:
+        """One line per WARN_EVERY_S while a server is down, not one per batch (this thread's
+        own state: `_lost` counts what the lines not written would have said)."""
+        self._lost += count
+        now = time.monotonic()
+        if now - self._warned_at >= WARN_EVERY_S:
+            self.log.warning(message, events=self._lost, **error_fields(exc))
+            self._lost, self._warned_at = 0, now
