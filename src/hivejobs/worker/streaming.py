@@ -121,9 +121,11 @@ class EventSink:
     """Publishes and stores the events of one lane's attempts from a thread of its own.
 
     Owns `_attempts` (job id -> _Attempt) and `_outbox` (encoded emits in order), both
-    guarded by `cond`; the thread, started on first use (a forked pool makes its own), is
-    the only one doing I/O. Keeps, per attempt: at most one progress per PROGRESS_EVERY_S
-    reaches Redis and one per STORE_EVERY_S Postgres, the latest of each interval."""
+    guarded by `cond`, and `_warned_at`/`_lost`, the thread's alone; the thread, started
+    on first use (a pool process makes its sinks after the fork), is the only one doing
+    I/O. Keeps, per attempt: at most one progress per PROGRESS_EVERY_S reaches Redis and
+    one per STORE_EVERY_S Postgres, the latest of each interval, and an ended attempt's
+    last report is sent before finish() returns."""
 
     def __init__(
         self,
