@@ -159,3 +159,16 @@ def test_emits_beyond_the_bucket_are_dropped_and_counted_in_the_next_delivered()
     sent = [msgspec.json.decode(m, type=JobEvent) for _, m in publish]
     assert [e.data for e in sent][-1] == {"i": "next"}
     assert [e.dropped for e in sent] == [0] * EMIT_BURST + [5]
+
+
+def test_a_held_report_goes_out_ahead_of_the_emit_that_follows_it() -> None:
+    clock = Clock()
+    events = sink(clock)
+    ctx = context(events)
+    ctx.progress(1, 3)
+    events._due(clock())  # published at once
+    ctx.progress(2, 3)  # within the interval: held ...
+    ctx.emit({"after": 2})  # ... until an emit follows it
+    publish, _, _, _ = events._due(clock())
+    sent = [msgspec.json.decode(m, type=JobEvent) for _, m in publish]
+    assert [(e.kind, e.done) for e in sent] == [("progress", 2.0), ("emit", None)]

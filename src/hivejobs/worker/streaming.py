@@ -8,7 +8,9 @@ The bounds, per attempt (docs/howto/progress.md says the same to users):
   when the attempt ends, before its completion is submitted;
 - emits pass a token bucket (EMIT_BURST at once, EMIT_PER_S after): one beyond it is
   dropped, `ctx.emit` returns False, and the next delivered emit says how many were
-  dropped (`dropped`). Dropped, not refused: a job that emits too fast should not fail;
+  dropped (`dropped`). Dropped, not refused: a job that emits too fast should not fail.
+  A report held back by coalescing goes out just ahead of the emit that follows it, so an
+  attempt's events keep the order it made them in (at most one report more per emit);
 - a note is at most MAX_NOTE_CHARS characters, a partial result at most MAX_EMIT_BYTES of
   JSON: beyond, InvalidArgument names the field, and nothing is sent.
 
@@ -170,6 +172,12 @@ class EventSink:
                 entry.dropped += 1
                 return False
             entry.tokens -= 1.0
+            if entry.latest is not None:
+                # A report held back by coalescing goes out ahead of the emit that follows
+                # it: an attempt's events arrive in the order it made them.
+                self._outbox.append((job_id, _encoder.encode(entry.latest)))
+                entry.unstored, entry.latest = entry.latest, None
+                entry.published_at = now
             event = JobEvent(
                 kind="emit",
                 job_id=job_id,
