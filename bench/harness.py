@@ -39,11 +39,14 @@ FAST_SETTINGS: dict[str, float] = {
 
 def wait_until(
     predicate: Callable[..., Any],
-    timeout: float = 30.0,
+    timeout: float = 60.0,
     interval: float = 0.05,
     what: str = "condition",
 ) -> Any:
     """Poll until predicate() is truthy; return its value, or fail with `what`.
+
+    The timeout only bounds a failure (a passing wait returns as soon as it holds): 60 s,
+    since an instance starting four pools took over 30 s on a 2-core machine at load 10.
 
     `...`: loops bind their variables as lambda defaults (`lambda k=kind: ...`), and mypy
     types such a lambda only against a signature that admits the extra parameters."""
