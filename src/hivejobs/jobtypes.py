@@ -47,6 +47,7 @@ from hivejobs.serialization import PayloadCodec, decode_json
 
 if TYPE_CHECKING:
     from hivejobs.flow import Limits
+    from hivejobs.sequence import SequenceBy
 
 NAME_RE = JOB_TYPE_NAME_RE
 # Unicode categories refused in ids: controls, format characters (RTL override, zero-width),
@@ -146,6 +147,7 @@ class JobType:
     # A pool process shared with other types (worker/placement.py); None: its own.
     pool: str | None = None
     fair: FairBy | None = None  # fair dispatch across the keys of a payload field (broker/fair.py)
+    sequence: SequenceBy | None = None  # sequence_by: one job per key at a time (sequence.py)
 
     def info(self) -> JobTypeInfo:
         return JobTypeInfo(
@@ -187,6 +189,7 @@ class JobType:
         """Check the options and encode the payload: bad input raises before any write."""
         prio = self._checked_options(job_id, priority, delay, run_at, expires_at)
         encoded = self.encode(payload)
+        seq = self.sequence
         return NewJob(
             id=job_id or str(uuid.uuid4()),
             name=self.name,
@@ -201,6 +204,8 @@ class JobType:
             debounce=None
             if self.debounce is None
             else self.debounce.claim(self.name, encoded, self.codec),
+            seq_key=None if seq is None else seq.key(self.name, encoded),
+            seq_hold=seq is not None and seq.on_failure == "hold",
         )
 
     def new_jobs(

@@ -62,6 +62,9 @@ class NewJob(msgspec.Struct, frozen=True, kw_only=True):
     unique: UniqueClaim | None = None
     trace_context: str | None = None  # the enqueue span's W3C traceparent (tracing.py)
     debounce: DebounceClaim | None = None
+    # sequence_by (sequence.py): the key (the field's JSON text) and on_failure="hold".
+    seq_key: str | None = None
+    seq_hold: bool = False
 
 
 @dataclass(frozen=True)
