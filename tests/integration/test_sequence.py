@@ -210,6 +210,6 @@ def test_bad_input_is_refused_before_anything_is_stored(
     from hivejobs import Chain
 
     chain = Chain("c")
-    chain.job("one", "step", {"account": "a"})
+    chain.job("step", {"account": "a"})
     with pytest.raises(ChainInvalid, match="sequence_by"):
         app.run_chain(chain)
