@@ -43,11 +43,11 @@ from hivejobs.records import (
     UniqueClaim,
 )
 from hivejobs.schedules import Schedule, check_cron
+from hivejobs.sequence import SequenceBy, declared_sequence
 from hivejobs.serialization import PayloadCodec, decode_json
 
 if TYPE_CHECKING:
     from hivejobs.flow import Limits
-    from hivejobs.sequence import SequenceBy
 
 NAME_RE = JOB_TYPE_NAME_RE
 # Unicode categories refused in ids: controls, format characters (RTL override, zero-width),
@@ -160,6 +160,8 @@ class JobType:
             callback=self.callback,
             callback_timeout_s=self.callback_timeout_s,
             fair_by=None if self.fair is None else self.fair.field,
+            sequence_by=None if self.sequence is None else self.sequence.field,
+            on_failure=None if self.sequence is None else self.sequence.on_failure,
         )
 
     def encode(self, payload: object) -> bytes:
@@ -358,6 +360,7 @@ def declared_type(info: JobTypeInfo, codec: PayloadCodec) -> JobType:
         callback=info.callback,
         callback_timeout_s=info.callback_timeout_s,
         fair=None if info.fair_by is None else FairBy(info.fair_by),
+        sequence=declared_sequence(info.sequence_by, info.on_failure),
     )
 
 

@@ -65,7 +65,9 @@ def checked_sequence(
     """The sequence options of `@app.job(...)`, or a clear InvalidJobType; None without."""
     if sequence_by is None:
         if on_failure is not None:
-            raise InvalidJobType("on_failure needs sequence_by (it says what a failure does to its key)")
+            raise InvalidJobType(
+                "on_failure needs sequence_by (it says what a failure does to its key)"
+            )
         return None
     if not isinstance(sequence_by, str) or not sequence_by:
         raise InvalidJobType(
@@ -79,3 +81,13 @@ def checked_sequence(
             "sequence_by cannot go with cron: a periodic job has no payload, so no key"
         )
     return SequenceBy(field=sequence_by, on_failure="hold" if mode == "hold" else "continue")
+
+
+def declared_sequence(sequence_by: str | None, on_failure: str | None) -> SequenceBy | None:
+    """The sequence a worker fleet declared for a type (hivejobs_job_type), for a client that
+    enqueues by name: its jobs are numbered and checked as the worker's own App would."""
+    if sequence_by is None:
+        return None
+    return SequenceBy(
+        field=sequence_by, on_failure="continue" if on_failure == "continue" else "hold"
+    )

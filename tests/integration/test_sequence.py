@@ -8,17 +8,17 @@ as a pool does, writes completions as the completer does, and reads the rows.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 
 import psycopg
 import pytest
 
 from hivejobs import App
-from hivejobs.errors import InvalidJobType, PayloadInvalid
-from hivejobs.errors import ChainInvalid
+from hivejobs.errors import ChainInvalid, InvalidJobType, PayloadInvalid
 from hivejobs.records import ClaimedJob, Completion, Outcome
 from hivejobs.store import new_worker_id
-from tests.harness import sql
+from tests.harness import sql, wait_until
 
 
 def make(app: App, on_failure: str = "hold", attempts: int = 1) -> App:
@@ -44,7 +44,9 @@ def finish(app: App, job: ClaimedJob, outcome: Outcome, delay_s: float = 0.0) ->
 
 
 def queued_at_set(database_url: str, job_id: str) -> bool:
-    rows = sql(database_url, "SELECT queued_at IS NOT NULL FROM hivejobs_job WHERE id = %s", (job_id,))
+    rows = sql(
+        database_url, "SELECT queued_at IS NOT NULL FROM hivejobs_job WHERE id = %s", (job_id,)
+    )
     return bool(rows[0][0])
 
 
@@ -84,7 +86,11 @@ def test_a_later_job_never_starts_while_an_earlier_one_is_live(
     first = app.enqueue("step", {"account": "a"}, delay=3600)
     second = app.enqueue("step", {"account": "a"})
     assert claim(app, [second]) == []
-    sql(database_url, "UPDATE hivejobs_job SET state = 'queued', queued_at = now() WHERE id = %s", (first,))
+    sql(
+        database_url,
+        "UPDATE hivejobs_job SET state = 'queued', queued_at = now() WHERE id = %s",
+        (first,),
+    )
     (job,) = claim(app, [first, second])
     assert job.id == first
     finish(app, job, "retry", delay_s=3600)  # attempts left: the key waits for the retry
@@ -156,24 +162,37 @@ def test_the_guard_holds_without_the_park_and_the_hand_over(
     assert [j.id for j in claim(app, [second])] == [second]
 
 
-def test_concurrent_claims_of_one_key_start_one_job(
+WAITING_KEY_LOCK = (
+    "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND classid = 1936027953"
+    " AND NOT granted"
+)
+
+
+def test_a_hand_over_waits_for_a_claim_that_parks_the_next_job(
     make_app: Callable[..., App], database_url: str
 ) -> None:
-    """Two claims of a key in flight at once: the second waits for the first's key lock and
-    then sees its claim, so it starts nothing, not even the job after it."""
+    """A claim parks the second job (the first still runs) while the first one's completion
+    hands the key over: the hand-over waits for the claim's key lock, then unparks the
+    second. Without the lock the hand-over would see it unparked, do nothing, and the park
+    committed after would leave it out of Redis for good."""
     app = make(make_app())
     first, second = enqueue_line(app, "a", 2)
+    (job,) = claim(app, [first])
     with psycopg.connect(database_url, autocommit=True) as other:
         with other.transaction():
-            got = app.store.claim_queued([first], new_worker_id(), other, name="step", sequenced=True)
-            assert [j.id for j in got] == [first]
-            blocked = sql(
-                database_url,
-                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND classid = 1936027953",
-            )[0][0]
-            assert blocked == 1
-        # committed: a claim now sees it running
-        assert claim(app, [second, first]) == []
+            got = app.store.claim_queued(
+                [second], new_worker_id(), other, name="step", sequenced=True
+            )
+            assert got == []  # parked, not yet committed
+            done = threading.Thread(target=finish, args=(app, job, "succeeded"))
+            done.start()
+            wait_until(
+                lambda: sql(database_url, WAITING_KEY_LOCK)[0][0] == 1 or not done.is_alive(),
+                what="the hand-over waiting for the claim's key lock",
+            )
+        done.join(30)
+    assert queued_at_set(database_url, second)
+    assert [j.id for j in claim(app, [second])] == [second]
 
 
 def test_enqueue_numbers_a_key_in_order_also_in_bulk(

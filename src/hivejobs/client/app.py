@@ -49,8 +49,6 @@ from hivejobs.errors import (
     UsageError,
 )
 from hivejobs.failpoints import failpoint
-from hivejobs.sequence import checked_sequence
-from hivejobs.store.sequence import KeyState, SequenceStore
 from hivejobs.flow import (
     checked_limits,
     pause_type,
@@ -87,10 +85,12 @@ from hivejobs.records import (
     TypeFlow,
 )
 from hivejobs.schedules import Schedule, check_cron
+from hivejobs.sequence import checked_sequence
 from hivejobs.serialization import PayloadCodec, decode_json, payload_type_of, storable_text
 from hivejobs.store import Store
 from hivejobs.store.enqueue import Push, owns_transaction
 from hivejobs.store.fair import FairStore, KeyCount
+from hivejobs.store.sequence import KeyState, SequenceStore
 from hivejobs.worker.memory import checked_max_rss
 from hivejobs.worker.placement import check_pool
 

@@ -32,8 +32,8 @@ from hivejobs.store.enqueue import (
 )
 from hivejobs.store.migrate import schema_check_plan
 from hivejobs.store.progress import progress_plan
-from hivejobs.store.session_settings import connect_kwargs
 from hivejobs.store.sequence import SEQ, copied_params
+from hivejobs.store.session_settings import connect_kwargs
 from hivejobs.store.sql import arun_plan
 
 AsyncConn = psycopg.AsyncConnection[Any]

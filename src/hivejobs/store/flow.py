@@ -136,9 +136,7 @@ class FlowStore:
         with conn.transaction():
             row = conn.execute(QUERIES["flow_lock"], {"name": name}).fetchone()
             if row is None:  # the row is made at pool start; a deleted row limits nothing
-                return self.store.claim_queued(
-                    ids, worker_id, conn, name=name, sequenced=sequenced
-                )
+                return self.store.claim_queued(ids, worker_id, conn, name=name, sequenced=sequenced)
             paused, tokens, now, since_s = row
             running = 0
             if counts_running:

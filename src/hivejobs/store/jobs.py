@@ -209,6 +209,8 @@ class Jobs(Database):
                         "timeout_s": t.timeout_s,
                         "callback": t.callback,
                         "callback_timeout_s": t.callback_timeout_s,
+                        "sequence_by": t.sequence_by,
+                        "on_failure": t.on_failure,
                     },
                 )
                 conn.execute(JOBS["set_fair_by"], {"name": t.name, "fair_by": t.fair_by})

@@ -11,6 +11,12 @@ ALTER TABLE hivejobs_job
     ADD COLUMN seq bigint,
     ADD COLUMN seq_hold boolean NOT NULL DEFAULT false;
 
+-- As declared by the worker fleet (upsert_job_type): a client that enqueues by name without
+-- the decorator (the CLI, another service) numbers and checks its jobs the same way.
+ALTER TABLE hivejobs_job_type
+    ADD COLUMN sequence_by text,
+    ADD COLUMN on_failure text;
+
 -- The claim guard's two questions, both within one key: is there a live job before this one,
 -- is one of the key running. Partial: unsequenced rows cost nothing.
 CREATE INDEX hivejobs_job_seq ON hivejobs_job (name, seq_key, seq) WHERE seq_key IS NOT NULL;
