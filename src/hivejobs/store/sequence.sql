@@ -62,10 +62,13 @@ SELECT hivejobs_sequence_lock(k.name, k.seq_key)
 -- if its key is not held, no job of its key runs (a callback's wait included), and no live
 -- job of its key came before it. The locks make the guard exact: no other claim of the key
 -- commits between this statement's snapshot and our commit. A row without a key (enqueued
--- before the type was sequenced) is claimed as an unsequenced job.
+-- before the type was sequenced) is claimed as an unsequenced job. started_at is this
+-- statement's time, after the locks (not the transaction's start, which may come before the
+-- previous job's completion): so the archive itself shows each job of a key starting after
+-- the previous one finished, on the database clock.
 UPDATE hivejobs_job j
    SET state = 'running', attempt = attempt + 1, worker_id = %(worker_id)s,
-       claim_token = nextval('hivejobs_claim_seq'), started_at = now()
+       claim_token = nextval('hivejobs_claim_seq'), started_at = clock_timestamp()
  WHERE j.id = ANY(%(ids)s) AND j.state = 'queued' AND j.name = %(name)s
    AND (j.expires_at IS NULL OR j.expires_at > now())
    AND NOT EXISTS (SELECT 1 FROM hivejobs_flow f WHERE f.name = %(name)s AND f.paused)
