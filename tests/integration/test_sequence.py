@@ -162,6 +162,20 @@ def test_the_guard_holds_without_the_park_and_the_hand_over(
     assert [j.id for j in claim(app, [second])] == [second]
 
 
+def test_a_job_numbered_first_still_waits_for_the_running_one(
+    make_app: Callable[..., App], database_url: str
+) -> None:
+    """One job of a key at a time even against the numbering: a job put before the running
+    one (by hand here; a replay taking a held job's place is the one way it happens) waits."""
+    app = make(make_app())
+    first, second = enqueue_line(app, "a", 2)
+    (job,) = claim(app, [first])
+    sql(database_url, "UPDATE hivejobs_job SET seq = 0 WHERE id = %s", (second,))
+    assert claim(app, [second]) == []
+    finish(app, job, "succeeded")
+    assert [j.id for j in claim(app, [second])] == [second]
+
+
 WAITING_KEY_LOCK = (
     "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND classid = 1936027953"
     " AND NOT granted"
