@@ -15,9 +15,7 @@ from pathlib import Path
 
 from bench.harness import read_ledger, sql
 
-ARCHIVED = (
-    "SELECT id, state, started_at, finished_at FROM hivejobs_archive WHERE id = ANY(%s)"
-)
+ARCHIVED = "SELECT id, state, started_at, finished_at FROM hivejobs_archive WHERE id = ANY(%s)"
 
 
 @dataclass

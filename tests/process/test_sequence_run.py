@@ -15,8 +15,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import redis
-
 from bench.sequence_check import check
+
 from hivejobs import App
 from tests.harness import Instance, RedisServer, fleet_app, live_jobs, pool_pids, sql, wait_until
 

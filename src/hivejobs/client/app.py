@@ -752,16 +752,20 @@ class App:
             SequenceStore(self.store).take_hold_place(name, key, job_id, new_id)
             logger.info("replay takes the held job's turn", job_id=job_id, new_id=new_id)
 
+    def _sequenced(self, name: str) -> None:
+        if self.job_type(name).sequence is None:  # UnknownJobType first
+            raise InvalidArgument(f"job type {name!r} has no sequence_by: it has no keys")
+
     def keys(self, name: str, limit: int = 1000) -> list[KeyState]:
         """A sequenced type's keys with live jobs or a hold (held first): queued, scheduled
         and running counts, the job whose turn it is, and the hold with its error."""
-        self.job_type(name)  # UnknownJobType first
+        self._sequenced(name)
         return SequenceStore(self.store).keys(name, limit)
 
     def release_key(self, name: str, key: str) -> str | None:
         """Let a held key go on past its failed job (which stays failed); returns that job's
         id, or None when the key was not held. `key` is the field's JSON text ('"acme"')."""
-        self.job_type(name)
+        self._sequenced(name)
         released = SequenceStore(self.store).release(name, key)
         if released is not None:
             logger.info("sequence key released", job_type=name, held_by=released)
