@@ -16,6 +16,7 @@ import pytest
 
 from hivejobs import App
 from hivejobs.errors import ChainInvalid, InvalidJobType, PayloadInvalid
+from hivejobs.flow import Flow
 from hivejobs.records import ClaimedJob, Completion, Outcome
 from hivejobs.store import new_worker_id
 from tests.harness import sql, wait_until
@@ -246,3 +247,37 @@ def test_bad_input_is_refused_before_anything_is_stored(
     chain.job("step", {"account": "a"})
     with pytest.raises(ChainInvalid, match="sequence_by"):
         app.run_chain(chain)
+
+
+def test_with_limit_by_and_pause_through_the_pools_flow(
+    make_app: Callable[..., App], database_url: str
+) -> None:
+    """The pool's own path (Flow.claim, Flow.put_back) for a type with both limit_by and
+    sequence_by: the limited claim's lock, then the keys' guard inside it."""
+    app = make_app()
+    app.job("both", global_concurrency=1, limit_by="tenant", sequence_by="account")(
+        lambda ctx, payload: None
+    )
+    jt = app.types["both"]
+    app.store.upsert_job_types([jt.info()])
+    flow = Flow(app.store, app.broker, "both", jt.limits, sequenced=True)
+    a = [app.enqueue("both", {"tenant": "t1", "account": "a", "i": i}) for i in range(2)]
+    b = app.enqueue("both", {"tenant": "t1", "account": "b"})  # same tenant: its one slot
+    c = app.enqueue("both", {"tenant": "t2", "account": "c"})
+    app.flush()
+    assert app.pause("both")
+    popped = app.broker.pop("both", 10)
+    with app.store.connection() as conn:
+        assert flow.claim(conn, popped.ids, new_worker_id()) == []
+    flow.put_back(popped, [])  # paused: nothing judged, everything back
+    assert sorted(app.broker.pop("both", 10).ids) == sorted([*a, b, c])
+    app.resume("both")
+    with app.store.connection() as conn:
+        got = flow.claim(conn, [a[1], b, a[0], c], new_worker_id())
+    # limit_by offers t1's one slot to the first t1 id popped, a[1]; the sequence refuses it
+    # (a[0] comes first) and parks it; the slot stays free for the next claim.
+    assert [j.id for j in got] == [c]
+    assert not queued_at_set(database_url, a[1])
+    with app.store.connection() as conn:
+        assert [j.id for j in flow.claim(conn, [a[0], b], new_worker_id())] == [a[0]]
+        assert flow.claim(conn, [b], new_worker_id()) == []  # t1's slot is a[0]'s now
