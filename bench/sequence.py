@@ -41,14 +41,14 @@ SELECT extract(epoch FROM started_at - lag(finished_at) OVER (PARTITION BY seq_k
 """
 
 
-def enqueue(sc: Scenario, keys: int, per_key: int, seed: int) -> dict[str, list[str]]:
+def enqueue(sc: Scenario, name: str, keys: int, per_key: int, seed: int) -> dict[str, list[str]]:
     """Round by round, every key's next job in one enqueue_many (its order is the key's)."""
-    app = sc.app(["ordered"])
+    app = sc.app([name])
     rng = random.Random(seed)
     lines: dict[str, list[str]] = {f"k{k}": [] for k in range(keys)}
     for i in range(per_key):
         batch = [{"account": a, "i": i, "ms": rng.randint(1, 20)} for a in lines]
-        for account, job_id in zip(lines, app.enqueue_many("ordered", batch), strict=True):
+        for account, job_id in zip(lines, app.enqueue_many(name, batch), strict=True):
             lines[account].append(job_id)
     return lines
 
@@ -77,12 +77,33 @@ def replace(sc: Scenario, old_index: int, dead: dict[int, int]) -> None:
         dead[pid] = time.monotonic_ns()
 
 
+def baseline(keys: int, per_key: int, seed: int) -> dict[str, object]:
+    """The same jobs of the same body, unsequenced, calm: what the machine does without."""
+    sc = Scenario("unsequenced-calm")
+    try:
+        for _ in range(2):
+            sc.instance("", app_spec=APP)
+        enqueue(sc, "unordered", keys, per_key, seed)
+        wait_until(lambda: sc.live() == 0, timeout=900, interval=0.2, what="every job done")
+        span = "SELECT extract(epoch FROM max(finished_at) - min(started_at)) FROM hivejobs_archive"
+        wall_s = float(sql(sc.url, span)[0][0])
+        return {
+            "scenario": sc.name,
+            "keys": keys,
+            "jobs": keys * per_key,
+            "wall_s": round(wall_s, 1),
+            "jobs_per_s": round(keys * per_key / wall_s, 1),
+        }
+    finally:
+        sc.close()
+
+
 def run(keys: int, per_key: int, chaos: bool, kill_every_s: float, seed: int) -> dict[str, object]:
     sc = Scenario("sequence-chaos" if chaos else "sequence-calm")
     try:
         for _ in range(2):
             sc.instance("", app_spec=APP)
-        lines = enqueue(sc, keys, per_key, seed)
+        lines = enqueue(sc, "ordered", keys, per_key, seed)
         started = time.monotonic()
         dead: dict[int, int] = {}
         rng = random.Random(seed)
@@ -134,7 +155,8 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=34)
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
-    rows = [
+    rows = [baseline(args.keys, args.per_key, args.seed)]
+    rows += [
         run(args.keys, args.per_key, chaos, args.kill_every, args.seed) for chaos in (False, True)
     ]
     lines = [" ".join(f"{k}={v}" for k, v in row.items()) for row in rows]

@@ -8,6 +8,7 @@ machine.
 
 - `ordered`: sequence_by="account", 4 runners, sleeps the payload's `ms`; a payload with
   `fail_first` fails its first attempt (a retry holds the key);
+- `unordered`: the same without sequence_by (bench/sequence.py's baseline);
 - `held` (on_failure="hold") and `continued` (on_failure="continue"): one attempt each, a
   payload with `fail` fails for good.
 """
@@ -33,6 +34,8 @@ def _ordered(ctx: JobContext, payload: dict[str, Any]) -> None:
 
 
 app.job("ordered", concurrency=4, attempts=5, sequence_by="account")(_ordered)
+# The same body unsequenced: bench/sequence.py's baseline.
+app.job("unordered", concurrency=4, attempts=5)(_ordered)
 app.job("held", concurrency=4, attempts=1, sequence_by="account", on_failure="hold")(_ordered)
 app.job("continued", concurrency=4, attempts=1, sequence_by="account", on_failure="continue")(
     _ordered
