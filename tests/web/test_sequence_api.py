@@ -42,6 +42,8 @@ def test_a_held_key_is_listed_and_released(
         '"a"', first, "x", second,
     )  # fmt: skip
     assert (key["queued"], key["running"]) == (1, 0)
+    metrics = server.client.get("/metrics").text
+    assert 'hivejobs_sequence_held_keys{job_type="held"} 1' in metrics
 
     env = cli_env(**{k: v for k, v in web_env.items() if k.startswith("HIVEJOBS_")})
     listed = hivejobs(["keys", "held", "--app", APP], env)

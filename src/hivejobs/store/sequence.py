@@ -96,6 +96,11 @@ class SequenceStore:
             cur = conn.cursor(row_factory=class_row(KeyState))
             return cur.execute(SEQ["keys"], {"name": name, "limit": limit}).fetchall()
 
+    def held_counts(self) -> dict[str, int]:
+        """Held keys per type (the hold table holds only held keys: a small read)."""
+        with self.store.connection() as conn:
+            return dict(conn.execute(SEQ["held_counts"]).fetchall())
+
     def release(self, name: str, key: str) -> str | None:
         """End the key's hold (its failed job stays failed) and hand the key to its next
         job; returns the id of the failed job that held it (None: it was not held)."""

@@ -147,3 +147,7 @@ SELECT coalesce(l.key, h.key) AS key, coalesce(l.queued, 0) AS queued,
   FULL JOIN (SELECT * FROM hivejobs_sequence_hold WHERE name = %(name)s) h ON h.key = l.key
  ORDER BY (h.key IS NULL), coalesce(l.key, h.key)
  LIMIT %(limit)s;
+
+-- name: held_counts
+-- The metrics' gauge: held keys per type, never per key.
+SELECT name, count(*)::int FROM hivejobs_sequence_hold GROUP BY name;
