@@ -51,9 +51,11 @@ UPDATE hivejobs_job t SET seq_key = r.key, seq = r.seq, seq_hold = %(hold)s
 -- one order (the hash, as the hand-over trigger does) so that claims and hand-overs never
 -- deadlock. The statements after it see every claim and hand-over of these keys committed
 -- before ours.
-SELECT hivejobs_sequence_lock(k.name, k.seq_key)
+-- The ids are found by primary key alone: `seq_key IS NOT NULL` is tested above the scan
+-- (in it, it would imply the key index's predicate; see park_waiting).
+SELECT CASE WHEN k.seq_key IS NOT NULL THEN hivejobs_sequence_lock(k.name, k.seq_key) END
   FROM (SELECT name, seq_key, hashtext(name || chr(31) || seq_key) AS h FROM hivejobs_job
-         WHERE id = ANY(%(ids)s) AND name = %(name)s AND seq_key IS NOT NULL
+         WHERE id = ANY(%(ids)s) AND name = %(name)s
          GROUP BY name, seq_key
          ORDER BY h, name, seq_key) k;
 
@@ -88,10 +90,14 @@ RETURNING id, name, attempt, attempts, delivery, payload, claim_token, priority,
 -- running, or behind an earlier job) leave the dispatch path: queued_at NULL keeps them out of
 -- the reconciler's queued index and out of flow_refused, so they are not pushed again until
 -- the key's hand-over (migration 0017) unparks the next one. Parking under the same lock as
--- the hand-over means a job is never parked after its key was handed to it.
+-- the hand-over means a job is never parked after its key was handed to it. No condition on
+-- queued_at: with it the WHERE clause would imply the queued index's predicate (see
+-- queued_at_of in maintenance.sql) and a plan could read the queue; parking a parked row
+-- again changes nothing. Nor `seq_key IS NOT NULL` (a row without a key matches none of the
+-- EXISTS): with it, the key index's predicate is implied and a plan ANDed that index (every
+-- sequenced row of the type) with the primary key.
 UPDATE hivejobs_job j SET queued_at = NULL
  WHERE j.id = ANY(%(ids)s) AND j.state = 'queued' AND j.name = %(name)s
-   AND j.seq_key IS NOT NULL AND j.queued_at IS NOT NULL
    AND (EXISTS (SELECT 1 FROM hivejobs_sequence_hold h
                  WHERE h.name = j.name AND h.key = j.seq_key)
         OR EXISTS (SELECT 1 FROM hivejobs_job r
