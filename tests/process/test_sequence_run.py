@@ -131,3 +131,34 @@ def test_sequences_survive_a_redis_flush(
     client.close()
     report = check(database_url, ledger_dir, lines, {})
     assert report.ok, report
+
+
+def test_a_dead_instance_is_rescued_without_reordering(
+    start_instance: Callable[..., Instance],
+    make_app: Callable[..., App],
+    database_url: str,
+    ledger_dir: Path,
+) -> None:
+    """The whole of one instance killed (supervisor, pools, coordinator: no fast path): its
+    claims wait for the other instance's rescue (heartbeat older than stuck_after), which
+    puts each back as its key's current job; nothing of a key runs meanwhile."""
+    doomed = start_instance(app_spec=APP)
+    start_instance(app_spec=APP)
+    wait_until(lambda: len(pool_pids(database_url, "ordered")) == 2, what="both pools")
+    app = fleet_app(make_app, database_url, ["ordered"])
+    lines = {
+        account: [app.enqueue("ordered", {"account": account, "i": i, "ms": 60}) for i in range(8)]
+        for account in ("a", "b", "c")
+    }
+    (victim,) = pool_pids(database_url, "ordered", host_pid=doomed.pid)
+    busy = "SELECT count(*) FROM hivejobs_job j JOIN hivejobs_worker w ON w.id = j.worker_id"
+    busy += " WHERE j.state = 'running' AND w.pid = %s"
+    wait_until(lambda: sql(database_url, busy, (victim,))[0][0] > 0, what="a job of the victim")
+    doomed.signal_group(signal.SIGKILL)
+    doomed.wait(10)
+    dead = {victim: time.monotonic_ns()}
+    wait_until(lambda: live_jobs(database_url) == 0, timeout=90, what="every job done")
+    report = check(database_url, ledger_dir, lines, dead)
+    assert report.ok, report
+    rescued = "SELECT count(*) FROM hivejobs_archive WHERE attempt > 1"
+    assert sql(database_url, rescued)[0][0] >= 1  # the victim's claim, counted and rescued
