@@ -42,6 +42,10 @@ def test_a_held_key_is_listed_and_released(
         '"a"', first, "x", second,
     )  # fmt: skip
     assert (key["queued"], key["running"]) == (1, 0)
+    page = server.client.get("/dashboard/types/held")
+    assert page.status_code == 200, page.text
+    assert 'class="held-notice"' in page.text and first in page.text
+    assert "&#34;a&#34;" in page.text or "&quot;a&quot;" in page.text  # the key, escaped
     metrics = server.client.get("/metrics").text
     assert 'hivejobs_sequence_held_keys{job_type="held"} 1' in metrics
 
@@ -61,5 +65,6 @@ def test_a_held_key_is_listed_and_released(
     released = server.client.post("/v1/jobtypes/held/keys/release", json={"key": '"a"'})
     assert released.json() == {"released": True, "held_by": first}
     assert server.client.get("/v1/jobtypes/held/keys").json()[0]["held_by"] is None
+    assert 'class="held-notice"' not in server.client.get("/dashboard/types/held").text
     again = hivejobs(["keys", "held", "--release", '"a"', "--app", APP], env)
     assert again.stdout.strip() == "was not held"

@@ -84,6 +84,15 @@ def copied_params(keyed: Sequence[NewJob]) -> dict[str, Any]:
     }
 
 
+class Hold(msgspec.Struct, frozen=True, kw_only=True):
+    """A held key: the job failed for good that holds it, its error, since when."""
+
+    key: str
+    job_id: str
+    error: str | None
+    held_at: datetime
+
+
 class SequenceStore:
     """Keys and holds of sequenced types, over the Store's connection pool."""
 
@@ -95,6 +104,12 @@ class SequenceStore:
         with self.store.connection() as conn:
             cur = conn.cursor(row_factory=class_row(KeyState))
             return cur.execute(SEQ["keys"], {"name": name, "limit": limit}).fetchall()
+
+    def holds(self, name: str, limit: int = 20) -> list[Hold]:
+        """The type's held keys, oldest first (the dashboard's notice)."""
+        with self.store.connection() as conn:
+            cur = conn.cursor(row_factory=class_row(Hold))
+            return cur.execute(SEQ["holds"], {"name": name, "limit": limit}).fetchall()
 
     def held_counts(self) -> dict[str, int]:
         """Held keys per type (the hold table holds only held keys: a small read)."""

@@ -157,3 +157,8 @@ SELECT coalesce(l.key, h.key) AS key, coalesce(l.queued, 0) AS queued,
 -- name: held_counts
 -- The metrics' gauge: held keys per type, never per key.
 SELECT name, count(*)::int FROM hivejobs_sequence_hold GROUP BY name;
+
+-- name: holds
+-- A type's held keys, oldest hold first (the hold table holds only held keys).
+SELECT key, job_id, error, held_at FROM hivejobs_sequence_hold WHERE name = %(name)s
+ ORDER BY held_at, key LIMIT %(limit)s;
