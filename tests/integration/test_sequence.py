@@ -15,6 +15,7 @@ import psycopg
 import pytest
 
 from hivejobs import App
+from hivejobs.coordinator.sequencer import Sequencer
 from hivejobs.errors import ChainInvalid, InvalidJobType, PayloadInvalid
 from hivejobs.flow import Flow
 from hivejobs.records import ClaimedJob, Completion, Outcome
@@ -281,3 +282,30 @@ def test_with_limit_by_and_pause_through_the_pools_flow(
     with app.store.connection() as conn:
         assert [j.id for j in flow.claim(conn, [a[0], b], new_worker_id())] == [a[0]]
         assert flow.claim(conn, [b], new_worker_id()) == []  # t1's slot is a[0]'s now
+
+
+def test_the_sequencer_hands_over_a_key_left_parked_and_only_such_keys(
+    make_app: Callable[..., App], database_url: str
+) -> None:
+    """A key whose next job is parked with nothing ahead (made by hand: no path should
+    leave one) is handed over by the coordinator's repair pass and pushed; a held key and
+    a key with a running job are left as they are."""
+    app = make(make_app())
+    stalled = enqueue_line(app, "a", 2)
+    running = enqueue_line(app, "b", 2)
+    held = enqueue_line(app, "c", 2)
+    jobs = {j.id: j for j in claim(app, [stalled[0], running[0], held[0]])}
+    finish(app, jobs[stalled[0]], "succeeded")
+    finish(app, jobs[held[0]], "failed")
+    claim(app, [running[1], held[1]])  # parked behind the running job and the hold
+    park = "UPDATE hivejobs_job SET queued_at = NULL WHERE id = %s"
+    sql(database_url, park, (stalled[1],))  # as if a hand-over had been missed
+    app.flush()
+    app.broker.redis.delete(*app.broker.redis.keys(app.broker.queue_keys_glob("step")))
+
+    assert Sequencer(app.store, app.broker).run_once() == 1
+    assert queued_at_set(database_url, stalled[1])
+    assert app.broker.pop("step", 10).ids == [stalled[1]]
+    assert not queued_at_set(database_url, running[1])
+    assert not queued_at_set(database_url, held[1])
+    assert Sequencer(app.store, app.broker).run_once() == 0

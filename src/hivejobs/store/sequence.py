@@ -105,6 +105,24 @@ class SequenceStore:
             cur = conn.cursor(row_factory=class_row(KeyState))
             return cur.execute(SEQ["keys"], {"name": name, "limit": limit}).fetchall()
 
+    def hand_over_stalled(self, limit: int = 1000) -> list[tuple[str, str, int]]:
+        """Unpark the next job of every key left parked with nothing holding it back (see
+        stalled_keys), each under its key's lock; returns them as pushes (id, type,
+        priority). Their NOTIFY goes out too: a duplicate push is refused by the claim."""
+        pushes: list[tuple[str, str, int]] = []
+        with self.store.connection() as conn:
+            keys = conn.execute(SEQ["stalled_keys"], {"limit": limit}).fetchall()
+            for name, key in keys:
+                params = {"name": name, "key": key}
+                with conn.transaction():
+                    conn.execute(SEQ["lock_key"], params)
+                    row = conn.execute(SEQ["hand_over"], params).fetchone()
+                    job_id = None if row is None else row[0]
+                    pushed = conn.execute(SEQ["handed_over"], {"id": job_id}).fetchone()
+                if pushed is not None:
+                    pushes.append((str(pushed[0]), str(pushed[1]), int(pushed[2])))
+        return pushes
+
     def holds(self, name: str, limit: int = 20) -> list[Hold]:
         """The type's held keys, oldest first (the dashboard's notice)."""
         with self.store.connection() as conn:

@@ -162,3 +162,34 @@ SELECT name, count(*)::int FROM hivejobs_sequence_hold GROUP BY name;
 -- A type's held keys, oldest hold first (the hold table holds only held keys).
 SELECT key, job_id, error, held_at FROM hivejobs_sequence_hold WHERE name = %(name)s
  ORDER BY held_at, key LIMIT %(limit)s;
+
+-- name: stalled_keys
+-- The repair of the hand-over (coordinator/sequencer.py): keys whose next job is parked
+-- although nothing holds the key back (no hold, nothing running). The hand-over trigger
+-- unparks such a job in the transaction that ends the previous one, so none should exist:
+-- this finds one a path missed. Walks the key index one key at a time (each step LIMIT 1 in
+-- index order, as oldest_queued walks the queues): an entry or two per key.
+WITH RECURSIVE k AS (
+    (SELECT name, seq_key FROM hivejobs_job WHERE seq_key IS NOT NULL
+      ORDER BY name, seq_key LIMIT 1)
+    UNION ALL
+    SELECT n.name, n.seq_key
+      FROM k, LATERAL (
+          SELECT name, seq_key FROM hivejobs_job
+           WHERE seq_key IS NOT NULL AND (name, seq_key) > (k.name, k.seq_key)
+           ORDER BY name, seq_key LIMIT 1) n
+)
+SELECT k.name, k.seq_key
+  FROM k, LATERAL (SELECT state, queued_at FROM hivejobs_job h
+                    WHERE h.name = k.name AND h.seq_key = k.seq_key
+                    ORDER BY h.seq LIMIT 1) nxt
+ WHERE nxt.state = 'queued' AND nxt.queued_at IS NULL
+   AND NOT EXISTS (SELECT 1 FROM hivejobs_sequence_hold h
+                    WHERE h.name = k.name AND h.key = k.seq_key)
+   AND NOT EXISTS (SELECT 1 FROM hivejobs_job r
+                    WHERE r.name = k.name AND r.seq_key = k.seq_key AND r.state = 'running')
+ LIMIT %(limit)s;
+
+-- name: handed_over
+-- After hand_over: the job it unparked, for the repair to push at once.
+SELECT id, name, priority FROM hivejobs_job WHERE id = %(id)s AND state = 'queued';
