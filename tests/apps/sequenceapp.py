@@ -6,8 +6,9 @@ the independent record of when each key's handlers ran, from which the tests che
 and that no two of a key overlapped. CLOCK_MONOTONIC is one clock for every process on the
 machine.
 
-- `ordered`: sequence_by="account", 4 runners, sleeps the payload's `ms`; a payload with
-  `fail_first` fails its first attempt (a retry holds the key);
+- `ordered`: sequence_by="account", 4 runners, sleeps the payload's `ms` (`ms_first` on
+  the first attempt if given); a payload with `fail_first` fails its first attempt (a retry
+  holds the key);
 - `unordered`: the same without sequence_by (bench/sequence.py's baseline);
 - `held` (on_failure="hold") and `continued` (on_failure="continue"): one attempt each, a
   payload with `fail` fails for good.
@@ -27,7 +28,8 @@ app = App()
 
 def _ordered(ctx: JobContext, payload: dict[str, Any]) -> None:
     note("begin", ctx.job_id, os.getpid(), time.monotonic_ns(), payload["account"], payload["i"])
-    time.sleep(float(payload.get("ms", 20)) / 1000)
+    ms = payload.get("ms_first", 0) if ctx.attempt == 1 else 0
+    time.sleep(float(ms or payload.get("ms", 20)) / 1000)
     note("end", ctx.job_id, os.getpid(), time.monotonic_ns())
     if payload.get("fail") or (payload.get("fail_first") and ctx.attempt == 1):
         raise Fail("asked to fail") if payload.get("fail") else RuntimeError("first attempt")
