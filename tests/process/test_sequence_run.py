@@ -43,8 +43,8 @@ def kill_pool(url: str, name: str, dead: dict[int, int]) -> None:
         what="a job running",
     )
     os.kill(victim, signal.SIGKILL)
+    dead[victim] = time.monotonic_ns()  # no handler line of the victim can come later
     wait_until(lambda: victim not in pool_pids(url, name), what="the pool gone")
-    dead[victim] = time.monotonic_ns()
     wait_until(lambda: pool_pids(url, name), what="the pool forked again")
 
 
