@@ -37,7 +37,9 @@ def test_a_held_key_is_listed_and_released(
 ) -> None:
     first, second = held_key(make_app())
     server = start_server([APP])
-    (key,) = server.client.get("/v1/jobtypes/held/keys").json()
+    listed_keys = server.client.get("/v1/jobtypes/held/keys").json()
+    assert (listed_keys["sequence_by"], listed_keys["keys"]) == ("account", [])
+    (key,) = listed_keys["sequence"]
     assert (key["key"], key["held_by"], key["held_error"], key["next_id"]) == (
         '"a"', first, "x", second,
     )  # fmt: skip
@@ -64,7 +66,7 @@ def test_a_held_key_is_listed_and_released(
     assert reader.status_code == 403
     released = server.client.post("/v1/jobtypes/held/keys/release", json={"key": '"a"'})
     assert released.json() == {"released": True, "held_by": first}
-    assert server.client.get("/v1/jobtypes/held/keys").json()[0]["held_by"] is None
+    assert server.client.get("/v1/jobtypes/held/keys").json()["sequence"][0]["held_by"] is None
     assert 'class="held-notice"' not in server.client.get("/dashboard/types/held").text
     again = hivejobs(["keys", "held", "--release", '"a"', "--app", APP], env)
     assert again.stdout.strip() == "was not held"
