@@ -70,7 +70,7 @@ def replace(sc: Scenario, old_index: int, dead: dict[int, int]) -> None:
     """One step of a rolling restart: a new instance up, then SIGTERM to the old one."""
     old = sc.instances[old_index]
     before = len(pool_pids(sc.url, "ordered"))
-    sc.instance("", app_spec=APP)
+    sc.instance("", app_spec=APP, HJ_SEQ_BASELINE="1")
     wait_until(lambda: len(pool_pids(sc.url, "ordered")) > before, timeout=60, what="new pool")
     leaving = [p for p in pool_pids(sc.url, "ordered", host_pid=old.pid)]
     old.signal_group(signal.SIGTERM)
@@ -84,7 +84,7 @@ def baseline(keys: int, per_key: int, seed: int) -> dict[str, object]:
     sc = Scenario("unsequenced-calm")
     try:
         for _ in range(2):
-            sc.instance("", app_spec=APP)
+            sc.instance("", app_spec=APP, HJ_SEQ_BASELINE="1")
         enqueue(sc, "unordered", keys, per_key, seed)
         wait_until(lambda: sc.live() == 0, timeout=900, interval=0.2, what="every job done")
         span = "SELECT extract(epoch FROM max(finished_at) - min(started_at)) FROM hivejobs_archive"
@@ -104,7 +104,7 @@ def run(keys: int, per_key: int, chaos: bool, kill_every_s: float, seed: int) ->
     sc = Scenario("sequence-chaos" if chaos else "sequence-calm")
     try:
         for _ in range(2):
-            sc.instance("", app_spec=APP)
+            sc.instance("", app_spec=APP, HJ_SEQ_BASELINE="1")
         lines = enqueue(sc, "ordered", keys, per_key, seed)
         started = time.monotonic()
         dead: dict[int, int] = {}

@@ -9,7 +9,8 @@ machine.
 - `ordered`: sequence_by="account", 4 runners, sleeps the payload's `ms` (`ms_first` on
   the first attempt if given); a payload with `fail_first` fails its first attempt (a retry
   holds the key);
-- `unordered`: the same without sequence_by (bench/sequence.py's baseline);
+- `fair_ordered` (HJ_SEQ_FAIR=1): the same with fair_by="tenant" too;
+- `unordered` (HJ_SEQ_BASELINE=1): the same without sequence_by (bench/sequence.py's baseline);
 - `held` (on_failure="hold") and `continued` (on_failure="continue"): one attempt each, a
   payload with `fail` fails for good.
 """
@@ -36,8 +37,13 @@ def _ordered(ctx: JobContext, payload: dict[str, Any]) -> None:
 
 
 app.job("ordered", concurrency=4, attempts=5, sequence_by="account")(_ordered)
-# The same body unsequenced: bench/sequence.py's baseline.
-app.job("unordered", concurrency=4, attempts=5)(_ordered)
+# Only where a test or the bench runs them: one pool process fewer elsewhere.
+if os.environ.get("HJ_SEQ_FAIR"):  # fair across tenants and in sequence per account at once
+    app.job("fair_ordered", concurrency=4, attempts=5, fair_by="tenant", sequence_by="account")(
+        _ordered
+    )
+if os.environ.get("HJ_SEQ_BASELINE"):  # the same body unsequenced: bench/sequence.py's baseline
+    app.job("unordered", concurrency=4, attempts=5)(_ordered)
 app.job("held", concurrency=4, attempts=1, sequence_by="account", on_failure="hold")(_ordered)
 app.job("continued", concurrency=4, attempts=1, sequence_by="account", on_failure="continue")(
     _ordered

@@ -162,3 +162,26 @@ def test_a_dead_instance_is_rescued_without_reordering(
     assert report.ok, report
     rescued = "SELECT attempt, error FROM hivejobs_archive WHERE id = %s"
     assert sql(database_url, rescued, (lines["a"][0],)) == [(2, "worker lost")]
+
+
+def test_fair_and_sequenced_at_once(
+    start_instance: Callable[..., Instance],
+    make_app: Callable[..., App],
+    database_url: str,
+    ledger_dir: Path,
+) -> None:
+    """fair_by and sequence_by on one type: the keys' current jobs go through the fair ring
+    (the hand-over's dispatch lands in the inbox like any push), order and one-at-a-time per
+    account hold, one tenant's backlog does not stop the other's."""
+    start_instance({"HJ_SEQ_FAIR": "1"}, app_spec=APP)
+    app = fleet_app(make_app, database_url, ["fair_ordered"])
+    lines: dict[str, list[str]] = {"a1": [], "a2": [], "b1": []}
+    for i in range(15):
+        for account in ("a1", "a2", "b1"):
+            tenant = account[0]
+            payload = {"tenant": tenant, "account": account, "i": i, "ms": 5}
+            lines[account].append(app.enqueue("fair_ordered", payload))
+    wait_until(lambda: live_jobs(database_url) == 0, timeout=90, what="every job done")
+    report = check(database_url, ledger_dir, lines, {})
+    assert report.ok, report
+    assert report.runs == 45
