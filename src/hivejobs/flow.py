@@ -240,8 +240,16 @@ class Flow:
     bounce, never a start.
     """
 
-    def __init__(self, store: Store, broker: Broker, name: str, limits: Limits | None) -> None:
+    def __init__(
+        self,
+        store: Store,
+        broker: Broker,
+        name: str,
+        limits: Limits | None,
+        sequenced: bool = False,  # sequence_by: claims take the keys' guard (sequence.py)
+    ) -> None:
         self.flows = FlowStore(store)
+        self.sequenced = sequenced
         self.store = store
         self.broker = broker
         self.name = name
@@ -286,7 +294,9 @@ class Flow:
     def claim(self, conn: Conn, ids: list[str], worker_id: str) -> list[ClaimedJob]:
         """The claim, atomic with the limits: under the type's lock when it has any."""
         if self.limits is None:
-            return self.store.claim_queued(ids, worker_id, conn, name=self.name)
+            return self.store.claim_queued(
+                ids, worker_id, conn, name=self.name, sequenced=self.sequenced
+            )
         limits = self.limits
         by = None
         self._empty_wait_s = SLOT_POLL_S  # unless the pick (if any) finds a token sooner
@@ -306,6 +316,7 @@ class Flow:
             lambda s: decide(limits, len(ids), s),
             counts_running=limits.type_cap is not None,
             limit_by=by,
+            sequenced=self.sequenced,
         )
 
     def _pick(

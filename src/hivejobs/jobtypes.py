@@ -43,6 +43,7 @@ from hivejobs.records import (
     UniqueClaim,
 )
 from hivejobs.schedules import Schedule, check_cron
+from hivejobs.sequence import SequenceBy, declared_sequence
 from hivejobs.serialization import PayloadCodec, decode_json
 
 if TYPE_CHECKING:
@@ -146,6 +147,7 @@ class JobType:
     # A pool process shared with other types (worker/placement.py); None: its own.
     pool: str | None = None
     fair: FairBy | None = None  # fair dispatch across the keys of a payload field (broker/fair.py)
+    sequence: SequenceBy | None = None  # sequence_by: one job per key at a time (sequence.py)
 
     def info(self) -> JobTypeInfo:
         return JobTypeInfo(
@@ -158,6 +160,8 @@ class JobType:
             callback=self.callback,
             callback_timeout_s=self.callback_timeout_s,
             fair_by=None if self.fair is None else self.fair.field,
+            sequence_by=None if self.sequence is None else self.sequence.field,
+            on_failure=None if self.sequence is None else self.sequence.on_failure,
         )
 
     def encode(self, payload: object) -> bytes:
@@ -187,6 +191,7 @@ class JobType:
         """Check the options and encode the payload: bad input raises before any write."""
         prio = self._checked_options(job_id, priority, delay, run_at, expires_at)
         encoded = self.encode(payload)
+        seq = self.sequence
         return NewJob(
             id=job_id or str(uuid.uuid4()),
             name=self.name,
@@ -201,6 +206,8 @@ class JobType:
             debounce=None
             if self.debounce is None
             else self.debounce.claim(self.name, encoded, self.codec),
+            seq_key=None if seq is None else seq.key(self.name, encoded),
+            seq_hold=seq is not None and seq.on_failure == "hold",
         )
 
     def new_jobs(
@@ -353,6 +360,7 @@ def declared_type(info: JobTypeInfo, codec: PayloadCodec) -> JobType:
         callback=info.callback,
         callback_timeout_s=info.callback_timeout_s,
         fair=None if info.fair_by is None else FairBy(info.fair_by),
+        sequence=declared_sequence(info.sequence_by, info.on_failure),
     )
 
 

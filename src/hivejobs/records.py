@@ -45,6 +45,9 @@ class JobTypeInfo(msgspec.Struct, frozen=True, kw_only=True):
     callback: bool = False  # stays running after its handler until a status callback
     callback_timeout_s: float | None = None
     fair_by: str | None = None  # fair dispatch across this payload field's values
+    # sequence_by and on_failure (sequence.py): a client enqueuing by name numbers its jobs too.
+    sequence_by: str | None = None
+    on_failure: str | None = None
 
 
 class NewJob(msgspec.Struct, frozen=True, kw_only=True):
@@ -62,6 +65,9 @@ class NewJob(msgspec.Struct, frozen=True, kw_only=True):
     unique: UniqueClaim | None = None
     trace_context: str | None = None  # the enqueue span's W3C traceparent (tracing.py)
     debounce: DebounceClaim | None = None
+    # sequence_by (sequence.py): the key (the field's JSON text) and on_failure="hold".
+    seq_key: str | None = None
+    seq_hold: bool = False
 
 
 @dataclass(frozen=True)

@@ -60,6 +60,6 @@ def test_served_openapi_spec_holds_under_schemathesis(server: Server, tmp_path: 
     )
     summary = run.stdout[run.stdout.rfind("SUMMARY") :]
     assert run.returncode == 0, run.stdout[-6000:]
-    assert "Tested: 26" in summary
+    assert "Tested: 27" in summary
     assert " failed" not in summary.split("Test cases:")[1].splitlines()[1]
     assert "request failed unexpectedly" not in server.log_path.read_text()

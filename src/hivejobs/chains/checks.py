@@ -28,6 +28,12 @@ def job_row(spec: JobSpec, seq: str | None, job_type: JobTypeLookup) -> dict[str
         payload = jt.encode(spec.payload)  # limit_by checked too
     except (UnknownJobType, PayloadInvalid, PayloadTooLarge) as exc:
         raise ChainInvalid(f"job {key!r}: {exc}") from None
+    if jt.sequence is not None:
+        # A chain's tries are inserted by the traverser, outside the key's numbering.
+        raise ChainInvalid(
+            f"job {key!r}: job type {jt.name!r} has sequence_by, which a chain step cannot "
+            "have (the chain orders its own steps): enqueue it on its own"
+        )
     if jt.delivery == "at_most_once" and spec.tries != 1:
         raise ChainInvalid(
             f"job {key!r}: job type {jt.name!r} is at_most_once, so it runs "

@@ -432,6 +432,25 @@ def cmd_scale(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_keys(args: argparse.Namespace) -> int:
+    """A sequenced type's keys (held first), or the release of a held key."""
+    from hivejobs.cli.views import key_rows
+
+    app = _app(args)
+    if args.release is not None:
+        held_by = app.release_key(args.name, args.release)
+        print(f"released (held by {held_by})" if held_by else "was not held")
+        return ExitCode.OK
+    keys = app.keys(args.name, args.limit)
+    if args.json:
+        _print_json([msgspec.to_builtins(k) for k in keys])
+    elif keys:
+        print("\n".join(key_rows(keys)))
+    else:
+        print("no key has live jobs or a hold")
+    return ExitCode.OK
+
+
 def cmd_replay(args: argparse.Namespace) -> int:
     """The new id on stdout; what differs from the original on stderr, one line each."""
     done = _app(args).replay_job(args.job_id)
@@ -676,6 +695,11 @@ def build_parser() -> Parser:
     p = add("scale", cmd_scale, "change a job type's concurrency fleet-wide, no restart")
     p.add_argument("name", help="the job type")
     p.add_argument("concurrency", help="threads per pool process, or 'default' (the code's)")
+    p = add("keys", cmd_keys, "a sequenced job type's keys: live jobs, whose turn, holds")
+    p.add_argument("name", help="a job type with sequence_by")
+    p.add_argument("--release", metavar="KEY", help="let a held key go on (its JSON text)")
+    p.add_argument("--limit", type=int, default=1000, help="at most this many keys")
+    p.add_argument("--json", action="store_true", help="JSON instead of a table")
     p = add("replay", cmd_replay, "enqueue a finished job again; prints the new id")
     p.add_argument("job_id", help="a succeeded, failed, cancelled or expired job")
     p = add("restart", cmd_restart, "reload every worker instance gracefully (new code)")

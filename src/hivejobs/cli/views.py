@@ -12,6 +12,7 @@ from datetime import UTC, datetime
 
 from hivejobs.display import escape, exception_line
 from hivejobs.records import BatchStatus, ChainSummary, JobLogEntry, JobSummary, RunningTry
+from hivejobs.store.sequence import KeyState
 
 
 def table(rows: Sequence[Sequence[object]]) -> list[str]:
@@ -39,6 +40,27 @@ def job_rows(jobs: Sequence[JobSummary]) -> list[str]:
             exception_line(j.error)[:60],
         )
         for j in jobs
+    ]
+    return table(rows)
+
+
+def key_rows(keys: Sequence[KeyState]) -> list[str]:
+    """`hivejobs keys`: one line per key; a held key says by which job, since when, why."""
+    rows: list[tuple[object, ...]] = [
+        ("key", "queued", "scheduled", "running", "next", "held by", "held since", "error")
+    ]
+    rows += [
+        (
+            k.key,
+            k.queued,
+            k.scheduled,
+            k.running,
+            k.next_id or "",
+            k.held_by or "",
+            _t(k.held_at),
+            exception_line(k.held_error)[:60] if k.held_error else "",
+        )
+        for k in keys
     ]
     return table(rows)
 

@@ -85,10 +85,12 @@ from hivejobs.records import (
     TypeFlow,
 )
 from hivejobs.schedules import Schedule, check_cron
+from hivejobs.sequence import checked_sequence
 from hivejobs.serialization import PayloadCodec, decode_json, payload_type_of, storable_text
 from hivejobs.store import Store
 from hivejobs.store.enqueue import Push, owns_transaction
 from hivejobs.store.fair import FairStore, KeyCount
+from hivejobs.store.sequence import KeyState, SequenceStore
 from hivejobs.worker.memory import checked_max_rss
 from hivejobs.worker.placement import check_pool
 
@@ -163,6 +165,8 @@ class App:
         pool: str | None = None,
         fair_by: str | None = None,
         fair_weights: Mapping[str | int, int] | None = None,
+        sequence_by: str | None = None,
+        on_failure: str | None = None,
     ) -> Callable[[F], F]:
         """Register a handler `fn(ctx, payload)` as job type `name`.
 
@@ -207,7 +211,14 @@ class App:
         payload field (broker/fair.py), so one key's backlog never starves another's;
         `fair_weights={"big": 4}` gives a key that many jobs per turn (others: 1). Payloads
         must be JSON objects holding the field as a string or integer (PayloadInvalid at
-        enqueue otherwise). docs/howto/fair-dispatch.md says where the guarantee ends."""
+        enqueue otherwise). docs/howto/fair-dispatch.md says where the guarantee ends.
+
+        `sequence_by="account_id"`: at most one job per value of that payload field runs at a
+        time, in enqueue order, fleet-wide (sequence.py, docs/howto/sequences.md); payloads
+        must hold the field (PayloadInvalid at enqueue otherwise). A failed attempt with
+        attempts left holds the key until its retry; a job failed for good holds it until
+        it is replayed or the key released (`on_failure="hold"`, the default), or lets the
+        key go on (`on_failure="continue"`)."""
         jt = declare_type(
             self.types,
             name,
@@ -220,6 +231,7 @@ class App:
             self.settings.max_payload_bytes,
         )
         jt.limits = checked_limits(global_concurrency, rate, burst, limit_by)
+        jt.sequence = checked_sequence(sequence_by, on_failure, cron)
         jt.max_rss_mb = checked_max_rss(max_rss_mb)
         check_pool(self.types, name, pool, processes, jt.max_rss_mb)
         jt.pool = pool
@@ -719,6 +731,7 @@ class App:
             expires_at=plan.expires_at,
         )
         logger.info("job replayed", job_id=job_id, new_id=new_id, changes=plan.changes)
+        self._replay_in_sequence(info.name, job_id, new_id)
         return Replayed(
             id=new_id,
             priority=plan.priority,
@@ -726,6 +739,37 @@ class App:
             expires_at=plan.expires_at,
             changes=plan.changes,
         )
+
+    def _replay_in_sequence(self, name: str, job_id: str, new_id: str) -> None:
+        """The replay of the job that holds its key takes that job's place: it runs first,
+        then the key goes on. The key stays held until then: nothing of it starts between."""
+        jt = self.types.get(name)
+        if jt is None or jt.sequence is None:
+            return
+        new = self.store.get_row(new_id)
+        key = None if new is None else jt.sequence.key(name, bytes(new["payload"]))
+        if key is not None and SequenceStore(self.store).hold_of(name, key) == job_id:
+            SequenceStore(self.store).take_hold_place(name, key, job_id, new_id)
+            logger.info("replay takes the held job's turn", job_id=job_id, new_id=new_id)
+
+    def _sequenced(self, name: str) -> None:
+        if self.job_type(name).sequence is None:  # UnknownJobType first
+            raise InvalidArgument(f"job type {name!r} has no sequence_by: it has no keys")
+
+    def keys(self, name: str, limit: int = 1000) -> list[KeyState]:
+        """A sequenced type's keys with live jobs or a hold (held first): queued, scheduled
+        and running counts, the job whose turn it is, and the hold with its error."""
+        self._sequenced(name)
+        return SequenceStore(self.store).keys(name, limit)
+
+    def release_key(self, name: str, key: str) -> str | None:
+        """Let a held key go on past its failed job (which stays failed); returns that job's
+        id, or None when the key was not held. `key` is the field's JSON text ('"acme"')."""
+        self._sequenced(name)
+        released = SequenceStore(self.store).release(name, key)
+        if released is not None:
+            logger.info("sequence key released", job_type=name, held_by=released)
+        return released
 
     def list_jobs(
         self,

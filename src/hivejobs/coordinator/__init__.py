@@ -36,6 +36,7 @@ from hivejobs.coordinator.pruner import Pruner
 from hivejobs.coordinator.reconciler import Reconciler
 from hivejobs.coordinator.rescuer import Rescuer
 from hivejobs.coordinator.scheduler import Scheduler
+from hivejobs.coordinator.sequencer import Sequencer
 from hivejobs.coordinator.service import Service
 from hivejobs.coordinator.traverser import Traverser
 from hivejobs.failpoints import failpoint
@@ -102,6 +103,7 @@ class Coordinator:
             Rescuer(store, broker, s, healthy_for=self.elector.healthy_for),
             CallbackTimeouts(store, broker, interval_s=s.coordinator_interval_s),
             Reconciler(store, broker, interval_s=s.coordinator_interval_s),
+            Sequencer(store, broker, interval_s=max(10.0, s.coordinator_interval_s)),
             self.gauges,
             # Per job type retention where one is declared, else the global setting.
             Pruner(store, s.archive_retention_s, still_leading=self._still_leading),

@@ -32,6 +32,7 @@ from hivejobs.store.enqueue import (
 )
 from hivejobs.store.migrate import schema_check_plan
 from hivejobs.store.progress import progress_plan
+from hivejobs.store.sequence import SEQ, copied_params
 from hivejobs.store.session_settings import connect_kwargs
 from hivejobs.store.sql import arun_plan
 
@@ -148,4 +149,7 @@ async def _copy_jobs(conn: AsyncConn, jobs: list[NewJob]) -> list[Push]:
         copy.set_types(COPY_TYPES)
         for values in copy_rows(jobs, now):
             await copy.write_row(values)
+    keyed = [j for j in jobs if j.seq_key is not None]
+    if keyed:
+        await conn.execute(SEQ["sequence_copied"], copied_params(keyed))
     return queued_pushes(jobs, now)

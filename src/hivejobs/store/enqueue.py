@@ -28,6 +28,7 @@ from hivejobs.records import Inserted, NewJob, UniqueClaim
 from hivejobs.records import Push as Push
 from hivejobs.store.debounce import debounce_plan
 from hivejobs.store.notify import dispatch_payloads
+from hivejobs.store.sequence import sequenced_insert
 from hivejobs.store.sql import Steps, load_queries
 
 QUERIES = load_queries("jobs.sql")
@@ -50,7 +51,8 @@ def insert_plan(job: NewJob, explicit_id: bool) -> Steps[Inserted]:
     its id). The archive check runs after the insert, in a new snapshot, so a completion
     that moved the id to the archive meanwhile is seen.
     """
-    row = yield QUERIES["insert_job"], insert_params(job)
+    params = insert_params(job)
+    row = yield sequenced_insert(job, params) or (QUERIES["insert_job"], params)
     if row is not None and not explicit_id:
         return Inserted(row[0], row[1], row[2], row[3], job.payload, True)
     if row is not None:

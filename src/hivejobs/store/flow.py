@@ -125,6 +125,7 @@ class FlowStore:
         *,
         counts_running: bool,
         limit_by: LimitBy | None = None,
+        sequenced: bool = False,
     ) -> list[ClaimedJob]:
         """Claim at most what `decide` allows, in order, under the type's row lock. The
         lock is held to the commit: the next claimer counts our claims as running and sees
@@ -135,7 +136,7 @@ class FlowStore:
         with conn.transaction():
             row = conn.execute(QUERIES["flow_lock"], {"name": name}).fetchone()
             if row is None:  # the row is made at pool start; a deleted row limits nothing
-                return self.store.claim_queued(ids, worker_id, conn, name=name)
+                return self.store.claim_queued(ids, worker_id, conn, name=name, sequenced=sequenced)
             paused, tokens, now, since_s = row
             running = 0
             if counts_running:
@@ -149,7 +150,11 @@ class FlowStore:
             else:
                 picked = self._pick(conn, ids, name, limit_by, room.allowed, now)
                 chosen = picked.ids
-            jobs = self.store.claim_queued(chosen, worker_id, conn, name=name) if chosen else []
+            jobs = (
+                self.store.claim_queued(chosen, worker_id, conn, name=name, sequenced=sequenced)
+                if chosen
+                else []
+            )
             if room.tokens is not None:
                 # The bucket loses what was claimed, not what was allowed: a duplicate id
                 # claims nothing and costs no token.

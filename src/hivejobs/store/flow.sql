@@ -63,9 +63,13 @@ UPDATE hivejobs_flow SET tokens = %(tokens)s, refilled_at = %(now)s WHERE name =
 -- name: flow_refused
 -- Ids a pool popped and did not claim that are still waiting for it (paused, or beyond a
 -- limit): they go back to the head of their list. Duplicates of claimed or finished jobs,
--- expired jobs and other types' ids stay dropped.
+-- expired jobs and other types' ids stay dropped, and so do parked ones (queued_at NULL:
+-- a sequenced job waiting for its key, dispatched again by the key's hand-over). Written so
+-- that it does not imply the queued index's predicate (`queued_at IS NOT NULL`, see
+-- queued_at_of in maintenance.sql): the primary key stays the only index it can use.
 SELECT id FROM hivejobs_job
  WHERE id = ANY(%(ids)s) AND state = 'queued' AND name = %(name)s
+   AND (seq_key IS NULL OR queued_at IS NOT NULL)
    AND (expires_at IS NULL OR expires_at > now());
 
 -- name: pause_type

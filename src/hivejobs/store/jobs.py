@@ -41,6 +41,7 @@ from hivejobs.store.enqueue import (
     owns_transaction,
     queued_pushes,
 )
+from hivejobs.store.sequence import claim_in_sequence, number_copied
 from hivejobs.store.sql import load_queries, run_plan
 
 JOBS = load_queries("jobs.sql")
@@ -79,6 +80,7 @@ class Jobs(Database):
                     copy.set_types(COPY_TYPES)
                     for row in copy_rows(jobs, now):
                         copy.write_row(row)
+                number_copied(c, jobs)
                 pushes = queued_pushes(jobs, now)
                 if not in_caller:
                     return pushes
@@ -88,10 +90,13 @@ class Jobs(Database):
     # -- claim and finish --------------------------------------------------------------
 
     def claim_queued(
-        self, ids: list[str], worker_id: str, conn: Conn, *, name: str
+        self, ids: list[str], worker_id: str, conn: Conn, *, name: str, sequenced: bool = False
     ) -> list[ClaimedJob]:
         """Claim by primary key: Postgres never scans a queue under contention. Only jobs of
-        type `name`: a pool never runs a job under another type's handler."""
+        type `name`: a pool never runs a job under another type's handler. A `sequenced`
+        type's claim adds its keys' locks and guard (store/sequence.py)."""
+        if sequenced:
+            return claim_in_sequence(conn, ids, worker_id, name)
         cur = conn.cursor(row_factory=class_row(ClaimedJob))
         params = {"ids": ids, "worker_id": worker_id, "name": name}
         return cur.execute(JOBS["claim_queued"], params).fetchall()
@@ -204,6 +209,8 @@ class Jobs(Database):
                         "timeout_s": t.timeout_s,
                         "callback": t.callback,
                         "callback_timeout_s": t.callback_timeout_s,
+                        "sequence_by": t.sequence_by,
+                        "on_failure": t.on_failure,
                     },
                 )
                 conn.execute(JOBS["set_fair_by"], {"name": t.name, "fair_by": t.fair_by})

@@ -196,14 +196,15 @@ SELECT id, name, state, attempt, attempts, priority, delivery, payload, created_
 
 -- name: upsert_job_type
 INSERT INTO hivejobs_job_type (name, concurrency, processes, attempts, delivery, timeout_s,
-                               callback, callback_timeout_s)
+                               callback, callback_timeout_s, sequence_by, on_failure)
 VALUES (%(name)s, %(concurrency)s, %(processes)s, %(attempts)s, %(delivery)s, %(timeout_s)s,
-        %(callback)s, %(callback_timeout_s)s)
+        %(callback)s, %(callback_timeout_s)s, %(sequence_by)s, %(on_failure)s)
 ON CONFLICT (name) DO UPDATE
    SET concurrency = EXCLUDED.concurrency, processes = EXCLUDED.processes,
        attempts = EXCLUDED.attempts, delivery = EXCLUDED.delivery,
        timeout_s = EXCLUDED.timeout_s, callback = EXCLUDED.callback,
-       callback_timeout_s = EXCLUDED.callback_timeout_s, updated_at = now();
+       callback_timeout_s = EXCLUDED.callback_timeout_s, sequence_by = EXCLUDED.sequence_by,
+       on_failure = EXCLUDED.on_failure, updated_at = now();
 
 -- name: set_fair_by
 -- A type's fair_by (migration 0016), beside upsert_job_type in the same transaction.
@@ -211,7 +212,7 @@ UPDATE hivejobs_job_type SET fair_by = %(fair_by)s WHERE name = %(name)s;
 
 -- name: list_job_types
 SELECT name, concurrency, processes, attempts, delivery, timeout_s, callback, callback_timeout_s,
-       fair_by
+       fair_by, sequence_by, on_failure
   FROM hivejobs_job_type ORDER BY name;
 
 -- name: type_counts

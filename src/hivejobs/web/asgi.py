@@ -43,6 +43,7 @@ from hivejobs.web import (
     fleet,
     flow,
     inputs,
+    sequence,
     shield,
 )
 from hivejobs.web.auth import (
@@ -197,6 +198,7 @@ def create_app(
             *fleet.HANDLERS,
             *flow.HANDLERS,
             *fair.HANDLERS,
+            *sequence.HANDLERS,
             *dashboard.HANDLERS,
             *batches.HANDLERS,
         ],

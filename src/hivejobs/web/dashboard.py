@@ -24,6 +24,7 @@ from hivejobs.errors import JobNotFound
 from hivejobs.records import ChainJobStatus
 from hivejobs.store.dashboard import DashboardStore, JobRow, ListName
 from hivejobs.store.flow import FlowSettings, FlowStore
+from hivejobs.store.sequence import Hold, SequenceStore
 from hivejobs.web.auth import (
     SESSION_COOKIE,
     Sessions,
@@ -171,6 +172,7 @@ def type_jobs(
     )
     body = _flow_controls(base, name, FlowStore(app.store).settings(name))
     body += keys_section(app, name)  # fair_by types only (web/fair.py)
+    body += _held_keys(base, name, SequenceStore(app.store).holds(name))
     body += f"<p>{tabs}</p>" + _job_list(base, path, rows, nxt, state=list_state)
     return _html(request, f"{name}: {list_state}", body, fragment)
 
@@ -194,6 +196,28 @@ def _flow_controls(base: str, name: str, flow: FlowSettings) -> str:
             f"(<code>hivejobs scale {esc(name)} default</code> goes back to the code's).</p>"
         )
     return out
+
+
+def _held_keys(base: str, name: str, holds: list[Hold]) -> str:
+    """A sequenced type's keys held by a job failed for good (sequence.py): which, by which
+    job, since when, why, and the two ways on. Nothing for a type without holds."""
+    if not holds:
+        return ""
+    rows = [
+        [
+            esc(h.key),
+            link(base, f"/dashboard/jobs/{seg(name)}/{seg(h.job_id)}", h.job_id),
+            when(h.held_at),
+            esc(exception_line(h.error)[:120]),
+        ]
+        for h in holds
+    ]
+    return (
+        f'<p class="held-notice">{len(holds)} key(s) held: nothing of a held key starts until '
+        f"its failed job is replayed (it runs first) or the key released "
+        f"(<code>hivejobs keys {esc(name)} --release KEY</code>).</p>"
+        + table(["key", "held by", "since", "error"], rows, "")
+    )
 
 
 @get("/dashboard/failed", include_in_schema=False)

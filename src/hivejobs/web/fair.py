@@ -16,6 +16,7 @@ from litestar.params import Parameter
 from hivejobs.client.app import App
 from hivejobs.errors import HivejobsError
 from hivejobs.store.fair import KeyCount
+from hivejobs.store.sequence import KeyState
 from hivejobs.web.api import Name, hj
 from hivejobs.web.errors import ERROR_RESPONSES
 from hivejobs.web.render import esc, table
@@ -24,12 +25,16 @@ from hivejobs.web.threads import threaded
 DASHBOARD_KEYS = 20  # the busiest keys a type page shows
 
 
-class TypeKeysOut(msgspec.Struct, frozen=True, kw_only=True):
-    """A fair type's keys with live jobs, busiest (most queued) first, at most `limit`."""
+class TypeKeysOut(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """A fair type's keys with live jobs, busiest (most queued) first, at most `limit`; for
+    a sequenced type (`sequence_by`, web/sequence.py) its keys as `hivejobs keys` lists them,
+    held first (absent for a type without sequence_by)."""
 
     name: str
     fair_by: str
     keys: list[KeyCount]
+    sequence_by: str | None = None
+    sequence: list[KeyState] = msgspec.field(default_factory=list)
 
 
 @get(
@@ -37,7 +42,11 @@ class TypeKeysOut(msgspec.Struct, frozen=True, kw_only=True):
     operation_id="job_type_keys",
     summary="A fair type's keys with their queued, running and scheduled jobs",
     description="For a type declared with `fair_by`: the field's values that have live jobs, "
-    "most queued first. 422 for a type without fair_by.",
+    "most queued first. For a type declared with `sequence_by`, `sequence` lists its keys "
+    "with live jobs or a hold, held first: queued, scheduled and running counts, `next_id` "
+    "(the job whose turn it is) and for a key held by a job failed for good `held_by`, "
+    "`held_error` and `held_at` (`key` is the field's JSON text). 422 for a type with "
+    "neither.",
     responses=ERROR_RESPONSES(404, 422),
 )
 @threaded
@@ -47,8 +56,17 @@ def job_type_keys(
     limit: Annotated[int, Parameter(ge=1, le=1000, description="keys to show")] = 100,
 ) -> TypeKeysOut:
     app = hj(state)
+    jt = app.job_type(name)
+    if jt.sequence is not None:  # a sequenced type, fair or not
+        return TypeKeysOut(
+            name=name,
+            fair_by="" if jt.fair is None else jt.fair.field,
+            keys=[] if jt.fair is None else app.fair_keys(name, limit),
+            sequence_by=jt.sequence.field,
+            sequence=app.keys(name, limit),
+        )
     keys = app.fair_keys(name, limit)
-    fair = app.job_type(name).fair
+    fair = jt.fair
     return TypeKeysOut(name=name, fair_by=fair.field if fair is not None else "", keys=keys)
 
 

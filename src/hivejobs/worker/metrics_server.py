@@ -32,6 +32,7 @@ from hivejobs.logs import error_fields
 from hivejobs.metrics import BUCKETS, COUNTERS, HISTOGRAMS
 from hivejobs.store import Store
 from hivejobs.store.dashboard import DashboardStore
+from hivejobs.store.sequence import SequenceStore
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 # Connections served at once; one more is closed at once instead of costing a thread.
@@ -122,6 +123,14 @@ def render_gauges(store: Store, out: list[str]) -> None:
         out += [f"# HELP {metric} {text}", f"# TYPE {metric} gauge"]
         for name in sorted(counts):
             out.append(f'{metric}{{job_type="{_label(name)}"}} {counts[name].get(state, 0)}')
+    # Per type, never per key (keys are unbounded): `hivejobs keys TYPE` lists which.
+    held = SequenceStore(store).held_counts()
+    out += [
+        "# HELP hivejobs_sequence_held_keys sequence_by keys held by a job failed for good",
+        "# TYPE hivejobs_sequence_held_keys gauge",
+    ]
+    for name in sorted(held):
+        out.append(f'hivejobs_sequence_held_keys{{job_type="{_label(name)}"}} {held[name]}')
     lease = store.lease_read()
     out += [
         "# HELP hivejobs_coordinator_leader 1 for the coordinator holding a valid lease",

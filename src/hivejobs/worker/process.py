@@ -97,7 +97,7 @@ class Lane:
             stop.draining,
             stop.acquiring_stopped,
             heartbeat_age_s=heartbeat_age_s,
-            flow=Flow(store, broker, jt.name, jt.limits),
+            flow=Flow(store, broker, jt.name, jt.limits, jt.sequence is not None),
             scale=self._scale,
             handed_over=self._wake if runs_tasks else None,
         )
