@@ -37,6 +37,7 @@ from bench import (  # noqa: E402
     chaos_procs,
     chaos_servers,
 )
+from bench.chaos_keys import KEYED_TYPES, Keyed  # noqa: E402
 from bench.chaoslib import COLUMNS, Row, Scenario, error_row, leader, scaled  # noqa: E402
 from bench.harness import (  # noqa: E402
     RedisServer,
@@ -48,7 +49,8 @@ from bench.harness import (  # noqa: E402
 
 
 def kill_pool(scale: float) -> Row:
-    """S1 chaos: a pool process kill -9 every 5 s, alternating pools, while 25k jobs drain."""
+    """S1 chaos: a pool process kill -9 every 5 s, alternating pools (the sequenced type's
+    first), while 25k jobs drain, and 2k fair and 5k sequenced ones (5 keys)."""
     return _kill_pools("S1 kill -9 pool every 5 s", {}, int(20000 * scale), int(5000 * scale))
 
 
@@ -58,7 +60,7 @@ def kill_serial_pool(scale: float) -> Row:
     fetched ahead itself. 2,500 jobs: one runner drains ~45 a second."""
     return _kill_pools(
         "S1b kill -9 one-runner pool every 5 s",
-        {f"HJ_CONCURRENCY_{t.upper()}": "1" for t in KILLED_TYPES},
+        {f"HJ_CONCURRENCY_{t.upper()}": "1" for t in KILLED_TYPES + KEYED_TYPES},
         int(2000 * scale),
         int(500 * scale),
     )
@@ -71,8 +73,9 @@ KILLED_TYPES = ["alo", "amo", "alo_async", "amo_async"]
 def _kill_pools(title: str, env: dict[str, str], n_alo: int, n_amo: int) -> Row:
     s = Scenario(title)
     try:
-        s.instance(",".join(KILLED_TYPES), **env)
-        app = s.app(KILLED_TYPES)
+        kinds = KEYED_TYPES[:1] + KILLED_TYPES + KEYED_TYPES[1:]  # the kills' rotation
+        s.instance(",".join(kinds), **env)
+        app = s.app(kinds)
         rng = random.Random(1)
         alo: list[str] = []
         amo: list[str] = []
@@ -81,7 +84,10 @@ def _kill_pools(title: str, env: dict[str, str], n_alo: int, n_amo: int) -> Row:
                 "alo" + suffix, [{"ms": rng.randint(5, 40)} for _ in range(n_alo // 2)]
             )
             amo += app.enqueue_many("amo" + suffix, [{"ms": 20}] * (n_amo // 2))
-        kinds = KILLED_TYPES
+        # Sequenced lines long enough (~50 ms a job, one at a time per key) to be in flight
+        # at the first kill, which hits their pool.
+        keyed = Keyed()
+        keyed.enqueue(app, 5, n_alo // 10, n_alo // 20, (20, 60), rng)
         k = 0
         while s.live() > 0:
             deadline = time.monotonic() + 5
@@ -106,7 +112,7 @@ def _kill_pools(title: str, env: dict[str, str], n_alo: int, n_amo: int) -> Row:
                     "orphans released",
                 )
             k += 1
-        return s.result(alo, amo)
+        return keyed.judge(s, s.result(alo + keyed.ids, amo))
     finally:
         s.close()
 
@@ -164,14 +170,19 @@ def kill_coordinator(scale: float) -> Row:
 
 
 def redis_faults(scale: float) -> Row:
-    """S4 chaos: FLUSHALL at 25 %, SHUTDOWN NOSAVE + restart at 60 %, CLIENT KILL at 80 %."""
+    """S4 chaos: FLUSHALL at 25 %, SHUTDOWN NOSAVE + restart at 60 %, CLIENT KILL at 80 %
+    (of all jobs: 20k, and 2k fair and 12.5k sequenced ones, 5 keys, whose lines drain
+    about as long as the rest); jobs of each kind enqueued while Redis is down."""
     server = RedisServer(Path(tempfile.mkdtemp(prefix="hjchaos-redis-")))
     s = Scenario("S4 Redis flush, restart, client kill", server.url)
     try:
-        s.instance("alo", HJ_CONCURRENCY_ALO="4")
-        app = s.app(["alo"])
+        s.instance(",".join(["alo", *KEYED_TYPES]), HJ_CONCURRENCY_ALO="4")
+        app = s.app(["alo", *KEYED_TYPES])
         n = int(20000 * scale)
         alo = app.enqueue_many("alo", [{"ms": 2}] * n)
+        keyed = Keyed()
+        keyed.enqueue(app, 5, n // 10, n // 8, (2, 8), random.Random(4))
+        n = len(alo) + len(keyed.ids)
         client = redis.Redis.from_url(server.url)
         wait_until(lambda: s.done() >= n * 0.25, timeout=120, what="25 %")
         client.flushall()
@@ -182,13 +193,16 @@ def redis_faults(scale: float) -> Row:
         except redis.ConnectionError:
             pass
         alo += [app.enqueue("alo", {"ms": 1}) for _ in range(int(1000 * scale))]  # Redis down
+        keyed.enqueue(
+            app, 5, int(100 * scale), int(200 * scale) // 5, (1, 2), random.Random(5), False
+        )
         server.start()
         s.progress_after(time.monotonic())
         wait_until(lambda: s.done() >= n * 0.8, timeout=120, what="80 %")
         client = redis.Redis.from_url(server.url)
         client.client_kill_filter(_type="normal")
         s.progress_after(time.monotonic())
-        return s.result(alo, [])
+        return keyed.judge(s, s.result(alo + keyed.ids, []))
     finally:
         s.close()
         server.stop()
@@ -223,13 +237,15 @@ def redis_pause(scale: float) -> Row:
 
 def rolling_restarts(scale: float) -> Row:
     """S3 chaos: A -> B -> A handovers by SIGTERM with long and short jobs in flight, `def`
-    and `async def` handlers."""
+    and `async def` handlers, and fair and sequenced ones (5 keys of 50-200 ms jobs, lines
+    long enough to be in flight at the handovers)."""
     s = Scenario("S3 rolling restart x3")
-    names = ["long_coop", "long_stubborn", "alo", "long_coop_async", "alo_async"]
+    names = ["long_coop", "long_stubborn", "alo", "long_coop_async", "alo_async", *KEYED_TYPES]
     types = ",".join(names)
     try:
         current = s.instance(types)
         app = s.app(names)
+        rng = random.Random(3)
         alo = app.enqueue_many("alo", [{"ms": 10}] * int(10000 * scale))
         alo += app.enqueue_many("alo_async", [{"ms": 10}] * int(10000 * scale))
         # Two rounds of each long type's runners at least: long jobs stay in flight across
@@ -238,15 +254,19 @@ def rolling_restarts(scale: float) -> Row:
         alo += app.enqueue_many("long_coop", [{"s": 8}] * scaled(40, scale, 12))
         alo += app.enqueue_many("long_coop_async", [{"s": 8}] * scaled(40, scale, 12))
         alo += app.enqueue_many("long_stubborn", [{"s": 8}] * scaled(10, scale, 4))
+        keyed = Keyed()
+        keyed.enqueue(app, 5, int(2000 * scale), scaled(250, scale, 100), (50, 200), rng)
         for _ in range(3):
             nxt = s.instance(types)
             wait_until(lambda: len(pool_pids(s.url, "alo")) == 2, what="next instance")
+            leaving = pool_pids(s.url, "alo_seq", host_pid=current.pid)
             current.signal_group(signal.SIGTERM)
             at = time.monotonic()
             s.check(current.wait(15) == 0, "a supervisor exited non-zero on SIGTERM")
+            s.exited(leaving)
             s.progress_after(at, 20)
             current = nxt
-        return s.result(alo, [])
+        return keyed.judge(s, s.result(alo + keyed.ids, []))
     finally:
         s.close()
 

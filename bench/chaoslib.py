@@ -87,6 +87,9 @@ class Scenario:
         App(database_url=self.url, redis_url=redis_url).migrate()
         self.instances: list[Instance] = []
         self.killed: set[int] = set()
+        # pid -> monotonic ns when its handlers ran no more (a kill -9, or an exit seen):
+        # where bench/sequence_check.py ends a run that wrote no end line.
+        self.dead: dict[int, int] = {}
         self.problems: list[str] = []
         self.recoveries: list[float] = []
         self.started = time.monotonic()
@@ -160,6 +163,15 @@ class Scenario:
     def kill(self, pid: int, sig: int = signal.SIGKILL) -> None:
         os.kill(pid, sig)
         self.killed.add(pid)
+        if sig == signal.SIGKILL:
+            # Delivered before kill() returns: no handler line of pid can come after this
+            # instant (noted later, a re-run elsewhere would look like an overlap).
+            self.dead[pid] = time.monotonic_ns()
+
+    def exited(self, pids: Iterable[int]) -> None:
+        """Processes seen gone after a signal that let them exit (their runs ended by now)."""
+        now = time.monotonic_ns()
+        self.dead.update({pid: now for pid in pids if pid not in self.dead})
 
     # -- the checker -------------------------------------------------------------------
 

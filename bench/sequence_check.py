@@ -5,7 +5,10 @@ attempt: started_at in enqueue order, and each started at or after the previous 
 finished, on the database clock) and the handlers' own ledger (every attempt, killed ones
 included: begin lines in enqueue order, never two runs of a key overlapping, on
 CLOCK_MONOTONIC). A run of a killed process with no end line ended at the latest when the
-test saw it dead (`dead`: pid -> monotonic ns taken after it was gone).
+test saw it dead (`dead`: pid -> monotonic ns taken after it was gone). The run lines are
+"begin <id> <pid> <ns> <key> <index>" and "end <id> <pid> <ns>" (tests/apps/sequenceapp.py);
+a ledger that other handlers share names them otherwise (`tags`, e.g. faultapp's alo_seq
+writes seq_begin / seq_end beside its own start / end lines).
 """
 
 from __future__ import annotations
@@ -46,14 +49,16 @@ class Report:
         )  # fmt: skip
 
 
-def ledger_runs(folder: Path, dead: dict[int, int]) -> dict[str, list[Run]]:
+def ledger_runs(
+    folder: Path, dead: dict[int, int], tags: tuple[str, str] = ("begin", "end")
+) -> dict[str, list[Run]]:
     """Every handler run per key (the payload's account), in begin order."""
     begins: dict[tuple[str, int], tuple[int, str, int]] = {}
     runs: dict[str, list[Run]] = {}
     for parts in read_ledger(folder):
-        if parts[0] == "begin":
+        if parts[0] == tags[0]:
             begins[(parts[1], int(parts[2]))] = (int(parts[3]), parts[4], int(parts[5]))
-        elif parts[0] == "end":
+        elif parts[0] == tags[1]:
             begin, account, index = begins.pop((parts[1], int(parts[2])))
             runs.setdefault(account, []).append(Run(parts[1], index, begin, int(parts[3])))
     for (job_id, pid), (begin, account, index) in begins.items():
@@ -65,7 +70,13 @@ def ledger_runs(folder: Path, dead: dict[int, int]) -> dict[str, list[Run]]:
     return runs
 
 
-def check(url: str, folder: Path, lines: dict[str, list[str]], dead: dict[int, int]) -> Report:
+def check(
+    url: str,
+    folder: Path,
+    lines: dict[str, list[str]],
+    dead: dict[int, int],
+    tags: tuple[str, str] = ("begin", "end"),
+) -> Report:
     """Check every key's line of job ids (in enqueue order) against both records."""
     report = Report(jobs=sum(len(ids) for ids in lines.values()))
     for account, ids in lines.items():
@@ -77,7 +88,7 @@ def check(url: str, folder: Path, lines: dict[str, list[str]], dead: dict[int, i
         overlaps = [(a[0], b[0]) for a, b in zip(done, done[1:], strict=False) if b[2] < a[3]]
         if overlaps:
             report.pg_overlap.append(f"{account}: {overlaps[0]}")
-    for account, runs in ledger_runs(folder, dead).items():
+    for account, runs in ledger_runs(folder, dead, tags).items():
         report.runs += len(runs)
         if any(a.index > b.index for a, b in zip(runs, runs[1:], strict=False)):
             report.ledger_order.append(account)

@@ -224,6 +224,30 @@ opt_in("s8_hang", attempts=1, timeout=2.0, **_S8)(_poison_plan)
 opt_in("s8_gil_hog", delivery="at_most_once", timeout=2.0, **_S8)(_poison_plan)
 
 
+# -- keyed types (issue 34: fair and sequenced jobs mixed into chaos S1, S3, S4) -------------
+
+
+@opt_in("alo_fair", concurrency=8, attempts=5, fair_by="k")
+def alo_fair(ctx: JobContext, payload: dict[str, float | str]) -> None:
+    """`alo` handed out round-robin across the payload's key `k`."""
+    start(ctx)
+    work(payload)
+    end(ctx, "ok")
+
+
+@opt_in("alo_seq", concurrency=8, attempts=5, sequence_by="k")
+def alo_seq(ctx: JobContext, payload: dict[str, float | str]) -> None:
+    """`alo` one at a time per key `k`, in enqueue order (`i`: the job's place in its key's
+    line). Beside `alo`'s lines it writes bench/sequence_check.py's run record, tagged
+    seq_begin / seq_end ("end" is `alo`'s): "seq_begin <id> <pid> <ns> <k> <i>"."""
+    start(ctx)
+    pid = os.getpid()
+    note("seq_begin", ctx.job_id, pid, time.monotonic_ns(), payload["k"], int(payload["i"]))
+    work(payload)
+    note("seq_end", ctx.job_id, pid, time.monotonic_ns())
+    end(ctx, "ok")
+
+
 # -- async twins (RELIABILITY S1, S3, S8, S13 run them beside the def types) ----------------
 
 
