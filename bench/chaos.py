@@ -256,17 +256,19 @@ def rolling_restarts(scale: float) -> Row:
         alo += app.enqueue_many("long_stubborn", [{"s": 8}] * scaled(10, scale, 4))
         keyed = Keyed()
         keyed.enqueue(app, 5, int(2000 * scale), scaled(250, scale, 100), (50, 200), rng)
+        stopped: set[int] = set()
         for _ in range(3):
             nxt = s.instance(types)
             wait_until(lambda: len(pool_pids(s.url, "alo")) == 2, what="next instance")
-            leaving = pool_pids(s.url, "alo_seq", host_pid=current.pid)
+            leaving = {t: pool_pids(s.url, t, host_pid=current.pid) for t in names}
+            stopped.update(p for pids in leaving.values() for p in pids)
             current.signal_group(signal.SIGTERM)
             at = time.monotonic()
             s.check(current.wait(15) == 0, "a supervisor exited non-zero on SIGTERM")
-            s.exited(leaving)
+            s.exited(leaving["alo_seq"])
             s.progress_after(at, 20)
             current = nxt
-        return keyed.judge(s, s.result(alo + keyed.ids, []))
+        return keyed.judge(s, s.result(alo + keyed.ids, [], stopped=stopped))
     finally:
         s.close()
 

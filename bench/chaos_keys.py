@@ -91,4 +91,6 @@ class Keyed:
             f"alo_seq pools killed or stopped, {report.runs - len(self.ids) + len(self.fair)} "
             "alo_seq re-runs"
         )
+        if s.reruns:
+            notes += f"; {s.reruns} re-runs by design (suspended as their handler ended)"
         return s.rejudge(row, notes=notes)

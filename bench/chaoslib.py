@@ -206,6 +206,7 @@ class Scenario:
         jobs: int | None = None,
         dead_are_killed: bool = False,
         rerun_across: int | None = None,
+        stopped: set[int] | None = None,
     ) -> Row:
         """Wait until nothing is live, then judge: `alo` must succeed (ledger ok >= 1, and
         once outside killed processes), `amo` must end (ledger start <= 1), `expected` maps
@@ -217,7 +218,12 @@ class Scenario:
         duplicate: a run that started before it was claimed before the crash, and that claim
         or its completion was committed asynchronously and may be lost (worker/process.py).
         A claim lost that way may be run from the pool's queue well after the crash: the
-        crash instant itself does not separate the two runs, Postgres's return does."""
+        crash instant itself does not separate the two runs, Postgres's return does.
+        With `stopped` (pids of pools stopped by SIGTERM), a job whose run ended ok in one of
+        them and ran again with the same attempt number is a re-run by design too: the
+        pool's shutdown deadline suspended it in the instant between its handler's last
+        ledger line and the runner's taking its result (a suspension gives the attempt back;
+        a rescue or a retry counts a new one, so a real duplicate claim still counts)."""
         alo, amo, expected = list(alo), list(amo), expected or {}
         wait_until(lambda: self.live() == 0, timeout=timeout, interval=0.5, what="all done")
         self.judged = True
@@ -238,6 +244,10 @@ class Scenario:
                     runs.setdefault(parts[1], []).append(int(parts[4]))
             across = {i for i, t in runs.items() if min(t) < rerun_across < max(t)}
             self.reruns = len([i for i in alo if survivors[i] > 1 and i in across])
+        if stopped:
+            resumed = suspended_reruns(self.ledger, stopped)
+            self.reruns += len([i for i in alo if survivors[i] > 1 and i in resumed - across])
+            across |= resumed
         twice = [i for i in alo if survivors[i] > 1 and i not in across]
         twice += [i for i in amo if starts[i] > 1]
         wrong = [i for i, ok in expected.items() if i in final and not ok(final[i])]
@@ -292,6 +302,23 @@ class Scenario:
             pass
         if self.judged and not self.problems:
             shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+def suspended_reruns(ledger: Path, stopped: set[int]) -> set[str]:
+    """Jobs whose ok runs of one attempt all ran in `stopped` pids but the last one."""
+    began: dict[tuple[str, str, int], int] = {}
+    ends: dict[tuple[str, str], list[int]] = {}  # (job, attempt) -> pids of its ok runs
+    for parts in read_ledger(ledger):
+        if parts[0] == "start":
+            began[(parts[1], parts[2], int(parts[3]))] = int(parts[4])
+        elif parts[0] == "end" and parts[3] == "ok":
+            ends.setdefault((parts[1], parts[2]), []).append(int(parts[4]))
+    resumed = set()
+    for (job, attempt), pids in ends.items():
+        pids.sort(key=lambda p, j=job, a=attempt: began.get((j, a, p), 0))
+        if len(pids) > 1 and all(p in stopped for p in pids[:-1]):
+            resumed.add(job)
+    return resumed
 
 
 def dead_handler_pids(ledger: Path) -> set[int]:
