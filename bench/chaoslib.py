@@ -313,10 +313,10 @@ def suspended_reruns(ledger: Path, stopped: set[int]) -> set[str]:
             began[(parts[1], parts[2], int(parts[3]))] = int(parts[4])
         elif parts[0] == "end" and parts[3] == "ok":
             ends.setdefault((parts[1], parts[2]), []).append(int(parts[4]))
-    resumed = set()
+    resumed: set[str] = set()
     for (job, attempt), pids in ends.items():
-        pids.sort(key=lambda p, j=job, a=attempt: began.get((j, a, p), 0))
-        if len(pids) > 1 and all(p in stopped for p in pids[:-1]):
+        order = sorted(pids, key=lambda pid: began.get((job, attempt, pid), 0))
+        if len(order) > 1 and all(p in stopped for p in order[:-1]):
             resumed.add(job)
     return resumed
 
