@@ -50,7 +50,7 @@ from bench.harness import (  # noqa: E402
 
 def kill_pool(scale: float) -> Row:
     """S1 chaos: a pool process kill -9 every 5 s, alternating pools (the sequenced type's
-    first), while 25k jobs drain, and 2k fair and 5k sequenced ones (5 keys)."""
+    first), while 25k jobs drain, and 2k fair and 6.25k sequenced ones (5 keys)."""
     return _kill_pools("S1 kill -9 pool every 5 s", {}, int(20000 * scale), int(5000 * scale))
 
 
@@ -84,10 +84,10 @@ def _kill_pools(title: str, env: dict[str, str], n_alo: int, n_amo: int) -> Row:
                 "alo" + suffix, [{"ms": rng.randint(5, 40)} for _ in range(n_alo // 2)]
             )
             amo += app.enqueue_many("amo" + suffix, [{"ms": 20}] * (n_amo // 2))
-        # Sequenced lines long enough (~50 ms a job, one at a time per key) to be in flight
-        # at the first kill, which hits their pool.
+        # Sequenced lines long enough (50 ms a job on average, one at a time per key: 6 s
+        # and more at CI size) to be in flight at the first kill, which hits their pool.
         keyed = Keyed()
-        keyed.enqueue(app, 5, n_alo // 10, n_alo // 20, (20, 60), rng)
+        keyed.enqueue(app, 5, n_alo // 10, n_alo // 16, (30, 70), rng)
         k = 0
         while s.live() > 0:
             deadline = time.monotonic() + 5
