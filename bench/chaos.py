@@ -171,7 +171,7 @@ def kill_coordinator(scale: float) -> Row:
 
 def redis_faults(scale: float) -> Row:
     """S4 chaos: FLUSHALL at 25 %, SHUTDOWN NOSAVE + restart at 60 %, CLIENT KILL at 80 %
-    (of all jobs: 20k, and 2k fair and 12.5k sequenced ones, 5 keys, whose lines drain
+    (of all jobs: 20k, and 2k fair and 6.25k sequenced ones, 5 keys, whose lines drain
     about as long as the rest); jobs of each kind enqueued while Redis is down."""
     server = RedisServer(Path(tempfile.mkdtemp(prefix="hjchaos-redis-")))
     s = Scenario("S4 Redis flush, restart, client kill", server.url)
@@ -181,13 +181,15 @@ def redis_faults(scale: float) -> Row:
         n = int(20000 * scale)
         alo = app.enqueue_many("alo", [{"ms": 2}] * n)
         keyed = Keyed()
-        keyed.enqueue(app, 5, n // 10, n // 8, (2, 8), random.Random(4))
+        keyed.enqueue(app, 5, n // 10, n // 16, (1, 5), random.Random(4))
         n = len(alo) + len(keyed.ids)
         client = redis.Redis.from_url(server.url)
         wait_until(lambda: s.done() >= n * 0.25, timeout=120, what="25 %")
+        keyed.note_fault(s)
         client.flushall()
         s.progress_after(time.monotonic())
         wait_until(lambda: s.done() >= n * 0.6, timeout=120, what="60 %")
+        keyed.note_fault(s)
         try:
             client.shutdown(nosave=True)
         except redis.ConnectionError:
@@ -199,6 +201,7 @@ def redis_faults(scale: float) -> Row:
         server.start()
         s.progress_after(time.monotonic())
         wait_until(lambda: s.done() >= n * 0.8, timeout=120, what="80 %")
+        keyed.note_fault(s)
         client = redis.Redis.from_url(server.url)
         client.client_kill_filter(_type="normal")
         s.progress_after(time.monotonic())
@@ -262,6 +265,7 @@ def rolling_restarts(scale: float) -> Row:
             wait_until(lambda: len(pool_pids(s.url, "alo")) == 2, what="next instance")
             leaving = {t: pool_pids(s.url, t, host_pid=current.pid) for t in names}
             stopped.update(p for pids in leaving.values() for p in pids)
+            keyed.note_fault(s)
             current.signal_group(signal.SIGTERM)
             at = time.monotonic()
             s.check(current.wait(15) == 0, "a supervisor exited non-zero on SIGTERM")

@@ -17,7 +17,7 @@ import random
 from dataclasses import dataclass, field
 
 from bench.chaoslib import Row, Scenario
-from bench.harness import read_ledger
+from bench.harness import read_ledger, sql
 from bench.sequence_check import check
 
 from hivejobs import App
@@ -32,6 +32,7 @@ class Keyed:
 
     fair: list[str] = field(default_factory=list)
     lines: dict[str, list[str]] = field(default_factory=dict)
+    at_faults: list[int] = field(default_factory=list)  # sequenced jobs live at each fault
 
     @property
     def ids(self) -> list[str]:
@@ -70,6 +71,11 @@ class Keyed:
         for payload, job_id in zip(seq, ids, strict=True):
             self.lines[str(payload["k"])].append(job_id)
 
+    def note_fault(self, s: Scenario) -> None:
+        """Before a fault: how many sequenced jobs it meets (the notes show it did meet some)."""
+        live = "SELECT count(*) FROM hivejobs_job WHERE name = 'alo_seq'"
+        self.at_faults.append(int(sql(s.url, live)[0][0]))
+
     def judge(self, s: Scenario, row: Row) -> Row:
         """Add the sequence check to a row that s.result() made (lost and twice included
         these jobs already), and say in its notes what the keyed jobs met."""
@@ -91,6 +97,8 @@ class Keyed:
             f"alo_seq pools killed or stopped, {report.runs - len(self.ids) + len(self.fair)} "
             "alo_seq re-runs"
         )
+        if self.at_faults:
+            notes += f"; alo_seq live at the faults: {'/'.join(map(str, self.at_faults))}"
         if s.reruns:
             notes += f"; {s.reruns} re-runs by design (suspended as their handler ended)"
         return s.rejudge(row, notes=notes)
