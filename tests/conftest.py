@@ -190,3 +190,23 @@ def own_redis(tmp_path: Path) -> Iterator[RedisServer]:
     server = RedisServer(tmp_path)
     yield server
     server.stop()
+
+
+@pytest.fixture
+def chain_instance(start_instance: Callable[..., Instance]) -> Callable[..., Instance]:
+    """Like start_instance, running the chain test app."""
+
+    def start(extra_env: dict[str, str] | None = None) -> Instance:
+        return start_instance(extra_env, app_spec="tests.apps.chainapp:app")
+
+    return start
+
+
+@pytest.fixture
+def chain_app(make_app: Callable[..., App]) -> App:
+    """An App that knows the chain types through the fleet's declaration in Postgres."""
+    from tests.apps.chainapp import app as declared
+
+    app = make_app()
+    app.types.update(declared.types)
+    return app

@@ -14,29 +14,10 @@ import signal
 from collections.abc import Callable
 from pathlib import Path
 
-import pytest
-
 from hivejobs import App, Chain
 from tests.harness import Instance, read_ledger, sql, wait_until
 from tests.process.test_chain_operations import cli
 from tests.process.test_chain_run import assert_no_try_twice, wait_final
-
-
-@pytest.fixture
-def chain_instance(start_instance: Callable[..., Instance]) -> Callable[..., Instance]:
-    def start(extra_env: dict[str, str] | None = None) -> Instance:
-        return start_instance(extra_env, app_spec="tests.apps.chainapp:app")
-
-    return start
-
-
-@pytest.fixture
-def chain_app(make_app: Callable[..., App]) -> App:
-    from tests.apps.chainapp import app as declared
-
-    app = make_app()
-    app.types.update(declared.types)
-    return app
 
 
 def test_fan_out_of_500_with_a_join_reading_an_ancestor(

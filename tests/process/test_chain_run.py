@@ -14,8 +14,6 @@ import signal
 from collections.abc import Callable
 from pathlib import Path
 
-import pytest
-
 from hivejobs import App, Chain
 from tests.apps.gate import open_gate
 from tests.harness import (
@@ -28,26 +26,6 @@ from tests.harness import (
 )
 
 FINAL = ("succeeded", "failed", "stopped")
-
-
-@pytest.fixture
-def chain_instance(start_instance: Callable[..., Instance]) -> Callable[..., Instance]:
-    """Like start_instance, running the chain test app."""
-
-    def start(extra_env: dict[str, str] | None = None) -> Instance:
-        return start_instance(extra_env, app_spec="tests.apps.chainapp:app")
-
-    return start
-
-
-@pytest.fixture
-def chain_app(make_app: Callable[..., App]) -> App:
-    """An App that knows the chain types through the fleet's declaration in Postgres."""
-    from tests.apps.chainapp import app as declared
-
-    app = make_app()
-    app.types.update(declared.types)
-    return app
 
 
 def wait_final(app: App, request_id: str, timeout: float = 45.0) -> str:
