@@ -41,12 +41,14 @@ HEAVY = (
     "tests/process/test_pgbouncer.py",
     "tests/process/test_redis_topologies.py",
 )
-# The tests that run `hivejobs bench` on the shared servers judge nothing by time, but
-# test_bench checks that no hivejobs_bench* database is left on the whole server: they form
-# a group of their own, one at a time, beside the heavy group (on the light worker's side).
+# The tests that run `hivejobs bench` judge nothing by time, but each starts a worker of two
+# processes x 8 threads that keeps a core busy: they form a group of their own, one at a
+# time, beside the heavy group (on the light worker's side).
 BENCH = (
     "tests/process/test_bench.py",
+    "tests/process/test_bench_debounce.py",
     "tests/process/test_bench_embedded.py",
+    "tests/process/test_bench_progress.py",
     "tests/process/test_cli_secrets.py::test_no_redis_password_in_any_output",
 )
 
