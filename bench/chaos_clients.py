@@ -147,7 +147,7 @@ def _payloads(url: str, ids: list[str]) -> dict[str, bytes]:
 
 
 # Cases known to fail, by label, with the issue that reports them ("known:" in their rows;
-# the CI test lets them pass). Issue 18's six (NaN, Infinity, depth 100,000, RTL-override id,
+# the CI test lets them pass). The last six (NaN, Infinity, depth 100,000, RTL-override id,
 # get_job NUL, CLI deep JSON) are fixed, so none is expected now.
 KNOWN_BAD_INPUT: dict[str, str] = {}
 

@@ -1,4 +1,4 @@
-"""Fair and sequenced jobs mixed into chaos S1, S3 and S4 (issue 34: "0 lost, order kept").
+"""Fair and sequenced jobs mixed into chaos S1, S3 and S4 ("0 lost, order kept").
 
 Beside each scenario's own jobs, a share goes to tests/apps/faultapp.py's `alo_fair`
 (fair_by="k") and `alo_seq` (sequence_by="k") over a handful of keys. Both are at-least-once

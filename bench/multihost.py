@@ -1,4 +1,4 @@
-"""Many hosts, simulated (issue 19): N `hivejobs run` instances, each in a network namespace
+"""Many hosts, simulated: N `hivejobs run` instances, each in a network namespace
 of its own, reach Postgres and Redis over a veth link with an added round-trip time, as
 instances in other availability zones would. Per link: drain throughput, pickup p50/p99 and
 leader failover time after `kill -9` of the leading instance, beside the same instances on

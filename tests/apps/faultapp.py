@@ -224,7 +224,7 @@ opt_in("s8_hang", attempts=1, timeout=2.0, **_S8)(_poison_plan)
 opt_in("s8_gil_hog", delivery="at_most_once", timeout=2.0, **_S8)(_poison_plan)
 
 
-# -- keyed types (issue 34: fair and sequenced jobs mixed into chaos S1, S3, S4) -------------
+# -- keyed types (fair and sequenced jobs mixed into chaos S1, S3, S4) -----------------------
 
 
 @opt_in("alo_fair", concurrency=8, attempts=5, fair_by="k")

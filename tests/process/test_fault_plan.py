@@ -111,7 +111,7 @@ def test_every_chaos_scenario_runs_in_ci() -> None:
     assert set(chaos.SCENARIOS) == set(CI_SIZES) | OWN_TESTS
 
 
-# With fair and sequenced jobs among their own (bench/chaos_keys.py, issue 34): S1's first kill
+# With fair and sequenced jobs among their own (bench/chaos_keys.py): S1's first kill
 # hits the sequenced type's pool while its keys' lines run.
 KEYED = {"kill_pool", "kill_serial_pool", "rolling", "redis"}
 

@@ -1,5 +1,5 @@
-"""`hivejobs bench --scenarios batch`: a batch of --jobs no-op jobs (100,000 for issue 35's
-figure) and the delay of its callback after its last job ended.
+"""`hivejobs bench --scenarios batch`: a batch of --jobs no-op jobs (100,000 for the
+published figure) and the delay of its callback after its last job ended.
 
 The same jobs are first drained without a batch, so the rate with batch membership (a
 member row per job, and every completion batch counting into the one batch row under its
