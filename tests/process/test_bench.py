@@ -12,7 +12,7 @@ import subprocess
 import sys
 import uuid
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import pytest
 import redis
@@ -35,6 +35,39 @@ def bench_run_id(stderr: str) -> BenchRun:
     found = re.search(r"\bhivejobs_bench_([0-9a-f]{8})\b", stderr)
     assert found, stderr
     return BenchRun(f"hivejobs_bench_{found[1]}", f"hivejobs-bench:{found[1]}:")
+
+
+class BenchResult(NamedTuple):
+    proc: subprocess.CompletedProcess[str]
+    report: dict[str, Any]  # the --json file
+
+    def medians(self, scenario: str) -> dict[str, float]:
+        return self.report["medians"][scenario]
+
+
+def run_bench(admin_url: str, tmp_path: Path, *args: str) -> BenchResult:
+    """`hivejobs bench ARGS --json` in a subprocess against this run's servers, as a user runs
+    it; fails with its stderr unless it exits 0. The database URL names the server only (the
+    bench makes and drops a database of its own)."""
+    out = tmp_path / "bench.json"
+    server = admin_url.rsplit("/", 1)[0] + "/postgres"
+    command = [sys.executable, "-m", "hivejobs", "bench", *args]
+    command += ["--database-url", server, "--redis-url", REDIS_URL, "--json", str(out)]
+    proc = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr
+    return BenchResult(proc, json.loads(out.read_text()))
+
+
+def assert_left_nothing(admin_url: str, result: BenchResult) -> None:
+    """The run dropped its database and deleted its Redis keys (judged by its own id: other
+    benches may share these servers)."""
+    run_id = bench_run_id(result.proc.stderr)
+    assert sql(admin_url, "SELECT 1 FROM pg_database WHERE datname = %s", (run_id.db,)) == []
+    client = redis.Redis.from_url(REDIS_URL)
+    try:
+        assert list(client.scan_iter(match=run_id.prefix + "*")) == []
+    finally:
+        client.close()
 
 
 @pytest.mark.parametrize(
@@ -62,44 +95,13 @@ def test_small_bench_writes_json_and_leaves_nothing_behind(admin_url: str, tmp_p
     client = redis.Redis.from_url(REDIS_URL)
     user_key = f"user:data:{uuid.uuid4().hex[:8]}"
     client.set(user_key, "kept")  # a user's key next to the bench's prefix
-    out = tmp_path / "bench.json"
-    server = admin_url.rsplit("/", 1)[0] + "/postgres"
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "hivejobs",
-            "bench",
-            "--scenarios",
-            "enqueue,throughput,latency,prune",
-            "--backlog-jobs",
-            "3000",
-            "--jobs",
-            "300",
-            "--repeats",
-            "2",
-            "--rate",
-            "200",
-            "--duration",
-            "0.5",
-            "--database-url",
-            server,
-            "--redis-url",
-            REDIS_URL,
-            "--json",
-            str(out),
-            "--plot",
-            str(tmp_path / "bench.png"),
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
-    assert proc.returncode == 0, proc.stderr
+    args = ["--scenarios", "enqueue,throughput,latency,prune", "--backlog-jobs", "3000"]
+    args += ["--jobs", "300", "--repeats", "2", "--rate", "200", "--duration", "0.5"]
+    result = run_bench(admin_url, tmp_path, *args, "--plot", str(tmp_path / "bench.png"))
+    proc = result.proc
     assert "throughput: steady drain rate, jobs per s" in proc.stdout  # the summary table
 
-    report = json.loads(out.read_text())
+    report = result.report
     assert set(report) >= {"options", "runs", "medians", "versions", "wall_s"}
     assert set(report["versions"]) >= {"python", "postgres", "redis", "cpus"}
     assert len(report["runs"]["throughput"]) == 2  # --repeats
@@ -126,9 +128,7 @@ def test_small_bench_writes_json_and_leaves_nothing_behind(admin_url: str, tmp_p
         assert (tmp_path / "bench.png").read_bytes().startswith(b"\x89PNG")
 
     # Only its own database and prefix are judged: other benches may share this server.
-    run_id = bench_run_id(proc.stderr)
-    assert sql(admin_url, "SELECT 1 FROM pg_database WHERE datname = %s", (run_id.db,)) == []
-    assert list(client.scan_iter(match=run_id.prefix + "*")) == []
+    assert_left_nothing(admin_url, result)
     assert client.get(user_key) == b"kept"
     client.delete(user_key)
 
@@ -200,33 +200,11 @@ def test_bench_queries_share_one_session_closed_at_cleanup(admin_url: str) -> No
 def test_stale_stats_scenario_drains_under_four_planner_states(
     admin_url: str, tmp_path: Path
 ) -> None:
-    out = tmp_path / "stale.json"
-    server = admin_url.rsplit("/", 1)[0] + "/postgres"
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "hivejobs",
-            "bench",
-            "--scenarios",
-            "stale-stats",
-            "--stale-stats-jobs",
-            "300",
-            "--database-url",
-            server,
-            "--redis-url",
-            REDIS_URL,
-            "--json",
-            str(out),
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=240,
+    result = run_bench(
+        admin_url, tmp_path, "--scenarios", "stale-stats", "--stale-stats-jobs", "300"
     )
-    assert proc.returncode == 0, proc.stderr
-    figures = json.loads(out.read_text())["medians"]["stale-stats"]
-    assert len(json.loads(out.read_text())["runs"]["stale-stats"]) == 1  # one run, not --repeats
+    figures = result.medians("stale-stats")
+    assert len(result.report["runs"]["stale-stats"]) == 1  # one run, not --repeats
     for state in ("none", "empty", "full", "quiet"):
         assert figures[f"stale_stats_{state}_per_s"] > 0
         assert figures[f"stale_stats_{state}_buffers_per_job"] > 0
@@ -242,16 +220,10 @@ def test_sweep_prints_one_row_per_duration_with_its_postgres_cost(
 ) -> None:
     """`--work redis --sweep`: one throughput run per duration, each with the per-job cost
     read from the server; the rows come out in the printed table."""
-    out = tmp_path / "sweep.json"
-    server = admin_url.rsplit("/", 1)[0] + "/postgres"
-    proc = subprocess.run(
-        [sys.executable, "-m", "hivejobs", "bench", "--scenarios", "throughput", "--jobs", "300",
-         "--repeats", "1", "--work", "redis", "--sweep", "0,0.5", "--database-url", server,
-         "--redis-url", REDIS_URL, "--json", str(out)],
-        cwd=ROOT, capture_output=True, text=True, timeout=240,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr
-    medians = json.loads(out.read_text())["medians"]
+    args = ["--scenarios", "throughput", "--jobs", "300", "--repeats", "1", "--work", "redis"]
+    result = run_bench(admin_url, tmp_path, *args, "--sweep", "0,0.5")
+    proc = result.proc
+    medians = result.report["medians"]
     for row in ("redis 0 ms", "redis 0.5 ms"):
         figures = medians[f"throughput {row}"]
         assert figures["throughput_jobs_per_s"] > 0
@@ -272,15 +244,8 @@ def test_sweep_prints_one_row_per_duration_with_its_postgres_cost(
 def test_otel_scenario_prices_three_modes_side_by_side(admin_url: str, tmp_path: Path) -> None:
     """CI size of `--scenarios otel` (bench/otel.py): each mode enqueues and drains, and the
     exporting mode's spans reach the bench's OTLP sink (the scenario fails otherwise)."""
-    out = tmp_path / "otel.json"
-    server = admin_url.rsplit("/", 1)[0] + "/postgres"
-    bench = [sys.executable, "-m", "hivejobs", "bench", "--scenarios", "otel", "--jobs", "50"]
-    bench += ["--repeats", "1", "--database-url", server, "--redis-url", REDIS_URL]
-    proc = subprocess.run(
-        [*bench, "--json", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=240
-    )
-    assert proc.returncode == 0, proc.stderr
-    figures = json.loads(out.read_text())["medians"]["otel"]
+    result = run_bench(admin_url, tmp_path, "--scenarios", "otel", "--jobs", "50", "--repeats", "1")
+    figures = result.medians("otel")
     for mode in ("off", "sdk", "exporter"):
         for figure in ("jobs_per_s", "enqueue_single_per_s", "enqueue_cpu_us"):
             assert figures[f"otel_{mode}_{figure}"] > 0, (mode, figure)
@@ -291,21 +256,11 @@ def test_otel_scenario_prices_three_modes_side_by_side(admin_url: str, tmp_path:
 def test_batch_scenario_at_ci_size(admin_url: str, tmp_path: Path) -> None:
     """`--scenarios batch` (bench/batch.py) at a small size: one callback, stored in the
     transaction that ended the last job; the 100,000-job run is bench/results' batch file."""
-    out = tmp_path / "batch.json"
-    server = admin_url.rsplit("/", 1)[0] + "/postgres"
-    proc = subprocess.run(
-        [sys.executable, "-m", "hivejobs", "bench", "--scenarios", "batch", "--jobs", "300"]
-        + ["--repeats", "1", "--database-url", server, "--redis-url", REDIS_URL]
-        + ["--json", str(out)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=240,
+    result = run_bench(
+        admin_url, tmp_path, "--scenarios", "batch", "--jobs", "300", "--repeats", "1"
     )
-    assert proc.returncode == 0, proc.stderr
-    batch = json.loads(out.read_text())["medians"]["batch"]
+    batch = result.medians("batch")
     assert batch["batch_callback_runs"] == 1.0 and batch["batch_jobs"] == 300.0
     assert batch["batch_callback_started_after_last_ms"] >= batch["batch_completed_after_last_ms"]
     assert batch["batch_drain_per_s"] > 0 and batch["plain_drain_per_s"] > 0
-    run_id = bench_run_id(proc.stderr)
-    assert sql(admin_url, "SELECT 1 FROM pg_database WHERE datname = %s", (run_id.db,)) == []
+    assert_left_nothing(admin_url, result)
