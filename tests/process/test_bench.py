@@ -42,7 +42,8 @@ class BenchResult(NamedTuple):
     report: dict[str, Any]  # the --json file
 
     def medians(self, scenario: str) -> dict[str, float]:
-        return self.report["medians"][scenario]
+        figures: dict[str, float] = self.report["medians"][scenario]
+        return figures
 
 
 def run_bench(admin_url: str, tmp_path: Path, *args: str) -> BenchResult:
