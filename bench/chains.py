@@ -130,9 +130,9 @@ def main() -> int:
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(30)
-        keys = list(app.broker.redis.scan_iter(match=prefix + "*"))
+        keys = list(app.connections.broker.redis.scan_iter(match=prefix + "*"))
         if keys:
-            app.broker.redis.delete(*keys)
+            app.connections.broker.redis.delete(*keys)
         app.close()
         with psycopg.connect(admin, autocommit=True) as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')

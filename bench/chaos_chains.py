@@ -119,7 +119,7 @@ def _long_chain(gate: str) -> Chain:
 def _open_gate(app: App, name: str) -> None:
     from tests.apps.gate import open_gate
 
-    open_gate(app.broker, name)
+    open_gate(app.connections.broker, name)
 
 
 def _running_keys(app: App, request_id: str) -> int:

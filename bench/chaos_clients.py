@@ -233,11 +233,13 @@ def bad_input(scale: float) -> Row:
             " VALUES (%s, 'typed', 'queued', 3, 'at_least_once', %s, now())",
             (drift, b'{"width": "wide"}'),
         )
-        app.broker.push("typed", 0, [drift])
+        app.connections.broker.push("typed", 0, [drift])
         # Garbage in a Redis list: skipped, logged, nothing crashes.
-        key = app.broker.queue_key("alo", 0)
-        app.broker.redis.rpush(key, *[os.urandom(8).hex() for _ in range(scaled(10_000, scale))])
-        app.broker.redis.rpush(key, b"x" * (10 * 1024 * 1024))
+        key = app.connections.broker.queue_key("alo", 0)
+        app.connections.broker.redis.rpush(
+            key, *[os.urandom(8).hex() for _ in range(scaled(10_000, scale))]
+        )
+        app.connections.broker.redis.rpush(key, b"x" * (10 * 1024 * 1024))
         row = s.result(
             alo=accepted,
             expected={drift: lambda f: f[0] == "failed" and f[1] == 1 and "decode" in f[2]},
@@ -431,9 +433,11 @@ def burst(scale: float) -> Row:
         stop = threading.Event()
 
         def sample() -> None:
-            keys = [app.broker.queue_key(t, 0) for t in ("alo", "amo")]
+            keys = [app.connections.broker.queue_key(t, 0) for t in ("alo", "amo")]
             while not stop.wait(0.1):
-                peaks["list"] = max([peaks["list"], *(app.broker.redis.llen(k) for k in keys)])
+                peaks["list"] = max(
+                    [peaks["list"], *(app.connections.broker.redis.llen(k) for k in keys)]
+                )
                 conns = sql(
                     s.url,
                     "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()",

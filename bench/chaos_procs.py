@@ -250,7 +250,9 @@ def failpoint_cell(names: list[str], action: str, scale: float) -> Row:
         if "reconcile" in triggers:
             # As a flush of this prefix while jobs are queued: the reconciler restores only
             # lists that are empty, so the list goes with the boot marker.
-            app.broker.redis.delete(app.broker.boot_key, app.broker.queue_key("alo", 0))
+            app.connections.broker.redis.delete(
+                app.connections.broker.boot_key, app.connections.broker.queue_key("alo", 0)
+            )
         if "sigterm" in triggers:
             first = s.instances[0]
             wait_until(

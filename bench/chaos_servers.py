@@ -267,7 +267,7 @@ def backlog(scale: float) -> Row:
         done_at_flush = s.done()
         client.flushall()
         at = time.monotonic()
-        keys = [app.broker.queue_key(t, p) for t in types for p in (0, 1)]
+        keys = [app.connections.broker.queue_key(t, p) for t in types for p in (0, 1)]
         starts_before = len(read_ledger(s.ledger))
         s.recovery(
             at,
@@ -298,7 +298,7 @@ def _declaring_app(s: Scenario, types: list[str]) -> App:
     app = App(database_url=s.url, redis_url=s.redis_url, prefix=s.prefix)
     for name in types:
         app.job(name, concurrency=8)(_noop_handler)
-    app.store.upsert_job_types([jt.info() for jt in app.types.values()])
+    app.connections.store.upsert_job_types([jt.info() for jt in app.types.values()])
     s.apps.append(app)
     return app
 

@@ -24,7 +24,7 @@ async def place_order(conn: psycopg.AsyncConnection[tuple[object, ...]], order_i
 
 
 async def main() -> None:
-    app.resolve_backends()
+    app.connections.resolve()
     async with await psycopg.AsyncConnection.connect(app.settings.database_url) as conn:
         kept = await place_order(conn, "order-1")
         await conn.commit()

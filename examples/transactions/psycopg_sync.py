@@ -1,6 +1,6 @@
 """Enqueue in a psycopg transaction: the job exists, and runs, only if the caller commits.
 
-    python -m examples.transactions.psycopg_sync      # with `hivejobs run examples.myapp:app`
+python -m examples.transactions.psycopg_sync      # with `hivejobs run examples.myapp:app`
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ def place_order(conn: psycopg.Connection[tuple[object, ...]], order_id: str) -> 
 
 
 def main() -> None:
-    app.resolve_backends()
+    app.connections.resolve()
     with psycopg.connect(app.settings.database_url) as conn:  # not autocommit: psycopg's default
         kept = place_order(conn, "order-1")
         conn.commit()

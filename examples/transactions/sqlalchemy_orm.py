@@ -43,7 +43,7 @@ async def async_session(url: str) -> tuple[str, str]:
 
 
 def main() -> None:
-    app.resolve_backends()
+    app.connections.resolve()
     url = app.settings.database_url.replace("postgresql://", "postgresql+psycopg://", 1)
     for label, (kept, dropped) in (
         ("Session", sync_session(url)),

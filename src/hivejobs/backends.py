@@ -6,9 +6,9 @@
 2. local: the defaults (127.0.0.1:5432 and :6379) if both answer a handshake.
 3. embedded: servers of `hivejobs dev` (hivejobs.embedded), unless HIVEJOBS_EMBEDDED=0.
 
-`Settings` (config.py), `App.resolve_backends`, `hivejobs dev` and `hivejobs bench` all ask
-here. Imports nothing of ours but errors and the embedded servers' process helpers; the
-servers themselves are loaded only when they are started.
+`Settings` (config.py), `Connections.resolve` (client/connections.py), `hivejobs dev` and
+`hivejobs bench` all ask here. Imports nothing of ours but errors and the embedded servers'
+process helpers; the servers themselves are loaded only when they are started.
 """
 
 from __future__ import annotations

@@ -42,7 +42,7 @@ _canonical = msgspec.json.Encoder(order="deterministic")  # key order does not m
 @dataclass(frozen=True, kw_only=True)
 class Unique:
     """What the user declares; App.job checks it (`debounce_policy`, or for mode="window"
-    jobtypes.checked_unique with App.job's `unique_states` and `on_duplicate`)."""
+    client/registry.py's checked_unique with App.job's `unique_states` and `on_duplicate`)."""
 
     key: Sequence[str] | None = None
     within: float

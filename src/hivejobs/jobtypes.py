@@ -7,44 +7,39 @@ nothing). Never opens a connection: the App hands in what it read.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
-import math
 import random
 import time
 import unicodedata
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import TYPE_CHECKING, TypeVar, get_args
+from typing import TYPE_CHECKING, TypeVar
 
 import msgspec
 
 from hivejobs.broker import MAX_ID_LENGTH
 from hivejobs.broker.fair import FairBy
-from hivejobs.debounce import Debounce, checked_key, debounce_policy
-from hivejobs.debounce import Unique as UniqueSpec
+from hivejobs.debounce import Debounce
 from hivejobs.errors import (
     InvalidArgument,
-    InvalidJobType,
     JobDuplicate,
     JobIdConflict,
     PayloadInvalid,
-    UnknownJobType,
 )
 from hivejobs.records import (
     JOB_TYPE_NAME_RE,
     PRIORITIES,
     Delivery,
     Inserted,
-    JobState,
     JobTypeInfo,
     NewJob,
     UniqueClaim,
 )
-from hivejobs.schedules import Schedule, check_cron
 from hivejobs.sequence import SequenceBy, declared_sequence
-from hivejobs.serialization import PayloadCodec, decode_json
+from hivejobs.serialization import PayloadCodec, decode_json, payload_type_of
 
 if TYPE_CHECKING:
     from hivejobs.flow import Limits
@@ -117,24 +112,24 @@ class Unique:
         return UniqueClaim(key=f"{name}:{digest}", window_s=self.window_s, states=self.states)
 
 
-@dataclass
-class JobType:
-    """One registered job type: its handler, its options and its payload codec.
+@dataclass(frozen=True, kw_only=True)
+class JobTypeSpec:
+    """A job type as any process can know it: its options and its payload codec, no handler.
 
-    Owns the rules a new job of this type must follow (`new_job`, `new_jobs`) and what an
-    insert's answer means for the caller (`outcome`). Built complete by `declare_type` and
-    filled in once by `@app.job` at import time; read-only once a worker runs it."""
+    What a registered type and a type a worker fleet declared in Postgres (`declared_type`,
+    for the CLI) share. Owns the rules a new job of this type must follow (`new_job`,
+    `new_jobs`) and what an insert's answer means for the caller (`outcome`). Frozen: built
+    once, complete, from checked options."""
 
     name: str
-    handler: Handler | None
     concurrency: int
     processes: int
     attempts: int
     delivery: Delivery
     timeout_s: float | None
-    backoff: Backoff
     priority: int
     codec: PayloadCodec = field(repr=False)
+    backoff: Backoff = Backoff()
     # rickover's status callbacks: the handler hands the work to another service and returns;
     # the job stays running until that service posts the outcome (or the timeout passes).
     callback: bool = False
@@ -280,6 +275,25 @@ class JobType:
         return prio
 
 
+@dataclass(frozen=True, kw_only=True)
+class JobType(JobTypeSpec):
+    """A registered job type: a JobTypeSpec and the handler `@app.job` decorated, built once at
+    import time (`with_handler`), so a worker never meets a type it cannot run."""
+
+    handler: Handler
+
+    @classmethod
+    def with_handler(
+        cls, spec: JobTypeSpec, handler: Handler, backoff: Backoff, max_payload_bytes: int
+    ) -> JobType:
+        """The type `spec` declared, running `handler`, its payloads decoded to the type the
+        handler's annotation names."""
+        fields = {f.name: getattr(spec, f.name) for f in dataclasses.fields(JobTypeSpec)}
+        fields["codec"] = PayloadCodec(spec.name, payload_type_of(handler), max_payload_bytes)
+        fields["backoff"] = backoff
+        return cls(**fields, handler=handler)
+
+
 def _check_debounced_options(
     name: str, job_id: str | None, delay: float | None, run_at: datetime | None
 ) -> None:
@@ -292,160 +306,23 @@ def _check_debounced_options(
             )
 
 
-# --------------------------------------------------------------------------- registry checks
-
-
-def declare_type(
-    registered: dict[str, JobType],
-    name: str,
-    concurrency: int,
-    processes: int,
-    attempts: int | None,
-    delivery: str,
-    timeout: float | None,
-    priority: int,
-    max_payload_bytes: int,
-) -> JobType:
-    """A checked new job type (not yet holding its handler); `registered` has its peers."""
-    if not isinstance(name, str) or not NAME_RE.fullmatch(name):
-        raise InvalidJobType(f"job type name {name!r} must be 1-64 letters, digits, _.-")
-    if name in registered:
-        raise InvalidJobType(f"job type {name!r} is registered twice")
-    if delivery not in ("at_least_once", "at_most_once"):
-        raise InvalidJobType(
-            f"delivery must be 'at_least_once' or 'at_most_once', not {delivery!r}"
-        )
-    if delivery == "at_most_once" and attempts not in (None, 1):
-        raise InvalidJobType(
-            f"job type {name!r} is at_most_once, so it runs at most one attempt: "
-            f"attempts={attempts} is impossible (drop it or use at_least_once)"
-        )
-    resolved = attempts if attempts is not None else (1 if delivery == "at_most_once" else 5)
-    if resolved < 1:
-        raise InvalidJobType(f"attempts must be at least 1, not {resolved}")
-    if concurrency < 1 or processes < 1:
-        raise InvalidJobType("concurrency and processes must be at least 1")
-    if timeout is not None and not (timeout > 0 and math.isfinite(timeout)):
-        raise InvalidJobType(f"timeout must be a positive number of seconds, not {timeout}")
-    check_priority(priority)
-    return JobType(
-        name,
-        None,
-        concurrency,
-        processes,
-        resolved,
-        "at_most_once" if delivery == "at_most_once" else "at_least_once",
-        timeout,
-        Backoff(),
-        priority,
-        PayloadCodec(name, None, max_payload_bytes),
-    )
-
-
-def declared_type(info: JobTypeInfo, codec: PayloadCodec) -> JobType:
+def declared_type(info: JobTypeInfo, codec: PayloadCodec) -> JobTypeSpec:
     """A type that a running worker fleet declared in Postgres (for the CLI, which has no
     handler): its options as declared, payloads checked by `codec` (the schema its worker
     declared), default backoff."""
-    return JobType(
-        info.name,
-        None,
-        info.concurrency,
-        info.processes,
-        info.attempts,
-        info.delivery,
-        info.timeout_s,
-        Backoff(),
-        0,
-        codec,
+    return JobTypeSpec(
+        name=info.name,
+        concurrency=info.concurrency,
+        processes=info.processes,
+        attempts=info.attempts,
+        delivery=info.delivery,
+        timeout_s=info.timeout_s,
+        priority=0,
+        codec=codec,
         callback=info.callback,
         callback_timeout_s=info.callback_timeout_s,
         fair=None if info.fair_by is None else FairBy(info.fair_by),
         sequence=declared_sequence(info.sequence_by, info.on_failure),
-    )
-
-
-def check_callback_timeout(callback_timeout: float) -> float:
-    if not (callback_timeout > 0 and math.isfinite(callback_timeout)):
-        raise InvalidJobType(
-            f"callback_timeout must be a positive number of seconds, not {callback_timeout}"
-        )
-    return float(callback_timeout)
-
-
-def check_retention(retention: float | None) -> float | None:
-    if retention is not None and not (
-        isinstance(retention, int | float) and 0 < retention < math.inf
-    ):
-        raise InvalidJobType(f"retention must be a positive number of seconds, not {retention}")
-    return None if retention is None else float(retention)
-
-
-def checked_unique(
-    window_s: float, by: Sequence[str] | None, states: Sequence[str], on_duplicate: str
-) -> Unique:
-    if isinstance(window_s, bool) or not isinstance(window_s, int | float):
-        raise InvalidJobType(f"unique_for must be seconds, not {type(window_s).__name__}")
-    if not (0 < window_s <= MAX_DELAY_S):  # also refuses NaN
-        raise InvalidJobType(
-            f"unique_for must be between 0 and {MAX_DELAY_S:.0f} s, not {window_s}"
-        )
-    unknown = [st for st in states if st not in get_args(JobState)]
-    if unknown or not states or isinstance(states, str):
-        raise InvalidJobType(f"unique_states must be job states from {get_args(JobState)}")
-    if by is not None and (isinstance(by, str) or not all(isinstance(f, str) for f in by)):
-        raise InvalidJobType("unique_by must be a list of payload field names")
-    if on_duplicate not in ("return", "raise"):
-        raise InvalidJobType(f"on_duplicate must be 'return' or 'raise', not {on_duplicate!r}")
-    return Unique(float(window_s), None if by is None else tuple(by), tuple(states), on_duplicate)
-
-
-def unique_policies(
-    spec: UniqueSpec,
-    window: Unique | None,
-    states: Sequence[str],
-    on_duplicate: str,
-) -> tuple[Unique | None, Debounce | None]:
-    """`unique=Unique(...)`: a window (as `unique_for`) or a debounce/coalesce policy."""
-    if window is not None:
-        raise InvalidJobType("unique: give either unique=Unique(...) or unique_for, not both")
-    policy = debounce_policy(spec)
-    if policy is not None:
-        return None, policy
-    by = checked_key(spec.key)
-    return checked_unique(spec.within, by, states, on_duplicate), None
-
-
-def new_schedule(
-    types: dict[str, JobType],
-    schedules: dict[str, Schedule],
-    job_type: str,
-    cron: str,
-    payload: object,
-    name: str | None,
-    tz: str,
-    catch_up: bool,
-    priority: int | None,
-) -> Schedule:
-    """A checked periodic schedule of a registered type; `schedules` has its peers."""
-    jt = types.get(job_type)
-    if jt is None:
-        raise UnknownJobType(job_type, sorted(types))
-    key = job_type if name is None else name
-    if not NAME_RE.fullmatch(key):
-        raise InvalidJobType(f"schedule name {key!r} must be 1-64 letters, digits, _.-")
-    if key in schedules:
-        raise InvalidJobType(f"schedule {key!r} is declared twice")
-    check_cron(cron, tz)
-    prio = jt.priority if priority is None else priority
-    check_priority(prio)
-    return Schedule(
-        name=key,
-        job_type=job_type,
-        cron=cron,
-        tz=tz,
-        payload=jt.encode(payload),
-        priority=prio,
-        catch_up=catch_up,
     )
 
 

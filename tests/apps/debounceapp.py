@@ -45,7 +45,7 @@ def coalesced(ctx: JobContext, payload: dict[str, Any]) -> None:
 
 
 def _clock() -> str:
-    with app.store.connection() as conn:
+    with app.connections.store.connection() as conn:
         row = conn.execute("SELECT clock_timestamp()::text").fetchone()
     assert row is not None
     return str(row[0])

@@ -83,7 +83,7 @@ def test_pool_stops_claiming_while_its_completions_cannot_be_written(
         assert not pool.completer.idle()
         running = "SELECT count(*) FROM hivejobs_job WHERE state = 'running'"
         assert count(database_url, running) == limit
-        assert app.broker.queue_lengths(["note"])[0][("note", 0)] == JOBS - limit
+        assert app.connections.broker.queue_lengths(["note"])[0][("note", 0)] == JOBS - limit
         blocker.rollback()  # the completer writes; claiming resumes
 
     succeeded = "SELECT count(*) FROM hivejobs_archive WHERE state = 'succeeded'"

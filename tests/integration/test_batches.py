@@ -180,9 +180,9 @@ def test_bad_input_names_the_field_and_stores_nothing(app: App, database_url: st
     from hivejobs.client.batches import Batch
 
     with pytest.raises(BatchNotFound, match="'nope'"):
-        Batch(app, "nope").enqueue_many("work", [Work()])
+        Batch(app._core, "nope").enqueue_many("work", [Work()])
     with pytest.raises(BatchNotFound):
-        Batch(app, "nope").seal()
+        Batch(app._core, "nope").seal()
     assert counts(database_url) == (1, 0, 0)
     assert app.batch_status(batch.id).total == 0
 
@@ -245,7 +245,7 @@ def test_concurrent_last_completions_enqueue_one_callback(app: App, database_url
     row's lock see every one, and exactly one of them stores the callback."""
     with app.batch(on_complete="report") as batch:
         ids = batch.enqueue_many("work", [Work()] * 64)
-    store = app.store
+    store = app.connections.store
     worker = new_worker_id()
     with store.connection() as conn:
         claimed = store.claim_queued(ids, worker, conn, name="work")
@@ -284,7 +284,7 @@ def test_the_last_two_ends_overlapping_store_one_callback(app: App, database_url
     live, and neither would)."""
     with app.batch(on_complete="report") as batch:
         ids = batch.enqueue_many("work", [Work()] * 2)
-    store = app.store
+    store = app.connections.store
     with store.connection() as conn:
         claimed = store.claim_queued(ids, new_worker_id(), conn, name="work")
     first, second = (
@@ -332,9 +332,9 @@ def test_the_pruner_drops_complete_batches_past_retention(app: App, database_url
     still_open = app.batch(on_complete="report")
     still_open.enqueue("work", Work())
     drain(app)
-    Pruner(app.store, retention_s=3600.0).prune(lambda: True)
+    Pruner(app.connections.store, retention_s=3600.0).prune(lambda: True)
     assert counts(database_url)[0] == 2  # within retention: kept
-    Pruner(app.store, retention_s=0.0).prune(lambda: True)
+    Pruner(app.connections.store, retention_s=0.0).prune(lambda: True)
     with pytest.raises(BatchNotFound):
         app.batch_status(done.id)
     assert sql(database_url, "SELECT count(*) FROM hivejobs_batch_failed") == [(0,)]

@@ -35,18 +35,18 @@ def running_root(app: App) -> tuple[str, Callable[[], JobContext]]:
     @app.job("resize")
     def resize(ctx: JobContext, payload: Size) -> None: ...
 
-    app.store.upsert_job_types([app.types[t].info() for t in ("step", "resize")])
+    app.connections.store.upsert_job_types([app.types[t].info() for t in ("step", "resize")])
     chain = Chain("grows")
     root = chain.job("step", key="root")
     b = chain.job("step", key="b", after=[root])
     chain.job("step", key="c", after=[b])
     request_id = app.run_chain(chain)
-    Traverser(app.store, app.broker).run_once(leader(app))
-    with app.store.connection() as conn:
-        (claimed,) = app.store.claim_queued(
+    Traverser(app.connections.store, app.connections.broker).run_once(leader(app))
+    with app.connections.store.connection() as conn:
+        (claimed,) = app.connections.store.claim_queued(
             [f"{request_id}:root:1"], new_worker_id(), conn, name="step"
         )
-    return request_id, lambda: JobContext(claimed, app, ChainStore(app.store))
+    return request_id, lambda: JobContext(claimed, app, ChainStore(app.connections.store))
 
 
 def stored(database_url: str, request_id: str) -> list[tuple[Any, ...]]:

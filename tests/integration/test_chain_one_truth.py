@@ -19,13 +19,13 @@ def test_a_try_waiting_for_a_worker_is_queued_in_status_and_ps(
     @app.job("step")
     def step(ctx: JobContext, payload: None) -> None: ...
 
-    app.store.upsert_job_types([app.types["step"].info()])
+    app.connections.store.upsert_job_types([app.types["step"].info()])
     chain = Chain("pair")
     first = chain.job("step", key="a")
     chain.job("step", key="b", after=[first])
     request_id = app.run_chain(chain)
     # The traverser hands "a" to the queue; no worker runs, so it waits there.
-    Traverser(app.store, app.broker).run_once(leader(app))
+    Traverser(app.connections.store, app.connections.broker).run_once(leader(app))
 
     (tried,) = app.chain_ps()
     assert (tried.key, tried.state) == ("a", "queued")

@@ -74,7 +74,7 @@ def test_jobs_marks_types_without_a_live_pool_and_lists_json(
 ) -> None:
     for name in ("served", "orphan"):
         cli_env.job(name)(lambda ctx, payload: None)
-    store = cli_env.store
+    store = cli_env.connections.store
     from hivejobs.records import JobTypeInfo  # the fleet declares its types at start
 
     store.upsert_job_types(
@@ -111,7 +111,7 @@ def test_jobs_shows_which_types_are_paused(
 ) -> None:
     for name in ("held", "going"):
         cli_env.job(name)(lambda ctx, payload: None)
-    cli_env.store.upsert_job_types([jt.info() for jt in cli_env.types.values()])
+    cli_env.connections.store.upsert_job_types([jt.info() for jt in cli_env.types.values()])
     assert main(["pause", "held"]) == 0
     capsys.readouterr()
     assert main(["jobs"]) == 0

@@ -26,7 +26,7 @@ _HOLDERS: dict[int, str] = {}
 def leader(app: App) -> Lease:
     """Take (or renew) the lease as this app's one coordinator identity."""
     holder = _HOLDERS.setdefault(id(app), new_worker_id())
-    term = app.store.lease_acquire(holder, 30.0)
+    term = app.connections.store.lease_acquire(holder, 30.0)
     assert term is not None
     return Lease(holder, term)
 
@@ -35,7 +35,7 @@ def make(app: App, database_url: str) -> App:
     @app.job("thing")
     def thing(ctx: object, payload: dict[str, int]) -> None: ...
 
-    app.store.upsert_job_types([app.types["thing"].info()])
+    app.connections.store.upsert_job_types([app.types["thing"].info()])
     return app
 
 
@@ -43,17 +43,21 @@ def test_reconciler_repushes_a_job_redis_lost(
     make_app: Callable[..., App], database_url: str
 ) -> None:
     app = make(make_app(), database_url)
-    app.broker.set_boot_marker("x")  # not a flushed Redis: only the deficit path may act
+    app.connections.broker.set_boot_marker(
+        "x"
+    )  # not a flushed Redis: only the deficit path may act
     job_id = app.enqueue("thing", {"n": 1})
     assert app.flush()
-    key = app.broker.queue_key("thing", 0)
-    app.broker.redis.delete(key)  # lost between commit and push, or evicted
+    key = app.connections.broker.queue_key("thing", 0)
+    app.connections.broker.redis.delete(key)  # lost between commit and push, or evicted
     sql(database_url, "UPDATE hivejobs_job SET queued_at = now() - interval '1 minute'")
-    result = Reconciler(app.store, app.broker).run_once(leader(app))
+    result = Reconciler(app.connections.store, app.connections.broker).run_once(leader(app))
     assert (result.full_restore, result.pushed) == (False, 1)
-    assert app.broker.redis.lrange(key, 0, -1) == [job_id.encode()]
+    assert app.connections.broker.redis.lrange(key, 0, -1) == [job_id.encode()]
     # Nothing missing any more: a second pass pushes nothing (no duplicate growth).
-    assert Reconciler(app.store, app.broker).run_once(leader(app)).pushed == 0
+    assert (
+        Reconciler(app.connections.store, app.connections.broker).run_once(leader(app)).pushed == 0
+    )
 
 
 def test_reconciler_repushes_a_lost_id_once_its_list_has_moved_past_it(
@@ -63,14 +67,16 @@ def test_reconciler_repushes_a_lost_id_once_its_list_has_moved_past_it(
     more than the grace was lost. It is re-pushed, alone: the ids still in Redis are not
     pushed again, and one lost later than the head waits until the list gets to its turn."""
     app = make(make_app(), database_url)
-    app.broker.set_boot_marker("x")
-    key = app.broker.queue_key("thing", 0)
+    app.connections.broker.set_boot_marker("x")
+    key = app.connections.broker.queue_key("thing", 0)
     lost = app.enqueue("thing", {"n": 0})
     later = app.enqueue("thing", {"n": 1})
     backlog = app.enqueue_many("thing", [{"n": i} for i in range(2, 10)])
     assert app.flush()
-    app.broker.redis.lrem(key, 0, lost)
-    app.broker.redis.lrem(key, 0, later)  # lost too, but queued after the backlog's head
+    app.connections.broker.redis.lrem(key, 0, lost)
+    app.connections.broker.redis.lrem(
+        key, 0, later
+    )  # lost too, but queued after the backlog's head
     sql(
         database_url,
         "UPDATE hivejobs_job SET queued_at = now() - interval '1 minute' WHERE id = %s",
@@ -82,12 +88,16 @@ def test_reconciler_repushes_a_lost_id_once_its_list_has_moved_past_it(
         (lost,),
     )
     sql(database_url, "UPDATE hivejobs_job SET queued_at = now() WHERE id = %s", (later,))
-    reconciler = Reconciler(app.store, app.broker)
+    reconciler = Reconciler(app.connections.store, app.connections.broker)
     assert reconciler.run_once(leader(app)).pushed == 1
-    listed = [i.decode() for i in app.broker.redis.lrange(key, 0, -1) if isinstance(i, bytes)]
+    listed = [
+        i.decode() for i in app.connections.broker.redis.lrange(key, 0, -1) if isinstance(i, bytes)
+    ]
     assert sorted(listed) == sorted([*backlog, lost])  # no id twice, `later` not yet
     assert reconciler.run_once(leader(app)).pushed == 0  # nothing older than the head now
-    app.broker.redis.delete(key)  # the backlog popped (and lost: Postgres still has it queued)
+    app.connections.broker.redis.delete(
+        key
+    )  # the backlog popped (and lost: Postgres still has it queued)
     sql(database_url, "UPDATE hivejobs_job SET queued_at = now() - interval '1 minute'")
     assert reconciler.run_once(leader(app)).pushed == 10  # an empty list: all past the grace
 
@@ -98,16 +108,16 @@ def test_reconciler_leaves_ids_queued_within_the_grace(
     """An empty list and a row queued less than the grace ago: popped and about to be
     claimed, or enqueued and about to be pushed. Not pushed; once past the grace, it is."""
     app = make(make_app(), database_url)
-    app.broker.set_boot_marker("x")
+    app.connections.broker.set_boot_marker("x")
     job_id = app.enqueue("thing", {"n": 1})
     assert app.flush()
-    key = app.broker.queue_key("thing", 0)
-    app.broker.redis.delete(key)
-    reconciler = Reconciler(app.store, app.broker, grace_s=30.0)
+    key = app.connections.broker.queue_key("thing", 0)
+    app.connections.broker.redis.delete(key)
+    reconciler = Reconciler(app.connections.store, app.connections.broker, grace_s=30.0)
     assert reconciler.run_once(leader(app)).pushed == 0
     sql(database_url, "UPDATE hivejobs_job SET queued_at = now() - interval '1 minute'")
     assert reconciler.run_once(leader(app)).pushed == 1
-    assert app.broker.redis.lrange(key, 0, -1) == [job_id.encode()]
+    assert app.connections.broker.redis.lrange(key, 0, -1) == [job_id.encode()]
 
 
 def test_a_refused_key_is_logged_when_it_goes_bad_and_when_redis_accepts_it_again(
@@ -116,14 +126,14 @@ def test_a_refused_key_is_logged_when_it_goes_bad_and_when_redis_accepts_it_agai
     """A key of the wrong type is news once, and so is its healing; a pass that did not read
     the key (its queue has no queued row left) says nothing about it."""
     app = make(make_app(), database_url)
-    app.broker.set_boot_marker("x")
-    key = app.broker.queue_key("thing", 0)
-    reconciler = Reconciler(app.store, app.broker)
+    app.connections.broker.set_boot_marker("x")
+    key = app.connections.broker.queue_key("thing", 0)
+    reconciler = Reconciler(app.connections.store, app.connections.broker)
 
     def lost_job() -> str:
         job_id = app.enqueue("thing", {"n": 1})
         assert app.flush()
-        app.broker.redis.delete(key)
+        app.connections.broker.redis.delete(key)
         sql(database_url, "UPDATE hivejobs_job SET queued_at = now() - interval '1 minute'")
         return job_id
 
@@ -134,15 +144,17 @@ def test_a_refused_key_is_logged_when_it_goes_bad_and_when_redis_accepts_it_agai
 
     app.enqueue("thing", {"n": 2}, priority=5)  # a list the passes go on reading
     stuck = lost_job()
-    app.broker.redis.set(key, "not a list")
+    app.connections.broker.redis.set(key, "not a list")
     assert one_pass().count(MSG_KEY_REFUSED) == 1
     assert MSG_KEY_REFUSED not in one_pass()  # still refused: logged once
     assert app.cancel(stuck)
     assert MSG_KEY_ACCEPTED not in one_pass()  # no queued row: the key was not read
     lost_job()  # deletes the wrong-typed key, as an operator would
     assert MSG_KEY_ACCEPTED in one_pass()
-    assert app.broker.redis.llen(key) == 1
-    assert app.broker.redis.llen(app.broker.queue_key("thing", 5)) == 1  # never pushed twice
+    assert app.connections.broker.redis.llen(key) == 1
+    assert (
+        app.connections.broker.redis.llen(app.connections.broker.queue_key("thing", 5)) == 1
+    )  # never pushed twice
 
 
 def test_reconciler_restores_everything_after_a_flush(
@@ -150,13 +162,17 @@ def test_reconciler_restores_everything_after_a_flush(
 ) -> None:
     app = make(make_app(), database_url)
     ids = app.enqueue_many("thing", [{"n": i} for i in range(25_000)])
-    app.broker.redis.delete(app.broker.queue_key("thing", 0))  # no boot marker either
-    result = Reconciler(app.store, app.broker).run_once(leader(app))
+    app.connections.broker.redis.delete(
+        app.connections.broker.queue_key("thing", 0)
+    )  # no boot marker either
+    result = Reconciler(app.connections.store, app.connections.broker).run_once(leader(app))
     assert (result.full_restore, result.pushed) == (True, 25_000)
-    listed = app.broker.redis.lrange(app.broker.queue_key("thing", 0), 0, -1)
+    listed = app.connections.broker.redis.lrange(
+        app.connections.broker.queue_key("thing", 0), 0, -1
+    )
     # Oldest first by queued_at; one COPY shares one queued_at, so within it by id.
     assert [i.decode() for i in listed if isinstance(i, bytes)] == sorted(ids)
-    assert app.broker.boot_marker_present()
+    assert app.connections.broker.boot_marker_present()
 
 
 def test_rescuer_waits_until_healthy_for_stuck_after(
@@ -165,14 +181,14 @@ def test_rescuer_waits_until_healthy_for_stuck_after(
     app = make(make_app(stuck_after_s=5.0), database_url)
     job_id = app.enqueue("thing", {"n": 1})
     dead = new_worker_id()
-    app.store.register_worker(dead, "h", 1, "pool", "thing")
+    app.connections.store.register_worker(dead, "h", 1, "pool", "thing")
     sql(
         database_url,
         "UPDATE hivejobs_job SET state = 'running', attempt = 1, worker_id = %s, claim_token = 7",
         (dead,),
     )
     sql(database_url, "UPDATE hivejobs_worker SET heartbeat_at = now() - interval '1 minute'")
-    rescuer = Rescuer(app.store, app.broker, app.settings)
+    rescuer = Rescuer(app.connections.store, app.connections.broker, app.settings)
     # R6: after an outage every heartbeat looks stale; no rescue until healthy long enough.
     assert rescuer.run_once(leader(app), healthy_for_s=1.0).skipped_unhealthy
     assert app.get_job(job_id).state == "running"
@@ -195,17 +211,19 @@ def test_rescue_with_a_stale_term_writes_nothing(
     )
     old = leader(app)
     sql(database_url, "UPDATE hivejobs_leader SET expires_at = now() - interval '1 second'")
-    term = app.store.lease_acquire(new_worker_id(), 30.0)  # another coordinator takes over
+    term = app.connections.store.lease_acquire(
+        new_worker_id(), 30.0
+    )  # another coordinator takes over
     assert term is not None
     new = ("other", term)
     assert new[1] == old[1] + 1  # a new holder, a new term
-    assert app.store.rescue_workers([dead], 3, lease=old) is None
+    assert app.connections.store.rescue_workers([dead], 3, lease=old) is None
     assert sql(database_url, "SELECT state FROM hivejobs_job")[0][0] == "running"
 
 
 def test_elector_steps_down_when_its_trust_window_passes(make_app: Callable[..., App]) -> None:
     app = make_app(lease_ttl_s=1.2, lease_margin_s=0.2, lease_renew_s=10.0)
-    elector = Elector(app.store, new_worker_id(), app.settings)
+    elector = Elector(app.connections.store, new_worker_id(), app.settings)
     elector.tick()
     assert elector.lease is not None
     deadline = time.monotonic() + 1.0
@@ -217,7 +235,7 @@ def test_elector_steps_down_when_its_trust_window_passes(make_app: Callable[...,
 def test_gauges_record_depth_and_in_flight(make_app: Callable[..., App], database_url: str) -> None:
     app = make(make_app(), database_url)
     app.enqueue_many("thing", [{"n": i} for i in range(7)])
-    gauges = Gauges(app.store)
+    gauges = Gauges(app.connections.store)
     assert gauges.in_flight is None  # no pass yet
     totals = gauges.run_once()
     assert totals == {"queued": 7, "running": 0}
@@ -236,9 +254,11 @@ def test_gauges_count_as_seldom_as_their_last_count_was_large(
     app = make(make_app(), database_url)
     clock = [1000.0]
     monkeypatch.setattr("hivejobs.coordinator.gauges.time.monotonic", lambda: clock[0])
-    count = app.store.queued_counts
-    monkeypatch.setattr(app.store, "queued_counts", lambda: {**count(), ("ghost", 0): 25_000})
-    gauges = Gauges(app.store, interval_s=1.0)
+    count = app.connections.store.queued_counts
+    monkeypatch.setattr(
+        app.connections.store, "queued_counts", lambda: {**count(), ("ghost", 0): 25_000}
+    )
+    gauges = Gauges(app.connections.store, interval_s=1.0)
     app.enqueue_many("thing", [{"n": i} for i in range(3)])
     assert gauges.run_once()["queued"] == 25_003
     app.enqueue_many("thing", [{"n": i} for i in range(4)])
@@ -254,10 +274,10 @@ def test_first_start_without_marker_does_not_push_ids_twice(
     """A fresh Redis has no boot marker yet, but its lists already hold what enqueue pushed."""
     app = make(make_app(), database_url)
     app.enqueue_many("thing", [{"n": i} for i in range(100)])
-    result = Reconciler(app.store, app.broker).run_once(leader(app))
+    result = Reconciler(app.connections.store, app.connections.broker).run_once(leader(app))
     assert (result.full_restore, result.pushed) == (True, 0)
-    assert app.broker.redis.llen(app.broker.queue_key("thing", 0)) == 100
-    assert app.broker.boot_marker_present()
+    assert app.connections.broker.redis.llen(app.connections.broker.queue_key("thing", 0)) == 100
+    assert app.connections.broker.boot_marker_present()
 
 
 @contextmanager
@@ -283,19 +303,19 @@ def test_first_start_is_not_a_flush_but_a_later_missing_marker_is(
     app = make(make_app(), database_url)
     job_id = app.enqueue("thing", {"n": 1})
     assert app.flush()
-    key = app.broker.queue_key("thing", 0)
-    assert app.broker.redis.lpop(key) == job_id.encode()
+    key = app.connections.broker.queue_key("thing", 0)
+    assert app.connections.broker.redis.lpop(key) == job_id.encode()
     with logged() as lines:
-        result = Reconciler(app.store, app.broker).run_once(leader(app))
+        result = Reconciler(app.connections.store, app.connections.broker).run_once(leader(app))
     assert (result.full_restore, result.pushed) == (True, 1)
     levels = {level for level, _ in lines}
     assert "INFO" in levels and "WARNING" not in levels
     # The marker was set and Postgres remembers it: a Redis that lost it was flushed.
-    app.broker.redis.delete(key, app.broker.boot_key)
+    app.connections.broker.redis.delete(key, app.connections.broker.boot_key)
     with logged() as lines:
-        result = Reconciler(app.store, app.broker).run_once(leader(app))
+        result = Reconciler(app.connections.store, app.connections.broker).run_once(leader(app))
     assert (result.full_restore, result.pushed) == (True, 1)
-    assert app.broker.redis.lrange(key, 0, -1) == [job_id.encode()]
+    assert app.connections.broker.redis.lrange(key, 0, -1) == [job_id.encode()]
     assert "WARNING" in {level for level, _ in lines}
 
 
@@ -303,11 +323,11 @@ def test_compactor_gives_a_drained_hot_table_its_space_back(
     make_app: Callable[..., App], database_url: str
 ) -> None:
     app = make(make_app(compact_above_bytes=512 * 1024), database_url)
-    gauges = Gauges(app.store)  # what the last gauges pass measured: queued + running
-    compactor = Compactor(app.store, app.settings, in_flight=lambda: gauges.in_flight)
-    empty = app.store.hot_table_size(1)[1]
+    gauges = Gauges(app.connections.store)  # what the last gauges pass measured: queued + running
+    compactor = Compactor(app.connections.store, app.settings, in_flight=lambda: gauges.in_flight)
+    empty = app.connections.store.hot_table_size(1)[1]
     app.enqueue_many("thing", [{"n": i} for i in range(20_000)])
-    full = app.store.hot_table_size(1)[1]
+    full = app.connections.store.hot_table_size(1)[1]
     assert full > 512 * 1024
     assert _compact(compactor, gauges, 20_000) is False  # the gauges say it is not drained
     # The gauges lag: the count finds 20,000 live rows.
@@ -317,7 +337,7 @@ def test_compactor_gives_a_drained_hot_table_its_space_back(
         database_url,
         "DELETE FROM hivejobs_job WHERE id NOT IN (SELECT id FROM hivejobs_job LIMIT 5)",
     )
-    assert app.store.hot_table_size(1)[1] == full  # deleting alone gives nothing back
+    assert app.connections.store.hot_table_size(1)[1] == full  # deleting alone gives nothing back
     # An interrupted earlier rebuild leaves an invalid index behind: it must go too.
     with pytest.raises(psycopg.errors.UniqueViolation):
         sql(
@@ -328,7 +348,7 @@ def test_compactor_gives_a_drained_hot_table_its_space_back(
     assert _compact(compactor, gauges, 5) is True
     assert _compact(compactor, gauges, 5) is False  # one compaction at a time
     compactor.join(60)
-    live, size = app.store.hot_table_size(100)
+    live, size = app.connections.store.hot_table_size(100)
     assert live == 5
     assert size < empty + 256 * 1024, (empty, size, full)
     assert sql(

@@ -194,7 +194,7 @@ def test_a_started_or_cancelled_job_opens_a_new_window(
     # The pruner drops a key whose job started, never one whose job still waits.
     sql(database_url, "DELETE FROM hivejobs_job WHERE id = %s", (third,))
     other = app.enqueue("sync", {"user": 2})
-    prune_archive(app.store, 7 * 86400.0)
+    prune_archive(app.connections.store, 7 * 86400.0)
     assert [r[0] for r in sql(database_url, "SELECT job_id FROM hivejobs_debounce")] == [other]
 
 

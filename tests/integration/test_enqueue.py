@@ -44,12 +44,12 @@ Snapshot = tuple[list[tuple[Any, ...]], list[tuple[Any, ...]], dict[str, list[by
 def snapshot(app: App) -> Snapshot:
     """Every live and archived row, and every Redis key under the test's prefix."""
     assert app.flush()  # single enqueues push to Redis after returning
-    with app.store.connection() as conn:
+    with app.connections.store.connection() as conn:
         live = conn.execute("SELECT id, name, state, payload FROM hivejobs_job ORDER BY id")
         live_rows = live.fetchall()
         archived = conn.execute("SELECT id, state, payload FROM hivejobs_archive ORDER BY id")
         archived_rows = archived.fetchall()
-    r = app.broker.redis
+    r = app.connections.broker.redis
     keys = {k.decode(): r.lrange(k, 0, -1) for k in r.scan_iter(match=app.settings.prefix + "*")}
     return live_rows, archived_rows, keys  # type: ignore[return-value]
 
@@ -60,8 +60,8 @@ def live_count(app: App) -> int:
 
 def queued_ids(app: App, name: str, priority: int = 0) -> list[str]:
     assert app.flush()  # single enqueues push to Redis after returning
-    key = app.broker.queue_key(name, priority)
-    return [raw.decode() for raw in app.broker.redis.lrange(key, 0, -1)]  # type: ignore[union-attr]
+    key = app.connections.broker.queue_key(name, priority)
+    return [raw.decode() for raw in app.connections.broker.redis.lrange(key, 0, -1)]  # type: ignore[union-attr]
 
 
 def in_future(seconds: float) -> datetime:
@@ -255,11 +255,11 @@ def test_same_id_of_a_finished_job_returns_it_without_storing_or_pushing(app: Ap
 def test_enqueue_many_stores_and_pushes_ten_thousand_jobs(app: App) -> None:
     ids = app.enqueue_many("notify", ({"n": i} for i in range(10_000)))
     assert len(ids) == len(set(ids)) == 10_000
-    with app.store.connection() as conn:
+    with app.connections.store.connection() as conn:
         rows = conn.execute("SELECT state, count(*) FROM hivejobs_job GROUP BY state")
         assert rows.fetchall() == [("queued", 10_000)]
-    key = app.broker.queue_key("notify", 0)
-    assert app.broker.redis.llen(key) == 10_000
+    key = app.connections.broker.queue_key("notify", 0)
+    assert app.connections.broker.redis.llen(key) == 10_000
     assert queued_ids(app, "notify") == ids  # in order
     assert app.get_job(ids[1234]).payload == {"n": 1234}
 
@@ -357,7 +357,7 @@ def test_enqueue_in_committed_transaction_is_pushed_by_a_running_coordinator(
     # Without the boot marker the reconciler's full restore would push the job too, and its
     # sweep would once the job is older than its grace: with an hour's grace, no other path
     # than the dispatch LISTEN can push it, however long the machine takes.
-    app.broker.set_boot_marker("test")
+    app.connections.broker.set_boot_marker("test")
     # Coordinator.run installs signal handlers, which only the main thread may do.
     monkeypatch.setattr(signal, "signal", lambda *args: None)
     coordinator = Coordinator(app.settings, new_worker_id())
@@ -467,7 +467,7 @@ def fresh_db_url(admin_url: str) -> Iterator[str]:
 def test_missing_database_says_to_run_migrate(fresh_db_url: str) -> None:
     app = App(database_url=fresh_db_url, redis_url=REDIS_URL)
     with pytest.raises(ConnectionFailed, match=r"run `hivejobs migrate`, which creates it"):
-        app.store  # noqa: B018 - connecting is the point
+        app.connections.store  # noqa: B018 - connecting is the point
 
 
 def test_schema_missing_then_migrate_via_cli_is_idempotent(
@@ -511,7 +511,7 @@ def test_migrate_creates_a_missing_database(fresh_db_url: str) -> None:
     app = App(database_url=fresh_db_url, redis_url=REDIS_URL)
     assert app.migrate() == [name for _, name, _ in migration_files()]
     assert app.migrate() == []
-    app.store.check_schema()
+    app.connections.store.check_schema()
     app.close()
 
 
@@ -519,7 +519,7 @@ def test_outdated_schema_says_to_run_migrate(database_url: str) -> None:
     sql(database_url, "DELETE FROM hivejobs_schema_version")
     app = App(database_url=database_url, redis_url=REDIS_URL)
     with pytest.raises(SchemaOutdated) as info:
-        app.store  # noqa: B018 - connecting is the point
+        app.connections.store  # noqa: B018 - connecting is the point
     assert str(info.value) == (
         f"schema is at version 0, hivejobs needs {latest_version()}: run `hivejobs migrate`"
     )

@@ -53,7 +53,7 @@ def test_a_missing_database_is_not_told_to_check_that_the_server_runs(admin_url:
     app = App(database_url=db_url(admin_url, name), redis_url=REDIS_URL)
     try:
         with pytest.raises(ConnectionFailed) as info:
-            app.store  # noqa: B018 - connecting is the point
+            app.connections.store  # noqa: B018 - connecting is the point
     finally:
         sql(admin_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
     text = str(info.value)
@@ -72,7 +72,7 @@ def test_a_refused_connection_reads_as_one_sentence() -> None:
         broker.close()
     app = App(database_url=f"postgresql://127.0.0.1:{port}/x", redis_url=REDIS_URL)
     with pytest.raises(ConnectionFailed) as pg:
-        app.store  # noqa: B018
+        app.connections.store  # noqa: B018
     for text in (str(info.value), str(pg.value)):
         assert ".;" not in text and "?;" not in text, text
         assert text.endswith("Connection refused; check that it runs and that the URL is right")

@@ -26,16 +26,16 @@ def fair_app(
     @app.job("billing", fair_by="customer", fair_weights=weights)
     def billing(ctx: object, payload: dict[str, Any]) -> None: ...
 
-    app.store.upsert_job_types([app.types["billing"].info()])
-    app.broker.set_boot_marker("x")  # not a flushed Redis
+    app.connections.store.upsert_job_types([app.types["billing"].info()])
+    app.connections.broker.set_boot_marker("x")  # not a flushed Redis
     return app
 
 
 def queue_of(app: App) -> tuple[FairQueue, FairStore]:
     jt = app.types["billing"]
     assert jt.fair is not None
-    return FairQueue(app.broker, "billing", jt.fair.weights), FairStore(
-        app.store, "billing", jt.fair.field
+    return FairQueue(app.connections.broker, "billing", jt.fair.weights), FairStore(
+        app.connections.store, "billing", jt.fair.field
     )
 
 
@@ -68,7 +68,9 @@ def test_a_key_behind_a_backlog_gets_its_turn_in_the_next_round(
     turns = [a[2], b[0], c[0], a[3], b[1], c[1], a[4], b[2], c[2], a[5]]
     assert popped[:12] == [*a[:2], *turns]
     assert popped[12:] == a[6:]
-    assert app.broker.redis.zcard(ring_key(app.broker.prefix, "billing")) == 0  # all left
+    assert (
+        app.connections.broker.redis.zcard(ring_key(app.connections.broker.prefix, "billing")) == 0
+    )  # all left
 
 
 def test_weights_give_a_key_that_many_jobs_per_turn(make_app: Callable[..., App]) -> None:
@@ -101,7 +103,7 @@ def test_ids_no_longer_queued_are_not_placed(make_app: Callable[..., App]) -> No
     dropped by the sorter: Postgres says which ids are live."""
     app = fair_app(make_app)
     ids = enqueue(app, "a", 3)
-    app.broker.push("billing", 0, [ids[0], "no-such-job"])  # a duplicate and garbage
+    app.connections.broker.push("billing", 0, [ids[0], "no-such-job"])  # a duplicate and garbage
     assert app.cancel(ids[1])
     assert [i for p in pop_all(app, 10) for i in p] == [ids[0], ids[2]]
 
@@ -117,14 +119,16 @@ def test_the_reconciler_counts_per_key_lists_as_held(
     held = enqueue(app, "a", 5) + enqueue(app, "b", 5)
     queue, store = queue_of(app)
     assert queue.sort(store.keys_of) == 11
-    app.broker.redis.lrem(f"{list_prefix(app.broker.prefix, 'billing')}0:a", 0, lost)
+    app.connections.broker.redis.lrem(
+        f"{list_prefix(app.connections.broker.prefix, 'billing')}0:a", 0, lost
+    )
     sql(database_url, "UPDATE hivejobs_job SET queued_at = now() - interval '10 seconds'")
     sql(
         database_url,
         "UPDATE hivejobs_job SET queued_at = now() - interval '1 minute' WHERE id = %s",
         (lost,),
     )
-    reconciler = Reconciler(app.store, app.broker)
+    reconciler = Reconciler(app.connections.store, app.connections.broker)
     assert reconciler.run_once(leader(app)).pushed == 1  # the lost one, not the 10 held
     assert reconciler.run_once(leader(app)).pushed == 0
     popped = [i for p in pop_all(app, 4) for i in p]
@@ -140,10 +144,14 @@ def test_a_lost_ring_is_repaired_from_postgres(
     ids = enqueue(app, "a", 3) + enqueue(app, "b", 3)
     queue, store = queue_of(app)
     queue.sort(store.keys_of)
-    prefix = app.broker.prefix
-    app.broker.redis.delete(ring_key(prefix, "billing"), f"{list_prefix(prefix, 'billing')}0:a")
+    prefix = app.connections.broker.prefix
+    app.connections.broker.redis.delete(
+        ring_key(prefix, "billing"), f"{list_prefix(prefix, 'billing')}0:a"
+    )
     sql(database_url, "UPDATE hivejobs_job SET queued_at = now() - interval '1 minute'")
-    assert Reconciler(app.store, app.broker).run_once(leader(app)).pushed == 6
+    assert (
+        Reconciler(app.connections.store, app.connections.broker).run_once(leader(app)).pushed == 6
+    )
     popped = [i for p in pop_all(app, 10) for i in p]
     assert set(popped) == set(ids)
     assert len(popped) == 9
@@ -171,7 +179,7 @@ def test_a_pool_waiting_on_an_empty_type_wakes_for_jobs_placed_by_enqueue_many(
 def blocked_pops(app: App) -> set[str]:
     """The Redis clients blocked in a BLMPOP now (the shared Redis may have others': the set
     taken before the pop starts is left out)."""
-    clients = app.broker.redis.client_list()
+    clients = app.connections.broker.redis.client_list()
     return {c["id"] for c in clients if c.get("cmd") == "blmpop" and c.get("flags") == "b"}
 
 

@@ -26,13 +26,15 @@ ROW = (
 
 def make(app: App) -> App:
     app.job("thing", attempts=5)(lambda ctx, payload: None)
-    app.store.upsert_job_types([jt.info() for jt in app.types.values()])
+    app.connections.store.upsert_job_types([jt.info() for jt in app.types.values()])
     return app
 
 
 def claim(app: App, ids: list[str], worker_id: str | None = None) -> list[ClaimedJob]:
-    with app.store.connection() as conn:
-        return app.store.claim_queued(ids, worker_id or new_worker_id(), conn, name="thing")
+    with app.connections.store.connection() as conn:
+        return app.connections.store.claim_queued(
+            ids, worker_id or new_worker_id(), conn, name="thing"
+        )
 
 
 def row(database_url: str, job_id: str) -> tuple[Any, ...]:
@@ -82,7 +84,9 @@ def _reclaimed(app: App) -> tuple[str, ClaimedJob, ClaimedJob]:
     claimed again: (id, the stale claim, the current one)."""
     job_id = app.enqueue("thing", {})
     [old] = claim(app, [job_id])
-    assert app.store.release_claims([(job_id, old.claim_token)]) == [(job_id, "thing", 0)]
+    assert app.connections.store.release_claims([(job_id, old.claim_token)]) == [
+        (job_id, "thing", 0)
+    ]
     [new] = claim(app, [job_id])
     assert new.claim_token != old.claim_token
     return job_id, old, new
@@ -116,15 +120,15 @@ def test_a_stale_claims_completion_writes_nothing(
         retry_delay_s=delay_s,
         callback_timeout_s=60.0,
     )
-    with app.store.connection() as conn:
-        written, requeued = app.store.finish([stale], conn)
+    with app.connections.store.connection() as conn:
+        written, requeued = app.connections.store.finish([stale], conn)
     assert (written, requeued) == (0, [])
     assert row(database_url, job_id) == before
     assert sql(database_url, "SELECT count(*) FROM hivejobs_archive")[0][0] == 0
 
     current = Completion(id=job_id, claim_token=new.claim_token, outcome="succeeded")
-    with app.store.connection() as conn:
-        assert app.store.finish([current], conn) == (1, [])
+    with app.connections.store.connection() as conn:
+        assert app.connections.store.finish([current], conn) == (1, [])
     assert sql(database_url, "SELECT state FROM hivejobs_archive WHERE id = %s", (job_id,)) == [
         ("succeeded",)
     ]
@@ -143,8 +147,8 @@ def test_a_stale_claims_completion_in_a_mixed_batch_touches_only_its_own_rows(
         Completion(id=job_id, claim_token=old.claim_token, outcome="failed", error="late"),
         Completion(id=other, claim_token=mine.claim_token, outcome="succeeded"),
     ]
-    with app.store.connection() as conn:
-        assert app.store.finish(batch, conn) == (1, [])
+    with app.connections.store.connection() as conn:
+        assert app.connections.store.finish(batch, conn) == (1, [])
     assert row(database_url, job_id) == before
     archived = sql(database_url, "SELECT id FROM hivejobs_archive")
     assert archived == [(other,)]
@@ -156,9 +160,11 @@ def test_a_stale_claims_release_writes_nothing(
     app = make(make_app())
     job_id, old, new = _reclaimed(app)
     before = row(database_url, job_id)
-    assert app.store.release_claims([(job_id, old.claim_token)]) == []
+    assert app.connections.store.release_claims([(job_id, old.claim_token)]) == []
     assert row(database_url, job_id) == before
-    assert app.store.release_claims([(job_id, new.claim_token)]) == [(job_id, "thing", 0)]
+    assert app.connections.store.release_claims([(job_id, new.claim_token)]) == [
+        (job_id, "thing", 0)
+    ]
     assert row(database_url, job_id)[:4] == ("queued", 2, None, None)
 
 
@@ -172,9 +178,11 @@ def test_release_unstarted_takes_back_only_this_workers_running_claims(
     holder, other = new_worker_id(), new_worker_id()
     claim(app, [held_id], holder)
     before = {i: row(database_url, i) for i in (held_id, queued_id)}
-    assert app.store.release_unstarted([held_id, queued_id], other) == []
+    assert app.connections.store.release_unstarted([held_id, queued_id], other) == []
     assert {i: row(database_url, i) for i in before} == before
-    assert app.store.release_unstarted([held_id, queued_id], holder) == [(held_id, "thing", 0)]
+    assert app.connections.store.release_unstarted([held_id, queued_id], holder) == [
+        (held_id, "thing", 0)
+    ]
     assert row(database_url, held_id)[:4] == ("queued", 0, None, None)
     assert row(database_url, queued_id) == before[queued_id]  # queued: not taken "back"
 
@@ -193,9 +201,11 @@ def test_a_stale_claim_does_not_drop_an_archived_duplicate(
         (job_id,),
     )
     before = row(database_url, job_id)
-    assert app.store.drop_archived_duplicate_if_running(job_id, old.claim_token) is False
+    assert (
+        app.connections.store.drop_archived_duplicate_if_running(job_id, old.claim_token) is False
+    )
     assert row(database_url, job_id) == before
-    assert app.store.drop_archived_duplicate_if_running(job_id, new.claim_token) is True
+    assert app.connections.store.drop_archived_duplicate_if_running(job_id, new.claim_token) is True
     assert sql(database_url, "SELECT count(*) FROM hivejobs_job")[0][0] == 0
 
 
@@ -231,7 +241,7 @@ def test_a_dead_workers_claims_go_where_their_delivery_says(
     claim(app, [bystander], alive)
     before = row(database_url, bystander)
 
-    rescued = app.store.rescue_workers([dead], poison_after=3)
+    rescued = app.connections.store.rescue_workers([dead], poison_after=3)
 
     assert rescued is not None
     assert [p.id for p in rescued.requeued] == [ids["at least once, attempts left"]]
@@ -258,12 +268,12 @@ def test_a_cancel_of_a_running_job_is_a_request_that_its_outcome_answers(
     app = make(make_app())
     job_id = app.enqueue("thing", {})
     [held] = claim(app, [job_id])
-    assert app.store.cancel(job_id) == "requested"
+    assert app.connections.store.cancel(job_id) == "requested"
     assert row(database_url, job_id)[0] == "running"
     assert sql(database_url, "SELECT count(*) FROM hivejobs_archive")[0][0] == 0
     done = Completion(id=job_id, claim_token=held.claim_token, outcome=outcome, error="x")
-    with app.store.connection() as conn:
-        app.store.finish([done], conn)
+    with app.connections.store.connection() as conn:
+        app.connections.store.finish([done], conn)
     assert sql(database_url, "SELECT state FROM hivejobs_archive") == [(archived,)]
 
 
@@ -284,8 +294,10 @@ def test_promotion_takes_only_scheduled_jobs_that_are_due(
     )
     before = {i: row(database_url, i) for i in (later, running)}
     holder = new_worker_id()
-    term = app.store.lease_acquire(holder, 30.0)
+    term = app.connections.store.lease_acquire(holder, 30.0)
     assert term is not None
-    assert app.store.promote_due_if_leader(Lease(holder, term), 100) == [Push(due, "thing", 0)]
+    assert app.connections.store.promote_due_if_leader(Lease(holder, term), 100) == [
+        Push(due, "thing", 0)
+    ]
     assert row(database_url, due)[0] == "queued"
     assert {i: row(database_url, i) for i in before} == before

@@ -19,12 +19,12 @@ from tests.harness import sql
 def make(app: App) -> App:
     app.job("thing")(lambda ctx, payload: None)
     app.job("capped", global_concurrency=3)(lambda ctx, payload: None)
-    app.store.upsert_job_types([jt.info() for jt in app.types.values()])
+    app.connections.store.upsert_job_types([jt.info() for jt in app.types.values()])
     return app
 
 
 def claim(app: App, flow: Flow, ids: list[str]) -> list[ClaimedJob]:
-    with app.store.connection() as conn:
+    with app.connections.store.connection() as conn:
         return flow.claim(conn, ids, new_worker_id())
 
 
@@ -32,16 +32,16 @@ def test_a_paused_type_claims_nothing_and_its_ids_go_back(
     make_app: Callable[..., App], database_url: str
 ) -> None:
     app = make(make_app())
-    flow = Flow(app.store, app.broker, "thing", None)
+    flow = Flow(app.connections.store, app.connections.broker, "thing", None)
     ids = app.enqueue_many("thing", [{}] * 4)
     app.flush()
     assert app.pause("thing") is True
     assert app.pause("thing") is False  # already paused
     assert app.paused() == ["thing"]
-    popped = app.broker.pop("thing", 4)
+    popped = app.connections.broker.pop("thing", 4)
     assert claim(app, flow, popped.ids) == []
     flow.put_back(popped, [])
-    assert app.broker.pop("thing", 10).ids == popped.ids  # back at the head, in order
+    assert app.connections.broker.pop("thing", 10).ids == popped.ids  # back at the head, in order
     assert flow.room(8).allowed == 0  # and the pool now waits without popping
     assert app.resume("thing") is True and app.resume("thing") is False
     assert sorted(j.id for j in claim(app, flow, ids)) == sorted(ids)
@@ -61,10 +61,15 @@ def test_the_running_rows_are_counted_only_when_asked(make_app: Callable[..., Ap
     """A rate alone needs no count of the running rows (Limits.type_cap): neither the look
     before a pop nor the claim under the lock makes it then; with a cap both see it."""
     app = make(make_app())
-    flows = FlowStore(app.store)
+    flows = FlowStore(app.connections.store)
     flows.ensure("capped")
     ids = app.enqueue_many("capped", [{}] * 3)
-    assert len(claim(app, Flow(app.store, app.broker, "capped", None), ids[:2])) == 2
+    assert (
+        len(
+            claim(app, Flow(app.connections.store, app.connections.broker, "capped", None), ids[:2])
+        )
+        == 2
+    )
     seen: list[FlowState] = []
 
     def note(state: FlowState) -> Room:
@@ -75,7 +80,7 @@ def test_the_running_rows_are_counted_only_when_asked(make_app: Callable[..., Ap
         looked = flows.state("capped", counts_running=counts)
         assert looked is not None and looked.running == running
         seen.clear()
-        with app.store.connection() as conn:
+        with app.connections.store.connection() as conn:
             claimed = flows.claim_limited(
                 conn, ids[2:], new_worker_id(), "capped", note, counts_running=counts
             )
@@ -93,7 +98,9 @@ def test_flow_reads_back_pause_and_scale(make_app: Callable[..., App]) -> None:
     app.scale("thing", 7)
     both = app.flow("thing")
     assert (both.paused, both.scaled_concurrency) == (True, 7) and both.paused_at is not None
-    assert Flow(app.store, app.broker, "thing", None).scaled_concurrency() == 7  # the pool's
+    assert (
+        Flow(app.connections.store, app.connections.broker, "thing", None).scaled_concurrency() == 7
+    )  # the pool's
     app.resume("thing")
     app.scale("thing", None)
     assert app.flow("thing") == fresh
@@ -112,7 +119,9 @@ def test_racing_limited_claims_never_exceed_the_limit(make_app: Callable[..., Ap
 
     def worker() -> None:
         nonlocal holding, peak
-        flow = Flow(app.store, app.broker, "capped", Limits(global_concurrency=3))
+        flow = Flow(
+            app.connections.store, app.connections.broker, "capped", Limits(global_concurrency=3)
+        )
         flow.room(1)  # makes the flow row, as a pool's first look does
         while True:
             with lock:
@@ -131,8 +140,8 @@ def test_racing_limited_claims_never_exceed_the_limit(make_app: Callable[..., Ap
             with lock:
                 holding -= len(jobs)
             if done:
-                with app.store.connection() as conn:
-                    app.store.finish(done, conn)
+                with app.connections.store.connection() as conn:
+                    app.connections.store.finish(done, conn)
 
     threads = [threading.Thread(target=worker) for _ in range(16)]
     for t in threads:
@@ -148,7 +157,7 @@ BY = Limits(global_concurrency=2, limit_by="customer")
 
 def make_by(app: App) -> App:
     app.job("per_customer", global_concurrency=2, limit_by="customer")(lambda ctx, payload: None)
-    app.store.upsert_job_types([jt.info() for jt in app.types.values()])
+    app.connections.store.upsert_job_types([jt.info() for jt in app.types.values()])
     return app
 
 
@@ -175,12 +184,12 @@ def test_racing_partitioned_claims_never_exceed_the_limit_per_customer(
                 holding[owner[j.id]] -= 1
         done = [Completion(id=j.id, claim_token=j.claim_token, outcome="succeeded") for j in jobs]
         if done:
-            with app.store.connection() as conn:
-                app.store.finish(done, conn)
+            with app.connections.store.connection() as conn:
+                app.connections.store.finish(done, conn)
 
     def worker(n: int) -> None:
         # Each thread keeps its last claims while it claims again, so holders overlap.
-        flow = Flow(app.store, app.broker, "per_customer", BY)
+        flow = Flow(app.connections.store, app.connections.broker, "per_customer", BY)
         flow.room(1)  # makes the flow row, as a pool's first look does
         kept: list[ClaimedJob] = []
         while True:
@@ -211,30 +220,30 @@ def test_a_full_partition_does_not_block_the_others_and_waits_at_the_tail(
     make_app: Callable[..., App],
 ) -> None:
     app = make_by(make_app())
-    flow = Flow(app.store, app.broker, "per_customer", BY)
+    flow = Flow(app.connections.store, app.connections.broker, "per_customer", BY)
     flow.room(1)
     held = app.enqueue_many("per_customer", [{"customer": "a"}] * 2)
     app.flush()
-    first = claim(app, flow, app.broker.pop("per_customer", 2).ids)
+    first = claim(app, flow, app.connections.broker.pop("per_customer", 2).ids)
     assert sorted(j.id for j in first) == sorted(held)  # a is full
     waiting_a = app.enqueue_many("per_customer", [{"customer": "a"}] * 3)
     b = app.enqueue("per_customer", {"customer": "b"})
     app.flush()
-    popped = app.broker.pop("per_customer", 10)
+    popped = app.connections.broker.pop("per_customer", 10)
     assert popped.ids == [*waiting_a, b]
     jobs = claim(app, flow, popped.ids)
     assert [j.id for j in jobs] == [b]  # b runs at once, behind a's waiting jobs
     assert flow.put_back(popped, jobs) == 0.0  # it claimed something: pop again now
-    popped = app.broker.pop("per_customer", 10)
+    popped = app.connections.broker.pop("per_customer", 10)
     assert popped.ids == waiting_a  # at the tail, in order, kept
     # Only a's jobs left: nothing claimed, they go back, and the pool waits for a slot.
     assert claim(app, flow, popped.ids) == []
     assert flow.put_back(popped, []) == SLOT_POLL_S
     # A slot of a frees: one more of a may start, not two.
     done = [Completion(id=first[0].id, claim_token=first[0].claim_token, outcome="succeeded")]
-    with app.store.connection() as conn:
-        app.store.finish(done, conn)
-    popped = app.broker.pop("per_customer", 10)
+    with app.connections.store.connection() as conn:
+        app.connections.store.finish(done, conn)
+    popped = app.connections.broker.pop("per_customer", 10)
     assert [j.id for j in claim(app, flow, popped.ids)] == waiting_a[:1]
 
 

@@ -26,20 +26,20 @@ def make(app: App) -> App:
         lambda ctx, payload: None
     )
     app.job("fast_by", rate="50/s", burst=1, limit_by="customer")(lambda ctx, payload: None)
-    app.store.upsert_job_types([jt.info() for jt in app.types.values()])
+    app.connections.store.upsert_job_types([jt.info() for jt in app.types.values()])
     return app
 
 
 def claim(app: App, flow: Flow, ids: list[str]) -> list[ClaimedJob]:
-    with app.store.connection() as conn:
+    with app.connections.store.connection() as conn:
         return flow.claim(conn, ids, new_worker_id())
 
 
 def finish(app: App, jobs: list[ClaimedJob]) -> None:
     done = [Completion(id=j.id, claim_token=j.claim_token, outcome="succeeded") for j in jobs]
     if done:
-        with app.store.connection() as conn:
-            app.store.finish(done, conn)
+        with app.connections.store.connection() as conn:
+            app.connections.store.finish(done, conn)
 
 
 def test_racing_claims_never_exceed_any_partitions_budget(
@@ -68,7 +68,7 @@ def test_racing_claims_never_exceed_any_partitions_budget(
 
     def worker(seed: int) -> None:
         rng = random.Random(seed)
-        flow = Flow(app.store, app.broker, "slow_by", SLOW)
+        flow = Flow(app.connections.store, app.connections.broker, "slow_by", SLOW)
         flow.room(1)  # makes the flow row, as a pool's first look does
         kept: list[ClaimedJob] = []
         for _ in range(40):
@@ -100,7 +100,7 @@ def test_racing_claims_never_exceed_any_partitions_budget(
     unstarted = "SELECT count(*) FROM hivejobs_job WHERE state = 'queued' AND started_at IS NULL"
     assert sql(database_url, unstarted)[0][0] == 4 * 7
     # Every bucket is empty now: the rest of the jobs wait, queued (none lost).
-    flow = Flow(app.store, app.broker, "slow_by", SLOW)
+    flow = Flow(app.connections.store, app.connections.broker, "slow_by", SLOW)
     assert claim(app, flow, list(left)) == []
     assert len(left) == 4 * 7
     rows = sql(database_url, BUCKETS, ("slow_by",))
@@ -112,21 +112,21 @@ def test_a_dry_partition_goes_to_the_tail_and_the_pool_waits_for_its_next_token(
     make_app: Callable[..., App],
 ) -> None:
     app = make(make_app())
-    flow = Flow(app.store, app.broker, "fast_by", FAST)
+    flow = Flow(app.connections.store, app.connections.broker, "fast_by", FAST)
     flow.room(1)
     a = app.enqueue_many("fast_by", [{"customer": "a"}] * 3)
     b = app.enqueue("fast_by", {"customer": "b"})
     app.flush()
-    popped = app.broker.pop("fast_by", 10)
+    popped = app.connections.broker.pop("fast_by", 10)
     jobs = claim(app, flow, popped.ids)
     assert [j.id for j in jobs] == [a[0], b]  # one token each (burst 1): a's others wait
     assert flow.put_back(popped, jobs) == 0.0
-    popped = app.broker.pop("fast_by", 10)
+    popped = app.connections.broker.pop("fast_by", 10)
     assert popped.ids == a[1:]  # at the tail, in order, kept
     jobs = claim(app, flow, popped.ids)
     if not jobs:  # a's next token, 20 ms away at 50/s, had not come: wait for it, not a poll
         assert 0 < flow.put_back(popped, jobs) <= 0.02 < SLOT_POLL_S
-        popped = app.broker.pop("fast_by", 10)
+        popped = app.connections.broker.pop("fast_by", 10)
         assert popped.ids == a[1:]
         jobs = wait_until(lambda: claim(app, flow, popped.ids), what="a's next token")
     assert [j.id for j in jobs] == [a[1]]  # one token, one start
@@ -138,8 +138,8 @@ def test_the_coordinator_prunes_full_buckets_only(
     """A bucket refilled to full means what no row means: the pruner deletes it, and the
     partition starts again from a full bucket. A bucket still refilling stays."""
     app = make(make_app())
-    fast = Flow(app.store, app.broker, "fast_by", FAST)
-    slow = Flow(app.store, app.broker, "slow_by", SLOW)
+    fast = Flow(app.connections.store, app.connections.broker, "fast_by", FAST)
+    slow = Flow(app.connections.store, app.connections.broker, "slow_by", SLOW)
     fast.room(1)
     slow.room(1)
     ids = app.enqueue_many("fast_by", [{"customer": f"c{n}"} for n in range(50)])
@@ -149,7 +149,7 @@ def test_the_coordinator_prunes_full_buckets_only(
     assert len(sql(database_url, BUCKETS, ("fast_by",))) == 50
     full = "SELECT count(*) FROM hivejobs_flow_bucket WHERE name = 'fast_by' AND full_at > now()"
     wait_until(lambda: sql(database_url, full)[0][0] == 0, what="fast buckets full again")
-    prune_archive(app.store, app.settings.archive_retention_s)
+    prune_archive(app.connections.store, app.settings.archive_retention_s)
     assert sql(database_url, BUCKETS, ("fast_by",)) == []
     assert [p for p, _ in sql(database_url, BUCKETS, ("slow_by",))] == ['"s"']
     again = app.enqueue("fast_by", {"customer": "c0"})

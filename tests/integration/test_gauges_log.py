@@ -21,7 +21,7 @@ def test_queue_depth_is_logged_when_it_changes(
 ) -> None:
     app = make(make_app(), database_url)
     app.enqueue_many("thing", [{"n": i} for i in range(3)])
-    gauges = Gauges(app.store)
+    gauges = Gauges(app.connections.store)
     with logged() as lines:
         for _ in range(3):
             gauges.run_once()
@@ -36,12 +36,12 @@ def test_a_type_with_queued_jobs_and_no_live_pool_is_named_once(
 ) -> None:
     app = make(make_app(), database_url)
     app.job("other")(lambda ctx, payload: None)
-    app.store.upsert_job_types([app.types["other"].info()])
+    app.connections.store.upsert_job_types([app.types["other"].info()])
     app.enqueue("thing", {"n": 1})
     app.enqueue("other", {})
     # A live pool of "other" only; "thing" has queued jobs and nobody to run them.
-    app.store.register_worker(new_worker_id(), "host", 1, "pool", "other")
-    gauges = Gauges(app.store, unserved_after_s=0.0)
+    app.connections.store.register_worker(new_worker_id(), "host", 1, "pool", "other")
+    gauges = Gauges(app.connections.store, unserved_after_s=0.0)
     with logged() as lines:
         gauges.run_once()
         gauges.run_once()
@@ -57,7 +57,7 @@ def test_the_warning_names_the_types_after_a_grace(
     monkeypatch.setattr("hivejobs.coordinator.gauges.time.monotonic", lambda: clock[0])
     app = make(make_app(), database_url)
     app.enqueue("thing", {"n": 1})
-    gauges = Gauges(app.store, unserved_after_s=30.0)
+    gauges = Gauges(app.connections.store, unserved_after_s=30.0)
     seen: list[object] = []
     logger.enable("hivejobs")
     sink = logger.add(lambda m: seen.append(m.record["extra"].get("types")), level="WARNING")
@@ -71,7 +71,7 @@ def test_the_warning_names_the_types_after_a_grace(
         logger.disable("hivejobs")
     assert seen == [["thing"]]
     # A pool of the type starts: the warning does not come back.
-    app.store.register_worker(new_worker_id(), "host", 1, "pool", "thing")
+    app.connections.store.register_worker(new_worker_id(), "host", 1, "pool", "thing")
     with logged() as lines:
         gauges.run_once()
     assert not [m for _, m in lines if m.startswith(UNSERVED)]

@@ -15,22 +15,24 @@ from tests.harness import sql
 def make(app: App) -> App:
     for name in ("thing", "other"):
         app.job(name)(lambda ctx, payload: None)
-    app.store.upsert_job_types([jt.info() for jt in app.types.values()])
+    app.connections.store.upsert_job_types([jt.info() for jt in app.types.values()])
     return app
 
 
 def claim(app: App, ids: list[str], name: str) -> list[ClaimedJob]:
-    with app.store.connection() as conn:
-        return app.store.claim_queued(ids, new_worker_id(), conn, name=name)
+    with app.connections.store.connection() as conn:
+        return app.connections.store.claim_queued(ids, new_worker_id(), conn, name=name)
 
 
 def test_claim_takes_only_the_pools_own_type(make_app: Callable[..., App]) -> None:
     app = make(make_app())
     ids = app.enqueue_many("thing", [{}] * 3)
     assert claim(app, ids, "other") == []
-    assert sorted(app.store.foreign_ids(ids, "other")) == sorted((i, "thing") for i in ids)
+    assert sorted(app.connections.store.foreign_ids(ids, "other")) == sorted(
+        (i, "thing") for i in ids
+    )
     assert sorted(j.id for j in claim(app, ids, "thing")) == sorted(ids)
-    assert app.store.foreign_ids(ids, "thing") == []
+    assert app.connections.store.foreign_ids(ids, "thing") == []
 
 
 def test_completer_isolates_the_completion_it_cannot_write(
@@ -52,7 +54,11 @@ def test_completer_isolates_the_completion_it_cannot_write(
         (clash,),
     )
     written: list[str] = []
-    completer = Completer(app.store, app.broker, lambda done: written.extend(c.id for c in done))
+    completer = Completer(
+        app.connections.store,
+        app.connections.broker,
+        lambda done: written.extend(c.id for c in done),
+    )
     for job in jobs:
         bad_text = "caf" + b"\xe9".decode("utf-8", "surrogateescape")
         completer.submit(
@@ -105,7 +111,11 @@ def test_completion_that_nothing_can_write_is_let_go(
     jobs = claim(app, ids, "thing")
     refuse_archiving(database_url, ids[1])
     written: list[str] = []
-    completer = Completer(app.store, app.broker, lambda done: written.extend(c.id for c in done))
+    completer = Completer(
+        app.connections.store,
+        app.connections.broker,
+        lambda done: written.extend(c.id for c in done),
+    )
     for job in jobs:
         completer.submit(Completion(id=job.id, claim_token=job.claim_token, outcome="succeeded"))
     completer.start()
@@ -132,7 +142,7 @@ def test_rescue_of_one_process_does_not_wait_on_another(
             (worker, job_id),
         )
     refuse_archiving(database_url, refused)
-    rescued = rescue_isolated(app.store, dead, poison_after=3)
+    rescued = rescue_isolated(app.connections.store, dead, poison_after=3)
     assert rescued is not None and rescued.failed == 1
     states = dict(sql(database_url, "SELECT id, state FROM hivejobs_job"))
     assert states == {refused: "running"}  # its process's rescue is retried next pass

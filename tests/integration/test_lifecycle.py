@@ -75,7 +75,7 @@ def start_pool(make_app: Callable[..., App]) -> Iterator[StartPool]:
         wait_until(
             lambda: (
                 pool.liveness.subscribed.is_set()
-                and any(w.id == pool.worker_id for w in app.store.workers())
+                and any(w.id == pool.worker_id for w in app.connections.store.workers())
             ),
             timeout=30,
             what="pool registered and listening for control messages",
@@ -91,9 +91,9 @@ def start_pool(make_app: Callable[..., App]) -> Iterator[StartPool]:
 
 def take_lease(app: App) -> tuple[Promoter, Lease]:
     holder = new_worker_id()
-    term = app.store.lease_acquire(holder, 60.0)
+    term = app.connections.store.lease_acquire(holder, 60.0)
     assert term is not None
-    return Promoter(app.store, app.broker), Lease(holder, term)
+    return Promoter(app.connections.store, app.connections.broker), Lease(holder, term)
 
 
 def promote_until(
@@ -124,12 +124,12 @@ def reach(app: App, job_id: str, state: str, timeout: float = 30.0) -> JobInfo:
 
 def queued_ids(app: App, name: str, priority: int = 0) -> list[str]:
     assert app.flush()  # single enqueues push to Redis after returning
-    key = app.broker.queue_key(name, priority)
-    return [raw.decode() for raw in app.broker.redis.lrange(key, 0, -1)]  # type: ignore[union-attr]
+    key = app.connections.broker.queue_key(name, priority)
+    return [raw.decode() for raw in app.connections.broker.redis.lrange(key, 0, -1)]  # type: ignore[union-attr]
 
 
 def live_rows(app: App) -> int:
-    with app.store.connection() as conn:
+    with app.connections.store.connection() as conn:
         row = conn.execute("SELECT count(*) FROM hivejobs_job").fetchone()
     assert row is not None
     return int(row[0])
@@ -148,7 +148,7 @@ def test_scheduled_job_is_queued_by_one_promoter_pass_once_due(
 ) -> None:
     app = make_app()
     app.job("resize")(lambda ctx, payload: None)
-    before = app.store.now()
+    before = app.connections.store.now()
     when = {"delay": 0.6} if how == "delay" else {"run_at": in_future(0.6)}
     job_id = app.enqueue("resize", {"w": 1}, **when)
 
@@ -159,7 +159,7 @@ def test_scheduled_job_is_queued_by_one_promoter_pass_once_due(
     promoter, lease = take_lease(app)
     assert promoter.run_once(lease).promoted == 0  # not due yet
 
-    wait_until(lambda: app.store.now() >= info.run_at, timeout=5, what="run_at passed")
+    wait_until(lambda: app.connections.store.now() >= info.run_at, timeout=5, what="run_at passed")
     stale = Lease(new_worker_id(), lease[1] + 1)
     assert promoter.run_once(stale).promoted == 0  # a lease we do not hold writes nothing
     assert app.get_job(job_id).state == "scheduled"
@@ -242,11 +242,11 @@ def test_retry_delay_is_honoured_on_the_database_clock(
     def later(ctx: JobContext, payload: Payload) -> None:
         raise Retry(delay=30, reason="rate limited")
 
-    before = app.store.now()
+    before = app.connections.store.now()
     job_id = app.enqueue("later", {})
     start_pool(app, "later")
     info = reach(app, job_id, "scheduled")
-    after = app.store.now()
+    after = app.connections.store.now()
 
     # Not the default backoff (about 1 s): the delay the handler asked for, from now().
     assert before + timedelta(seconds=30) <= info.run_at <= after + timedelta(seconds=30)
@@ -436,19 +436,19 @@ def test_waiting_jobs_are_swept_once_per_interval_while_due_ones_are_promoted_ev
     app = make_app()
     app.job("resize")(lambda ctx, payload: None)
     holder = new_worker_id()
-    term = app.store.lease_acquire(holder, 60.0)
+    term = app.connections.store.lease_acquire(holder, 60.0)
     assert term is not None
     lease = Lease(holder, term)
-    promoter = Promoter(app.store, app.broker, end_every_s=3600.0)
+    promoter = Promoter(app.connections.store, app.connections.broker, end_every_s=3600.0)
     expires = in_future(0.2)
     first = app.enqueue("resize", {"w": 1}, expires_at=expires)
-    wait_until(lambda: app.store.now() > expires, timeout=5, what="expiry passed")
+    wait_until(lambda: app.connections.store.now() > expires, timeout=5, what="expiry passed")
     assert promoter.run_once(lease).ended == 1  # the first pass sweeps
     assert app.get_job(first).state == "expired"
     expires = in_future(0.2)
     second = app.enqueue("resize", {"w": 2}, expires_at=expires)
     app.enqueue("resize", {"w": 3}, delay=0.1)  # due before `second` expires
-    wait_until(lambda: app.store.now() > expires, timeout=5, what="expiry passed")
+    wait_until(lambda: app.connections.store.now() > expires, timeout=5, what="expiry passed")
     assert promoter.run_once(lease) == PromoteResult(promoted=1, ended=0)
     assert app.get_job(second).state == "queued"  # left for the next sweep
     promoter.end_every_s = 0.0
@@ -465,7 +465,7 @@ def test_expired_queued_job_is_never_claimed(
     app.job("resize", concurrency=1)(lambda ctx, payload: ran.append(ctx.job_id))
     expires = in_future(0.3)
     doomed = app.enqueue("resize", {"w": 1}, expires_at=expires)
-    wait_until(lambda: app.store.now() > expires, timeout=5, what="expiry passed")
+    wait_until(lambda: app.connections.store.now() > expires, timeout=5, what="expiry passed")
 
     sentinel = app.enqueue("resize", {"w": 2})
     start_pool(app, "resize")

@@ -109,7 +109,7 @@ def test_gauges_of_a_type_whose_jobs_all_ended_drop_to_zero(make_app: Callable[.
     app.job("email")(lambda ctx, payload: None)
     job_ids = [app.enqueue("resize", {}) for _ in range(3)]
     app.enqueue("email", {})
-    gauges = Gauges(app.store)
+    gauges = Gauges(app.connections.store)
     gauges.run_once()
 
     def rows() -> dict[tuple[str, str], int]:

@@ -31,8 +31,8 @@ def test_finish_returns_once_the_last_report_is_published_and_stored(
     make_app: Callable[..., App],
 ) -> None:
     app = make_app()
-    sink = EventSink(app.store, app.broker)
-    subscription = app.broker.subscribe_events("sink-1")
+    sink = EventSink(app.connections.store, app.connections.broker)
+    subscription = app.connections.broker.subscribe_events("sink-1")
     ctx = context(app, sink, "sink-1")
     for i in range(50):
         ctx.progress(i + 1, 50, note=f"row {i + 1}")
@@ -58,7 +58,7 @@ def test_finish_returns_once_the_last_report_is_published_and_stored(
 def test_a_dead_redis_loses_live_events_only(make_app: Callable[..., App]) -> None:
     app = make_app()
     dead = make_app(redis_url=f"redis://127.0.0.1:{free_port()}/0")
-    sink = EventSink(app.store, dead.broker)
+    sink = EventSink(app.connections.store, dead.connections.broker)
     ctx = context(app, sink, "sink-2")
     ctx.progress(3, 4, note="still here")
     assert ctx.emit({"partial": True})  # accepted; its publish fails in the sink's thread

@@ -22,10 +22,10 @@ def test_listings_use_the_read_url(database_url: str, redis_prefix: str) -> None
     def report(ctx: JobContext, payload: dict[str, int]) -> None: ...
 
     try:
-        app.store.upsert_job_types([t.info() for t in app.types.values()])
+        app.connections.store.upsert_job_types([t.info() for t in app.types.values()])
         job_id = app.enqueue("report", {"n": 1})
         assert app.get_job(job_id).state == "queued"  # from the primary
-        counts = {c.name: c for c in app.read_store.type_counts()}
+        counts = {c.name: c for c in app.connections.read_store.type_counts()}
         assert counts["report"].queued == 1
         assert app.list_chains(5) == []
         readers = sql(
@@ -34,6 +34,6 @@ def test_listings_use_the_read_url(database_url: str, redis_prefix: str) -> None
             "AND application_name = 'hj-read'",
         )
         assert readers[0][0] >= 1
-        assert app.read_store is not app.store
+        assert app.connections.read_store is not app.connections.store
     finally:
         app.close()

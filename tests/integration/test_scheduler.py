@@ -22,14 +22,14 @@ def declared(make_app: Callable[..., App], catch_up: bool) -> App:
     def tick(ctx: JobContext, payload: dict[str, int]) -> None: ...
 
     app.periodic("tick", "* * * * * */5", {"n": 1}, catch_up=catch_up)
-    app.store.upsert_job_types([app.types["tick"].info()])
-    ScheduleStore(app.store).declare(["tick"], list(app.schedules.values()))
+    app.connections.store.upsert_job_types([app.types["tick"].info()])
+    ScheduleStore(app.connections.store).declare(["tick"], list(app.schedules.values()))
     return app
 
 
 def lease(app: App) -> Lease:
     holder = new_worker_id()
-    term = app.store.lease_acquire(holder, 30.0)
+    term = app.connections.store.lease_acquire(holder, 30.0)
     assert term is not None
     return Lease(holder, term)
 
@@ -54,13 +54,13 @@ def test_catch_up_enqueues_every_missed_tick_once(
     app = declared(make_app, catch_up=True)
     rewind(database_url, 60)
     held = lease(app)
-    scheduler = Scheduler(app.store, app.broker)
+    scheduler = Scheduler(app.connections.store, app.connections.broker)
     first = scheduler.run_once(held)
     assert first >= 12  # a minute of 5-second ticks, and those since the minute began
     assert scheduler.run_once(held) <= 1  # a tick may have come due meanwhile, not more
     ids = jobs(database_url)
     assert len(ids) == len(set(ids)) and all(i.startswith("cron:tick:") for i in ids)
-    pushed = app.broker.redis.llen(app.broker.queue_key("tick", 0))
+    pushed = app.connections.broker.redis.llen(app.connections.broker.queue_key("tick", 0))
     queued = sql(database_url, "SELECT count(*) FROM hivejobs_job WHERE state = 'queued'")
     assert pushed == queued[0][0] >= len(ids) - 1  # a tick ahead waits, scheduled
 
@@ -70,7 +70,7 @@ def test_without_catch_up_only_the_latest_missed_tick_runs(
 ) -> None:
     app = declared(make_app, catch_up=False)
     rewind(database_url, 60)
-    assert Scheduler(app.store, app.broker).run_once(lease(app)) == 1
+    assert Scheduler(app.connections.store, app.connections.broker).run_once(lease(app)) == 1
 
 
 def lease_since(database_url: str, seconds: int) -> None:
@@ -98,7 +98,9 @@ def test_without_catch_up_every_tick_due_under_the_lease_runs(
     rewind(database_url, 60)
     held = lease(app)
     lease_since(database_url, 1)
-    assert Scheduler(app.store, app.broker, ahead_s=0.0).run_once(held) >= 12
+    assert (
+        Scheduler(app.connections.store, app.connections.broker, ahead_s=0.0).run_once(held) >= 12
+    )
     ids = jobs(database_url)
     assert five_second_ticks(ids) == list(range(len(ids)))  # no tick skipped
 
@@ -110,7 +112,7 @@ def test_ticks_ahead_wait_scheduled_and_a_new_leader_neither_doubles_nor_skips(
     rewind(database_url, 60)
     first = lease(app)
     lease_since(database_url, 1)
-    Scheduler(app.store, app.broker, ahead_s=12.0).run_once(first)
+    Scheduler(app.connections.store, app.connections.broker, ahead_s=12.0).run_once(first)
     waiting = sql(
         database_url,
         "SELECT id, run_at FROM hivejobs_job WHERE state = 'scheduled' ORDER BY run_at",
@@ -122,7 +124,7 @@ def test_ticks_ahead_wait_scheduled_and_a_new_leader_neither_doubles_nor_skips(
     sql(database_url, "UPDATE hivejobs_leader SET expires_at = now() - interval '1 second'")
     second = lease(app)
     assert second.term == first.term + 1
-    Scheduler(app.store, app.broker, ahead_s=12.0).run_once(second)
+    Scheduler(app.connections.store, app.connections.broker, ahead_s=12.0).run_once(second)
     ids = jobs(database_url)
     assert five_second_ticks(ids) == list(range(len(ids)))
 
@@ -132,12 +134,12 @@ def test_a_stale_view_and_a_lost_lease_write_nothing(
 ) -> None:
     app = declared(make_app, catch_up=True)
     rewind(database_url, 60)
-    schedules = ScheduleStore(app.store)
+    schedules = ScheduleStore(app.connections.store)
     (state,) = schedules.states()
     now = schedules.now()
     # Another coordinator of the same moment advanced the schedule first.
     sql(database_url, "UPDATE hivejobs_schedule SET last_tick = now()")
-    (jt,) = app.store.job_types()
+    (jt,) = app.connections.store.job_types()
     ticks = due_ticks(state, now)
     job_list = [_tick_job(state, t, jt, now) for t in ticks]
     assert schedules.enqueue_ticks_if_leader(lease(app), state, job_list, ticks[-1]) == []
@@ -155,9 +157,9 @@ def test_redeclaring_with_another_expression_restarts_from_now(
     rewind(database_url, 3600)
     app.schedules.clear()
     app.periodic("tick", "0 * * * *", {"n": 1}, catch_up=True)
-    ScheduleStore(app.store).declare(["tick"], list(app.schedules.values()))
-    (state,) = ScheduleStore(app.store).states()
+    ScheduleStore(app.connections.store).declare(["tick"], list(app.schedules.values()))
+    (state,) = ScheduleStore(app.connections.store).states()
     assert state.last_tick is None and state.cron == "0 * * * *"
-    assert Scheduler(app.store, app.broker).run_once(lease(app)) == 0
-    ScheduleStore(app.store).declare(["tick"], [])  # removed from the code: it stops
-    assert ScheduleStore(app.store).states() == []
+    assert Scheduler(app.connections.store, app.connections.broker).run_once(lease(app)) == 0
+    ScheduleStore(app.connections.store).declare(["tick"], [])  # removed from the code: it stops
+    assert ScheduleStore(app.connections.store).states() == []

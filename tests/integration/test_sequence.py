@@ -27,13 +27,15 @@ def make(app: App, on_failure: str = "hold", attempts: int = 1) -> App:
     app.job("step", attempts=attempts, sequence_by="account", on_failure=on_failure)(
         lambda ctx, payload: None
     )
-    app.store.upsert_job_types([jt.info() for jt in app.types.values()])
+    app.connections.store.upsert_job_types([jt.info() for jt in app.types.values()])
     return app
 
 
 def claim(app: App, ids: list[str]) -> list[ClaimedJob]:
-    with app.store.connection() as conn:
-        return app.store.claim_queued(ids, new_worker_id(), conn, name="step", sequenced=True)
+    with app.connections.store.connection() as conn:
+        return app.connections.store.claim_queued(
+            ids, new_worker_id(), conn, name="step", sequenced=True
+        )
 
 
 def finish(app: App, job: ClaimedJob, outcome: Outcome, delay_s: float = 0.0) -> None:
@@ -41,8 +43,8 @@ def finish(app: App, job: ClaimedJob, outcome: Outcome, delay_s: float = 0.0) ->
         id=job.id, claim_token=job.claim_token, outcome=outcome, error="boom",
         retry_delay_s=delay_s,
     )  # fmt: skip
-    with app.store.connection() as conn:
-        assert app.store.finish([done], conn)[0] == 1
+    with app.connections.store.connection() as conn:
+        assert app.connections.store.finish([done], conn)[0] == 1
 
 
 def queued_at_set(database_url: str, job_id: str) -> bool:
@@ -196,7 +198,7 @@ def test_a_hand_over_waits_for_a_claim_that_parks_the_next_job(
     (job,) = claim(app, [first])
     with psycopg.connect(database_url, autocommit=True) as other:
         with other.transaction():
-            got = app.store.claim_queued(
+            got = app.connections.store.claim_queued(
                 [second], new_worker_id(), other, name="step", sequenced=True
             )
             assert got == []  # parked, not yet committed
@@ -260,26 +262,26 @@ def test_with_limit_by_and_pause_through_the_pools_flow(
         lambda ctx, payload: None
     )
     jt = app.types["both"]
-    app.store.upsert_job_types([jt.info()])
-    flow = Flow(app.store, app.broker, "both", jt.limits, sequenced=True)
+    app.connections.store.upsert_job_types([jt.info()])
+    flow = Flow(app.connections.store, app.connections.broker, "both", jt.limits, sequenced=True)
     a = [app.enqueue("both", {"tenant": "t1", "account": "a", "i": i}) for i in range(2)]
     b = app.enqueue("both", {"tenant": "t1", "account": "b"})  # same tenant: its one slot
     c = app.enqueue("both", {"tenant": "t2", "account": "c"})
     app.flush()
     assert app.pause("both")
-    popped = app.broker.pop("both", 10)
-    with app.store.connection() as conn:
+    popped = app.connections.broker.pop("both", 10)
+    with app.connections.store.connection() as conn:
         assert flow.claim(conn, popped.ids, new_worker_id()) == []
     flow.put_back(popped, [])  # paused: nothing judged, everything back
-    assert sorted(app.broker.pop("both", 10).ids) == sorted([*a, b, c])
+    assert sorted(app.connections.broker.pop("both", 10).ids) == sorted([*a, b, c])
     app.resume("both")
-    with app.store.connection() as conn:
+    with app.connections.store.connection() as conn:
         got = flow.claim(conn, [a[1], b, a[0], c], new_worker_id())
     # limit_by offers t1's one slot to the first t1 id popped, a[1]; the sequence refuses it
     # (a[0] comes first) and parks it; the slot stays free for the next claim.
     assert [j.id for j in got] == [c]
     assert not queued_at_set(database_url, a[1])
-    with app.store.connection() as conn:
+    with app.connections.store.connection() as conn:
         assert [j.id for j in flow.claim(conn, [a[0], b], new_worker_id())] == [a[0]]
         assert flow.claim(conn, [b], new_worker_id()) == []  # t1's slot is a[0]'s now
 
@@ -301,11 +303,13 @@ def test_the_sequencer_hands_over_a_key_left_parked_and_only_such_keys(
     park = "UPDATE hivejobs_job SET queued_at = NULL WHERE id = %s"
     sql(database_url, park, (stalled[1],))  # as if a hand-over had been missed
     app.flush()
-    app.broker.redis.delete(*app.broker.redis.keys(app.broker.queue_keys_glob("step")))
+    app.connections.broker.redis.delete(
+        *app.connections.broker.redis.keys(app.connections.broker.queue_keys_glob("step"))
+    )
 
-    assert Sequencer(app.store, app.broker).run_once() == 1
+    assert Sequencer(app.connections.store, app.connections.broker).run_once() == 1
     assert queued_at_set(database_url, stalled[1])
-    assert app.broker.pop("step", 10).ids == [stalled[1]]
+    assert app.connections.broker.pop("step", 10).ids == [stalled[1]]
     assert not queued_at_set(database_url, running[1])
     assert not queued_at_set(database_url, held[1])
-    assert Sequencer(app.store, app.broker).run_once() == 0
+    assert Sequencer(app.connections.store, app.connections.broker).run_once() == 0

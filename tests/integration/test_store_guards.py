@@ -26,17 +26,17 @@ def _app(make_app: Callable[..., App]) -> App:
     @app.job("thing")
     def thing(ctx: object, payload: dict[str, int]) -> None: ...
 
-    app.store.upsert_job_types([app.types["thing"].info()])
+    app.connections.store.upsert_job_types([app.types["thing"].info()])
     return app
 
 
 def _take_over(app: App, database_url: str) -> tuple[Lease, Lease]:
     """(old, new): a lease that expired and was taken by another holder."""
     old_holder, new_holder = new_worker_id(), new_worker_id()
-    old_term = app.store.lease_acquire(old_holder, 30.0)
+    old_term = app.connections.store.lease_acquire(old_holder, 30.0)
     assert old_term is not None
     sql(database_url, "UPDATE hivejobs_leader SET expires_at = now() - interval '1 second'")
-    new_term = app.store.lease_acquire(new_holder, 30.0)
+    new_term = app.connections.store.lease_acquire(new_holder, 30.0)
     assert new_term == old_term + 1
     return Lease(old_holder, old_term), Lease(new_holder, new_term)
 
@@ -61,9 +61,9 @@ def test_guarded_verbs_write_nothing_once_the_lease_is_lost(
     )
     old, new = _take_over(app, database_url)
 
-    assert app.store.promote_due_if_leader(old, 100) is None
-    assert app.store.end_waiting_if_leader(old, 100) is None
-    assert app.store.stale_queued_if_leader(old, ("thing", 0), 2.0, 100) is None
+    assert app.connections.store.promote_due_if_leader(old, 100) is None
+    assert app.connections.store.end_waiting_if_leader(old, 100) is None
+    assert app.connections.store.stale_queued_if_leader(old, ("thing", 0), 2.0, 100) is None
     states = dict(sql(database_url, "SELECT id, state FROM hivejobs_job"))
     assert states == {due: "scheduled", stale: "queued", expired: "scheduled"}
     moved = sql(
@@ -73,11 +73,11 @@ def test_guarded_verbs_write_nothing_once_the_lease_is_lost(
     )
     assert moved == [(False,)]  # not re-stamped either
 
-    assert app.store.promote_due_if_leader(new, 100) == [Push(due, "thing", 0)]
-    assert app.store.stale_queued_if_leader(new, ("thing", 0), 2.0, 100) == [
+    assert app.connections.store.promote_due_if_leader(new, 100) == [Push(due, "thing", 0)]
+    assert app.connections.store.stale_queued_if_leader(new, ("thing", 0), 2.0, 100) == [
         Push(stale, "thing", 0)
     ]
-    assert app.store.end_waiting_if_leader(new, 100) == 1
+    assert app.connections.store.end_waiting_if_leader(new, 100) == 1
 
 
 def test_sweeps_with_nothing_to_write_take_no_lease_lock(
@@ -89,18 +89,18 @@ def test_sweeps_with_nothing_to_write_take_no_lease_lock(
     the lock, then promotes under the lease."""
     app = _app(make_app)
     lease = Lease(new_worker_id(), 0)
-    term = app.store.lease_acquire(lease.holder, 30.0)
+    term = app.connections.store.lease_acquire(lease.holder, 30.0)
     assert term is not None
     lease = Lease(lease.holder, term)
-    callbacks = CallbackStore(app.store)
+    callbacks = CallbackStore(app.connections.store)
     with psycopg.connect(database_url) as locker:
         locker.execute("SELECT 1 FROM hivejobs_leader FOR UPDATE")
         idle: list[object] = []
         sweeps = threading.Thread(
             target=lambda: idle.extend(
                 [
-                    app.store.promote_due_if_leader(lease, 100),
-                    app.store.end_waiting_if_leader(lease, 100),
+                    app.connections.store.promote_due_if_leader(lease, 100),
+                    app.connections.store.end_waiting_if_leader(lease, 100),
                     callbacks.end_timed_out_if_leader(lease, 100),
                 ]
             ),
@@ -114,7 +114,7 @@ def test_sweeps_with_nothing_to_write_take_no_lease_lock(
         sql(database_url, "UPDATE hivejobs_job SET run_at = now() WHERE id = %s", (due,))
         promoted: list[list[Push] | None] = []
         sweep = threading.Thread(
-            target=lambda: promoted.append(app.store.promote_due_if_leader(lease, 100)),
+            target=lambda: promoted.append(app.connections.store.promote_due_if_leader(lease, 100)),
             daemon=True,
         )
         sweep.start()

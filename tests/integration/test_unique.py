@@ -86,7 +86,7 @@ def test_a_failed_job_or_a_passed_window_frees_the_key(
     third = app.enqueue("sync_user", {"a": 1})
     assert third not in (first, second)
     sql(database_url, "UPDATE hivejobs_unique SET until = now() - interval '1 second'")
-    app.store.prune_archive(7 * 86400.0)
+    app.connections.store.prune_archive(7 * 86400.0)
     assert sql(database_url, "SELECT count(*) FROM hivejobs_unique")[0][0] == 0
 
 

@@ -58,7 +58,7 @@ def test_500_async_jobs_run_at_once_on_a_few_threads_and_sigterm_suspends_them(
     ]
 
     start_instance({"HJ_TYPES": "wide"}, app_spec=APP)
-    open_gate(app.broker, "wide")
+    open_gate(app.connections.broker, "wide")
     infos = [app.wait(i, timeout=60) for i in ids]
     assert Counter((i.state, i.attempt) for i in infos) == {("succeeded", 1): 500}
 
@@ -80,7 +80,7 @@ def test_kill_9_of_async_pools_loses_nothing_and_runs_no_at_most_once_job_twice(
     for pid in killed:
         os.kill(pid, signal.SIGKILL)
     amo_started = {p[1] for p in lines(ledger_dir, "abegin") if p[1] in set(amo)}
-    open_gate(app.broker, "kill")
+    open_gate(app.connections.broker, "kill")
     alo_infos = [app.wait(i, timeout=90) for i in alo]
     amo_infos = {i: app.wait(i, timeout=90) for i in amo}
     # At-least-once: every job succeeded; those the kill interrupted ran again, counted.

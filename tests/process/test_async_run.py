@@ -83,6 +83,6 @@ def test_sigterm_suspends_an_async_job_and_kill_9_reruns_it(
     # The ledger's files come in no order: the new begin line is the other pid's.
     pid = int(next(p[2] for p in lines(ledger_dir, "abegin") if p[2] != first_pid))
     os.kill(pid, signal.SIGKILL)  # its pool dies mid-await: rescued, run again, counted
-    open_gate(app.broker, "rerun")
+    open_gate(app.connections.broker, "rerun")
     info = app.wait(job, timeout=60)
     assert (info.state, info.attempt) == ("succeeded", 2)

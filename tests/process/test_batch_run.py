@@ -83,7 +83,7 @@ def test_callback_once_when_the_pool_running_the_last_job_is_killed(
     victim = wait_all_but(database_url, last, ledger_dir)
     os.kill(victim, signal.SIGKILL)
     wait_until(lambda: not alive(victim), what="the pool killed")
-    open_gate(app.broker, "last")
+    open_gate(app.connections.broker, "last")
     # Rescued once its heartbeat is stale (stuck_after_s), run again, then the callback.
     wait_until(lambda: settled(database_url, batch), timeout=60, what="the batch settled")
     assert_one_report(ledger_dir, batch, bad)
@@ -111,7 +111,7 @@ def test_callback_once_when_the_coordinator_is_killed_as_the_last_job_ends(
     )
     coordinator = int(rows[0][0])
     os.kill(coordinator, signal.SIGKILL)
-    open_gate(app.broker, "last")  # the last job ends while no coordinator listens
+    open_gate(app.connections.broker, "last")  # the last job ends while no coordinator listens
     wait_until(lambda: settled(database_url, batch), timeout=60, what="the batch settled")
     assert_one_report(ledger_dir, batch, bad)
 

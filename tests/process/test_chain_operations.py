@@ -95,7 +95,7 @@ def test_stop_gives_up_on_a_try_that_ignores_stopping_after_the_timeout(
     assert not any(p[0] == "end" and p[1] == deaf_id for p in read_ledger(ledger_dir))
     assert app15.chain_status(request_id).state == "stopped"
     assert waited >= 0.9, waited
-    open_gate(app15.broker, "deaf")
+    open_gate(app15.connections.broker, "deaf")
     assert log["deaf"].state == "stopped" and log["polite"].state == "stopped"
     assert "ignored ctx.stopping past the stop timeout" in (log["deaf"].error or "")
     assert "ignored" not in (log["polite"].error or "")

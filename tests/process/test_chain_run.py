@@ -227,7 +227,7 @@ def test_sigterm_suspends_chain_and_another_instance_resumes_it(
     a.signal_group(signal.SIGTERM)
     a.signal_group(signal.SIGTERM)  # Heroku may send several: no escalation (R10)
     assert a.wait(15) == 0
-    open_gate(chain_app.broker, "longs")
+    open_gate(chain_app.connections.broker, "longs")
     final = wait_final(chain_app, request_id, timeout=40)
     st = chain_app.chain_status(request_id)
     if final != "succeeded":

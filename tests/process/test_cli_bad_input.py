@@ -235,7 +235,8 @@ def test_a_malformed_dispatch_notification_is_dropped_alone(
     app = App(database_url=database_url, redis_url="redis://127.0.0.1:6379/0", prefix=redis_prefix)
     app.types.clear()
     wait_until(
-        lambda: "untyped" in {t.name for t in app.store.job_types()}, what="the declared type"
+        lambda: "untyped" in {t.name for t in app.connections.store.job_types()},
+        what="the declared type",
     )
     listening = (
         "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"

@@ -72,7 +72,7 @@ def test_enqueue_dying_between_commit_and_push_is_dispatched_later(
     start_instance({"HJ_TYPES": "alo"})
     app = fleet_app(make_app, database_url, ["alo"])
     # Once the first start's full restore is done, only the age-based re-push can find it.
-    wait_until(app.broker.boot_marker_present, what="the coordinator's first restore")
+    wait_until(app.connections.broker.boot_marker_present, what="the coordinator's first restore")
     with pytest.raises(RuntimeError, match="failpoint"):
         app.enqueue("alo", {"ms": 1}, id="stranded")
     assert sql(database_url, "SELECT state FROM hivejobs_job WHERE id = 'stranded'") == [

@@ -90,9 +90,11 @@ def test_a_redis_flush_loses_no_job_of_a_fair_type(
     assert app.flush()
     client = redis.Redis.from_url(own_redis.url)
     wait_until(lambda: len(ends(ledger_dir, ids)) >= 100, what="some jobs done")
-    assert client.zcard(f"{app.broker.prefix}{{fair}}:fring") > 0  # per-key lists in use
+    assert (
+        client.zcard(f"{app.connections.broker.prefix}{{fair}}:fring") > 0
+    )  # per-key lists in use
     client.flushall()
-    wait_until(lambda: client.exists(app.broker.boot_key), timeout=60, what="restore")
+    wait_until(lambda: client.exists(app.connections.broker.boot_key), timeout=60, what="restore")
     wait_until(lambda: live_jobs(database_url) == 0, timeout=90, what="all jobs finished")
     ran = Counter(p[1] for p in read_ledger(ledger_dir) if p[0] == "end")
     assert [i for i in ids if ran[i] != 1] == []  # each ran once: none lost, none twice

@@ -183,7 +183,7 @@ def test_flushall_while_queued(
     wait_until(lambda: count(database_url) >= 50, what="some jobs done")
     client = redis.Redis.from_url(own_redis.url)
     client.flushall()
-    wait_until(lambda: client.exists(app.broker.boot_key), timeout=60, what="restore")
+    wait_until(lambda: client.exists(app.connections.broker.boot_key), timeout=60, what="restore")
     wait_until(lambda: live_jobs(database_url) == 0, timeout=90, what="all jobs finished")
     oks = ledger_oks(ledger_dir)  # read once: the ledger holds a line per attempt
     assert [i for i in ids if oks[i] != 1] == []
@@ -269,7 +269,7 @@ def test_rolling_restart(
         if p[0] == "start" and p[1] in amo and int(p[3]) in a_pids
     }
     assert started_amo
-    open_gate(app.broker, "longs")
+    open_gate(app.connections.broker, "longs")
     wait_until(lambda: live_jobs(database_url) == 0, timeout=90, what="B finished everything")
 
     oks, starts = ledger_oks(ledger_dir), ledger_starts(ledger_dir)
@@ -366,7 +366,7 @@ def test_instance_killed_whole_is_rescued_by_another(
     # A's pools have process groups of their own and die by PDEATHSIG once A's supervisor
     # is gone: open the gate only after that, or their jobs could still finish there.
     wait_until(lambda: not [p for p in (a_alo, a_amo) if alive(p)], what="A's pools gone")
-    open_gate(app.broker, "work")
+    open_gate(app.connections.broker, "work")
     wait_until(lambda: live_jobs(database_url) == 0, timeout=60, what="B finished everything")
     # Rescue waited for stale heartbeats (stuck_after 5 s), plus B's own R6 health window.
     assert time.monotonic() - killed > 5
@@ -408,10 +408,10 @@ def test_garbage_in_redis_lists_is_skipped(
     start_instance({"HJ_TYPES": "alo"})
     app = fleet_app(make_app, database_url, ["alo"])
     pid = pool_pids(database_url, "alo")[0]
-    key = app.broker.queue_key("alo", 0)
+    key = app.connections.broker.queue_key("alo", 0)
     garbage = [os.urandom(16).hex() for _ in range(10_000)]
-    app.broker.redis.rpush(key, *garbage)
-    app.broker.redis.rpush(
+    app.connections.broker.redis.rpush(key, *garbage)
+    app.connections.broker.redis.rpush(
         key,
         b"\x80\x04\x95cos\nsystem\n",
         b"../../etc/passwd",
@@ -422,5 +422,5 @@ def test_garbage_in_redis_lists_is_skipped(
     wait_until(lambda: live_jobs(database_url) == 0, timeout=60, what="real jobs done")
     oks = ledger_oks(ledger_dir)  # read once: the ledger holds a line per attempt
     assert [i for i in ids if oks[i] != 1] == []
-    assert app.broker.redis.llen(key) == 0
+    assert app.connections.broker.redis.llen(key) == 0
     assert pool_pids(database_url, "alo") == [pid]  # the same process: nothing crashed

@@ -256,7 +256,7 @@ def test_pause_holds_through_a_restart_and_a_redis_flush(
     cli = hivejobs(["pause", "plain"], instance_env)
     assert (cli.returncode, cli.stdout.strip()) == (0, "paused"), cli.stderr
     ids = app.enqueue_many("plain", [{"ms": 1}] * 20)
-    open_gate(app.broker, "long")
+    open_gate(app.connections.broker, "long")
     # A running job finishes normally; nothing new starts.
     wait_until(lambda: app.get_job(long_id).state == "succeeded", what="the long job done")
     assert hivejobs(["pause"], instance_env).stdout.split() == ["plain"]
@@ -318,7 +318,7 @@ def test_scale_changes_concurrency_without_a_restart(
     long = app.enqueue_many("plain", [{"gate": "scaled down"}] * 7)  # held until then
     wait_until(lambda: len(intervals_begun(ledger_dir, long)) == 7, what="7 running")
     scale(2, seen=3)
-    open_gate(app.broker, "scaled down")
+    open_gate(app.connections.broker, "scaled down")
     assert {(app.wait(i, timeout=30).state, app.get_job(i).attempt) for i in long} == {
         ("succeeded", 1)
     }

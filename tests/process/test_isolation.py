@@ -150,7 +150,7 @@ def test_unwritable_completion_blocks_no_other(
     stuck = app.enqueue("a", {"gate": "stuck"})
     wait_until(lambda: ledger_starts(ledger_dir)[stuck], what="the job to start")
     archive_copy(database_url, stuck, "archived before")  # while its handler is held
-    open_gate(app.broker, "stuck")
+    open_gate(app.connections.broker, "stuck")
     # Its handler has returned: its completion is being written when the others finish.
     wait_until(lambda: ledger_oks(ledger_dir)[stuck], what="the job's handler to return")
     others = app.enqueue_many("a", [{"ms": 50}] * 10)

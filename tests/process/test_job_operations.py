@@ -207,7 +207,7 @@ def test_archive_retention_per_job_type(
             final_state(app15, job_id)
     # Two hours old: past quick's one hour, within the global retention (7 days).
     sql(database_url, "UPDATE hivejobs_archive SET finished_at = now() - interval '2 hours'")
-    pruned = prune_archive(app15.store, app15.settings.archive_retention_s)
+    pruned = prune_archive(app15.connections.store, app15.settings.archive_retention_s)
     assert pruned == 3
     left = sql(database_url, "SELECT name, count(*) FROM hivejobs_archive GROUP BY 1")
     assert left == [("final", 3)]

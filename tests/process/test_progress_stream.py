@@ -87,8 +87,8 @@ class Follower:
 
 
 def subscribers(app: App, job_id: str) -> int:
-    channel = app.broker.events_channel(job_id)
-    return int(dict(app.broker.redis.pubsub_numsub(channel))[channel.encode()])
+    channel = app.connections.broker.events_channel(job_id)
+    return int(dict(app.connections.broker.redis.pubsub_numsub(channel))[channel.encode()])
 
 
 def test_progress_is_followed_live_from_other_processes_a_late_one_included(app: App) -> None:
@@ -96,7 +96,7 @@ def test_progress_is_followed_live_from_other_processes_a_late_one_included(app:
     wait_until(lambda: app.get_job(job_id).state == "running", what="the job running")
     first = Follower(app, job_id)
     wait_until(lambda: subscribers(app, job_id) == 1, what="the follower subscribed")
-    open_gate(app.broker, "g:0")
+    open_gate(app.connections.broker, "g:0")
     seen = first.until("emit")
     assert [(e["kind"], e.get("done"), e.get("note")) for e in seen][0] == (
         "progress",
@@ -104,7 +104,7 @@ def test_progress_is_followed_live_from_other_processes_a_late_one_included(app:
         "step 1",
     )
     assert seen[-1]["data"] == {"step": 1}
-    open_gate(app.broker, "g:1")
+    open_gate(app.connections.broker, "g:1")
     first.until("progress", done=2.0)
     # Stored at most a second after it was sent: a reader that comes now starts from it.
     wait_until(lambda: (p := app.progress(job_id)) is not None and p.done == 2.0, what="stored")
@@ -114,7 +114,7 @@ def test_progress_is_followed_live_from_other_processes_a_late_one_included(app:
         "note": "step 2",
     }  # fmt: skip
     wait_until(lambda: subscribers(app, job_id) == 2, what="the late follower subscribed")
-    open_gate(app.broker, "g:2")
+    open_gate(app.connections.broker, "g:2")
     for follower in (first, late):
         tail = follower.until("end")
         assert tail[-1]["state"] == "succeeded"
@@ -135,14 +135,14 @@ def _driven(app: App, job_id: str, gate: str, seen: list[JobEvent]) -> Callable[
 
     def first() -> None:
         wait_until(lambda: subscribers(app, job_id) >= 1, what="the stream subscribed")
-        open_gate(app.broker, f"{gate}:0")
+        open_gate(app.connections.broker, f"{gate}:0")
 
     threading.Thread(target=first, daemon=True).start()
 
     def on_event(event: JobEvent) -> None:
         seen.append(event)
         if event.kind == "progress" and event.done is not None:
-            open_gate(app.broker, f"{gate}:{int(event.done)}")
+            open_gate(app.connections.broker, f"{gate}:{int(event.done)}")
 
     return on_event
 

@@ -124,7 +124,10 @@ def test_cluster_types_on_several_nodes_chain_and_a_node_flushed(
     start_instance({**env, "HJ_TYPES": "alo,amo"})
     start_instance(env, app_spec="tests.apps.chainapp:app")
     app = fleet_app(make_app, database_url, ["alo", "amo", "step"], redis_url=cluster.url)
-    nodes = {n: cluster.node_of(app.broker.queue_key(n, 0)).port for n in ("alo", "amo", "step")}
+    nodes = {
+        n: cluster.node_of(app.connections.broker.queue_key(n, 0)).port
+        for n in ("alo", "amo", "step")
+    }
     assert len(set(nodes.values())) >= 2, nodes  # the types' lists live on several nodes
     from tests.apps.chainapp import app as chain_types
 

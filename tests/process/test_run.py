@@ -71,7 +71,7 @@ def test_run_processes_types_survives_pool_kill_and_exits_zero_on_sigterm(
         lambda: "waiting up to" in inst.log_text() and slow[:8] in inst.log_text(),
         what="the supervisor waiting for the slow job",
     )
-    open_gate(app.broker, "slow")
+    open_gate(app.connections.broker, "slow")
     assert inst.wait(15) == 0
     assert app.get_job(slow).state == "succeeded"
     assert not [p for p in pids if alive(p)]

@@ -126,7 +126,7 @@ def test_sequences_survive_a_redis_flush(
     wait_until(lambda: sql(database_url, DONE, ("ordered",))[0][0] >= 20, what="some done")
     client = redis.Redis.from_url(own_redis.url)
     client.flushall()
-    wait_until(lambda: client.exists(app.broker.boot_key), timeout=60, what="restore")
+    wait_until(lambda: client.exists(app.connections.broker.boot_key), timeout=60, what="restore")
     wait_until(lambda: live_jobs(database_url) == 0, timeout=90, what="every job done")
     client.close()
     report = check(database_url, ledger_dir, lines, {})

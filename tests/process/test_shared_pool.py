@@ -103,7 +103,7 @@ def test_three_types_share_one_process_each_with_its_own_concurrency(
     scaled_at = time.monotonic_ns()
     app.scale("one", 2)
     wait_until(lambda: begun(ledger_dir)["one"] == 2, what="`one` scaled to 2 while full")
-    open_gate(app.broker, "g")
+    open_gate(app.connections.broker, "g")
     wait_until(lambda: live_jobs(database_url) == 0, timeout=60, what="18 jobs done")
     assert Counter((r[0], r[1], r[2]) for r in archived(database_url)) == {
         ("one", "succeeded", 1): 6,
@@ -190,7 +190,7 @@ def test_sigterm_drains_every_type_of_the_shared_process_and_loses_none(
     wait_until(
         lambda: "stopping: finishing running jobs" in inst.log_text(), what="the drain's start"
     )
-    open_gate(app.broker, "now")
+    open_gate(app.connections.broker, "now")
     assert inst.wait(30) == 0
     states = Counter(r[0] for r in sql(database_url, "SELECT state FROM hivejobs_job"))
     assert states == {"queued": 4}  # 2 + the suspended one of `one`, the unstarted `three`
@@ -199,7 +199,7 @@ def test_sigterm_drains_every_type_of_the_shared_process_and_loses_none(
     assert [p[5] for p in ends] == ["interrupted"]
     # The next instance runs what was left, the suspension not counted as an attempt.
     start_instance(app_spec=APP)
-    open_gate(app.broker, "later")
+    open_gate(app.connections.broker, "later")
     wait_until(lambda: live_jobs(database_url) == 0, timeout=60, what="every job done")
     assert Counter((r[0], r[1], r[2]) for r in archived(database_url)) == {
         ("one", "succeeded", 1): 3,
@@ -228,7 +228,7 @@ def test_kill_9_of_the_shared_process_releases_every_types_claims(
     wait_until(
         lambda: (p := pool_pids(database_url, "three")) and p != [pid], what="the pool forked again"
     )
-    open_gate(app.broker, "g")
+    open_gate(app.connections.broker, "g")
     wait_until(lambda: live_jobs(database_url) == 0, timeout=60, what="every job done")
     # At-least-once: run again, the lost attempt counted; at-most-once: failed, never re-run.
     assert Counter((r[0], r[1], r[2], r[3]) for r in archived(database_url)) == {
@@ -266,7 +266,7 @@ def test_thirty_types_in_one_process_stay_under_the_reported_connection_bound(
     # Every lane busy at once: 2 runners of each of the 30 types held at the gate.
     wait_until(lambda: sum(begun(ledger_dir).values()) == 60, what="60 attempts begun")
     peak = connections()
-    open_gate(app.broker, "g")
+    open_gate(app.connections.broker, "g")
     while live_jobs(database_url):
         peak = max(peak, connections())
         time.sleep(0.05)  # the sampling interval, not a synchronisation

@@ -95,7 +95,7 @@ def test_first_start_while_jobs_are_enqueued_is_no_news(
     @app.job("alo", concurrency=8, attempts=5)  # as tests.apps.faultapp declares it
     def alo(ctx: JobContext, payload: dict[str, float | str]) -> None: ...
 
-    app.store.upsert_job_types([app.types["alo"].info()])
+    app.connections.store.upsert_job_types([app.types["alo"].info()])
     ids: list[str] = []
     stop = threading.Event()
 

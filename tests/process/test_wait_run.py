@@ -62,7 +62,7 @@ def test_wait_gives_up_after_its_timeout(app: App) -> None:
     job_id = app.enqueue("plain", {"gate": "after the timeout"})
     with pytest.raises(WaitTimeout, match=rf"job '{job_id}' is still (queued|running) after"):
         app.wait(job_id, timeout=0.3)
-    open_gate(app.broker, "after the timeout")
+    open_gate(app.connections.broker, "after the timeout")
     assert app.wait(job_id, timeout=30).state == "succeeded"  # the job was not touched
 
 

@@ -102,7 +102,7 @@ def test_drain_runs_queued_jobs_and_promotes_only_what_it_is_told(
 
 def test_drain_leaves_a_paused_types_jobs_queued(make_app: Callable[..., App]) -> None:
     app = flaky_app(make_app())
-    app.store.upsert_job_types([jt.info() for jt in app.types.values()])
+    app.connections.store.upsert_job_types([jt.info() for jt in app.types.values()])
     assert app.pause("double") is True
     held = app.enqueue("double", 4)
     ran = drain(app, types=["double", "fan_out"])  # returns: no hot loop on a paused type

@@ -216,12 +216,16 @@ seen = []
 logger.add(lambda message: seen.append(str(message)), level="DEBUG", format="{message} {extra}")
 import hivejobs
 from hivejobs.client.app import App
+from hivejobs.client.enqueue import reconciler_repairs
 app = App(database_url="postgresql://127.0.0.1:1/x", redis_url="redis://:Zq9MarkerPw@127.0.0.1:1/0")
-app._push("resize", 0, ["a"])  # Redis is down: logs a warning
+def push():
+    with reconciler_repairs("resize", 1):  # Redis is down: logs a warning
+        app.connections.broker.push("resize", 0, ["a"])
+push()
 assert seen == [], seen  # imported as a library: silent
 from hivejobs.logs import setup_logging
 setup_logging("cli")
-app._push("resize", 0, ["a"])
+push()
 assert len(seen) == 1 and "ConnectionError" in seen[0] and "Connection refused" in seen[0], seen
 print("ok")
 """

@@ -19,8 +19,8 @@ def declare_fair_types(make_app: Callable[..., App]) -> App:
     from tests.apps.fairapp import app as fairapp
 
     app = make_app()
-    app.store.upsert_job_types([jt.info() for jt in fairapp.types.values()])
-    declare_schemas(app.store, fairapp.types)
+    app.connections.store.upsert_job_types([jt.info() for jt in fairapp.types.values()])
+    declare_schemas(app.connections.store, fairapp.types)
     return app
 
 

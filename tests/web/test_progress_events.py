@@ -40,8 +40,8 @@ def served(
 
 
 def subscribers(app: App, job_id: str) -> int:
-    channel = app.broker.events_channel(job_id)
-    return int(dict(app.broker.redis.pubsub_numsub(channel))[channel.encode()])
+    channel = app.connections.broker.events_channel(job_id)
+    return int(dict(app.connections.broker.redis.pubsub_numsub(channel))[channel.encode()])
 
 
 def sse(lines: Iterator[str]) -> Iterator[tuple[str, dict[str, Any]]]:
@@ -70,12 +70,12 @@ def test_events_are_served_as_sse_live_until_the_end(served: tuple[Server, App])
         assert response.status_code == 200
         assert response.headers["content-type"].startswith("text/event-stream")
         wait_until(lambda: subscribers(app, job_id) == 1, what="the SSE stream subscribed")
-        open_gate(app.broker, "e:0")
+        open_gate(app.connections.broker, "e:0")
         for kind, data in sse(response.iter_lines()):
             seen.append((kind, data))
             assert data["kind"] == kind and data["job_id"] == job_id
             if kind == "progress":
-                open_gate(app.broker, f"e:{int(data['done'])}")
+                open_gate(app.connections.broker, f"e:{int(data['done'])}")
     # The response ended by itself after the end event.
     assert [(k, d.get("done"), d.get("note")) for k, d in seen if k == "progress"] == [
         ("progress", 1.0, "step 1"),
@@ -126,7 +126,7 @@ def test_the_job_page_bar_moves_while_the_job_runs(
 
     bar = "() => { const b = document.getElementById('progress-bar'); return b && b.value; }"
     for step in range(4):
-        open_gate(app.broker, f"d:{step}")
+        open_gate(app.connections.broker, f"d:{step}")
         wait_until(lambda s=step: page.evaluate(bar) == s + 1, 20, what=f"the bar at {step + 1}")
         assert page.inner_text("#progress-text").startswith(f"{step + 1}/4")
     page.locator(".state", has_text="succeeded").first.wait_for(timeout=20_000)

@@ -58,7 +58,7 @@ def served(
     """A client of the app over a real store holding one queued job (`{name}/{job_id}`)."""
     app = make_app()
     app.job("thing")(lambda ctx, payload: None)
-    app.store.upsert_job_types([jt.info() for jt in app.types.values()])
+    app.connections.store.upsert_job_types([jt.info() for jt in app.types.values()])
     job_id = app.enqueue("thing", {})
     asgi = create_app(app, read_tokens=[READER], admin_tokens=[ADMIN])
     with TestClient(asgi) as client:

@@ -20,13 +20,15 @@ APP = "tests.apps.sequenceapp:app"
 def held_key(app: App) -> tuple[str, str]:
     """Key "a" of `held`: its first job failed for good, the second waits."""
     app.job("held", attempts=1, sequence_by="account", on_failure="hold")(lambda c, p: None)
-    app.store.upsert_job_types([jt.info() for jt in app.types.values()])
+    app.connections.store.upsert_job_types([jt.info() for jt in app.types.values()])
     first = app.enqueue("held", {"account": "a", "i": 0})
     second = app.enqueue("held", {"account": "a", "i": 1})
-    with app.store.connection() as conn:
-        (job,) = app.store.claim_queued([first], new_worker_id(), conn, name="held", sequenced=True)
+    with app.connections.store.connection() as conn:
+        (job,) = app.connections.store.claim_queued(
+            [first], new_worker_id(), conn, name="held", sequenced=True
+        )
         done = Completion(id=job.id, claim_token=job.claim_token, outcome="failed", error="x")
-        app.store.finish([done], conn)
+        app.connections.store.finish([done], conn)
     return first, second
 
 

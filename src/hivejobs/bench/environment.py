@@ -78,7 +78,7 @@ class BenchEnvironment:
 
             # The bench enqueues through the worker's job type, declared as the worker would.
             self.app.types = dict(benchapp.app.types)
-            self.app.store.upsert_job_types([t.info() for t in self.app.types.values()])
+            self.app.connections.store.upsert_job_types([t.info() for t in self.app.types.values()])
         except BaseException:
             self._report(self._cleanup())  # a half-made sandbox is removed too
             raise
@@ -252,7 +252,11 @@ class BenchEnvironment:
     def clear_redis(self, keep_boot_marker: bool) -> None:
         """Delete the bench's keys. Between scenarios the boot marker stays, so the
         coordinator does not take the empty lists for a flushed Redis."""
-        keep = {self.app.broker.boot_key.encode()} if keep_boot_marker and self.app else set()
+        keep = (
+            {self.app.connections.broker.boot_key.encode()}
+            if keep_boot_marker and self.app
+            else set()
+        )
         client = redis.Redis.from_url(self.redis_url)
         keys = [k for k in client.scan_iter(match=self.prefix + "*", count=1000) if k not in keep]
         if keys:

@@ -15,9 +15,9 @@ from hivejobs.errors import ChainInvalid, PayloadInvalid, PayloadTooLarge, Unkno
 from hivejobs.records import PRIORITIES
 
 if TYPE_CHECKING:
-    from hivejobs.jobtypes import JobType
+    from hivejobs.jobtypes import JobTypeSpec
 
-JobTypeLookup = Callable[[str], "JobType"]
+JobTypeLookup = Callable[[str], "JobTypeSpec"]
 
 
 def job_row(spec: JobSpec, seq: str | None, job_type: JobTypeLookup) -> dict[str, Any]:

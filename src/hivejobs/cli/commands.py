@@ -272,8 +272,8 @@ def cmd_jobs(args: argparse.Namespace) -> int:
     if listing:
         return _list_jobs(args)
     app = _app(args)
-    rows = app.read_store.type_counts()
-    live = app.store.live_pools(app.settings.stuck_after_s)
+    rows = app.connections.read_store.type_counts()
+    live = app.connections.store.live_pools(app.settings.stuck_after_s)
     if args.json:
         _print_json([{**msgspec.to_builtins(r), "live_pools": live.get(r.name, 0)} for r in rows])
         return ExitCode.OK
@@ -351,7 +351,7 @@ def _list_jobs(args: argparse.Namespace) -> int:
 
 
 def cmd_workers(args: argparse.Namespace) -> int:
-    rows = _app(args).read_store.workers()
+    rows = _app(args).connections.read_store.workers()
     if args.json:
         _print_json(msgspec.to_builtins(rows))
         return ExitCode.OK
@@ -380,7 +380,7 @@ def cmd_cron(args: argparse.Namespace) -> int:
     from hivejobs.schedules import next_tick
     from hivejobs.store.schedules import ScheduleStore
 
-    schedules = ScheduleStore(_app(args).store)
+    schedules = ScheduleStore(_app(args).connections.store)
     now = schedules.now()
     table: list[tuple[object, ...]] = [
         ("schedule", "type", "cron", "tz", "catch up", "last tick", "next tick")
@@ -465,8 +465,9 @@ def cmd_restart(args: argparse.Namespace) -> int:
     from hivejobs.broker import ControlMessage
 
     app = _app(args)
-    app.broker.ping()  # ConnectionFailed (redacted URL) rather than a redis-py traceback
-    app.broker.publish_control(
+    # ConnectionFailed (redacted URL) rather than a redis-py traceback
+    app.connections.broker.ping()
+    app.connections.broker.publish_control(
         ControlMessage(action="restart", pool=args.pool, instance=args.instance)
     )
     print("restart requested")

@@ -12,14 +12,16 @@ completes when its last job ends. Its callbacks never run before it is sealed.
 
 from __future__ import annotations
 
+import asyncio
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from datetime import datetime
 from types import TracebackType
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 import msgspec
 
+from hivejobs.client.enqueue import Into, arun, enqueue_many_plan, enqueue_plan, run
 from hivejobs.client.integrations import adriver_connection, driver_connection
 from hivejobs.errors import (
     BatchInvalid,
@@ -28,41 +30,17 @@ from hivejobs.errors import (
     PayloadTooLarge,
     UnknownJobType,
 )
-from hivejobs.jobtypes import JobType, check_priority
-from hivejobs.records import BatchDone, BatchStatus, Push
+from hivejobs.jobtypes import JobTypeSpec, check_priority
+from hivejobs.records import BatchDone, BatchStatus
 from hivejobs.serialization import encode_json
 from hivejobs.store.batches import FAILURES_SHOWN, AsyncBatchStore, BatchStore
-from hivejobs.store.enqueue import owns_transaction
 
 if TYPE_CHECKING:
-    from hivejobs.broker import Pusher
-    from hivejobs.client.aio import AsyncBackends
-    from hivejobs.client.connections import Connections
-    from hivejobs.config import Settings
-    from hivejobs.store import Store
-
-
-class App(Protocol):
-    """What batches use of the App (client/app.py), which imports this module."""
-
-    settings: Settings
-    connections: Connections
-
-    @property
-    def store(self) -> Store: ...
-    @property
-    def read_store(self) -> Store: ...
-    @property
-    def pusher(self) -> Pusher: ...
-    def job_type(self, name: str) -> JobType: ...
-    async def _ajob_type(self, name: str) -> JobType: ...
-    async def async_backends(self) -> AsyncBackends: ...
-    def _push(self, name: str, priority: int, ids: Sequence[str]) -> None: ...
-    async def _apush(self, backends: AsyncBackends, pushes: Sequence[Push]) -> None: ...
+    from hivejobs.client.core import Core
 
 
 def batch_params(
-    app: App,
+    core: Core,
     on_complete: str | None,
     on_success: str | None,
     data: object,
@@ -71,16 +49,16 @@ def batch_params(
     """The batch row to store, every option checked first: bad input stores nothing."""
     check_priority(priority)
     raw = encode_json(data, lambda detail: BatchInvalid("data", detail))
-    if len(raw) > app.settings.max_payload_bytes:
+    if len(raw) > core.settings.max_payload_bytes:
         raise BatchInvalid(
-            "data", f"{len(raw)} bytes, over max_payload_bytes ({app.settings.max_payload_bytes})"
+            "data", f"{len(raw)} bytes, over max_payload_bytes ({core.settings.max_payload_bytes})"
         )
     params: dict[str, object] = {"id": str(uuid.uuid4()), "priority": priority, "data": raw}
     for field, name, event in (
         ("on_complete", on_complete, "complete"),
         ("on_success", on_success, "success"),
     ):
-        jt = _callback_type(app, field, name, event, data)
+        jt = _callback_type(core, field, name, event, data)
         params[field] = None if jt is None else jt.name
         params[f"{event}_attempts"] = None if jt is None else jt.attempts
         params[f"{event}_delivery"] = None if jt is None else jt.delivery
@@ -88,8 +66,8 @@ def batch_params(
 
 
 def _callback_type(
-    app: App, field: str, name: str | None, event: str, data: object
-) -> JobType | None:
+    core: Core, field: str, name: str | None, event: str, data: object
+) -> JobTypeSpec | None:
     """The callback's job type, which must take a BatchDone payload (its handler typed with
     BatchDone, or untyped)."""
     if name is None:
@@ -97,8 +75,8 @@ def _callback_type(
     if not isinstance(name, str):
         raise BatchInvalid(field, f"must be a job type name, not {name!r:.80}")
     try:
-        with app.connections.postgres_errors():
-            jt = app.job_type(name)
+        with core.connections.postgres_errors():
+            jt = core.job_type(name)
     except UnknownJobType as exc:
         raise BatchInvalid(field, str(exc)) from None
     report = BatchDone(
@@ -128,9 +106,9 @@ class Batch:
     connection the batch was created on, which the seal at the end of a `with` uses."""
 
     def __init__(
-        self, app: App, batch_id: str, *, adder: str | None = None, conn: object | None = None
+        self, core: Core, batch_id: str, *, adder: str | None = None, conn: object | None = None
     ) -> None:
-        self.app = app
+        self._core = core
         self.id = batch_id
         self.adder = adder
         self.conn = conn
@@ -166,18 +144,10 @@ class Batch:
     ) -> str:
         """`app.enqueue`, the job a member of this batch (in `conn`'s transaction if given).
         A duplicate in a unique window, or an id that exists already, is not added."""
-        app = self.app
-        with app.connections.postgres_errors():
-            jt = app.job_type(name)
-        job = jt.new_job(payload, id, priority, delay, run_at, expires_at)
-        raw = driver_connection(conn) if conn is not None else None
-        own = raw is None or owns_transaction(raw)
-        with app.connections.postgres_errors():
-            inserted = BatchStore(app.store).add_one(self.id, self.adder, job, id is not None, raw)
-        job_id, created = jt.outcome(job, inserted)
-        if created and own:
-            app.pusher.submit(job.name, job.priority, [job.id])
-        return job_id
+        into, side = Into(self.id, self.adder), self._core.side
+        return run(
+            enqueue_plan(side, into, name, payload, id, priority, delay, run_at, expires_at, conn)
+        )
 
     def enqueue_many(
         self,
@@ -190,35 +160,25 @@ class Batch:
         conn: object | None = None,
     ) -> list[str]:
         """`app.enqueue_many` into this batch: every payload checked first, one COPY."""
-        app = self.app
-        with app.connections.postgres_errors():
-            jt = app.job_type(name)
-        jobs = jt.new_jobs(payloads, priority, delay, expires_at)
-        if not jobs:
-            return []
-        raw = driver_connection(conn) if conn is not None else None
-        with app.connections.postgres_errors():
-            pushes = BatchStore(app.store).add_many(self.id, self.adder, jobs, raw)
-        if pushes:
-            app._push(name, pushes[0][2], [p.id for p in pushes])
-        return [j.id for j in jobs]
+        into, side = Into(self.id, self.adder), self._core.side
+        return run(enqueue_many_plan(side, into, name, payloads, priority, delay, expires_at, conn))
 
     def seal(self, conn: object | None = None) -> None:
         """No more jobs but from the batch's own running jobs; completes it at once if its
         jobs have all ended. Idempotent."""
         raw = driver_connection(conn) if conn is not None else None
-        with self.app.connections.postgres_errors():
-            BatchStore(self.app.store).seal(self.id, raw)
+        with self._core.connections.postgres_errors():
+            BatchStore(self._core.connections.store).seal(self.id, raw)
 
     def status(self) -> BatchStatus:
-        return batch_status(self.app, self.id)
+        return batch_status(self._core, self.id)
 
 
 class AsyncBatch:
     """`Batch` for event loops: `async with await app.abatch(...) as b: await b.enqueue(...)`."""
 
-    def __init__(self, app: App, batch_id: str, *, conn: object | None = None) -> None:
-        self.app = app
+    def __init__(self, core: Core, batch_id: str, *, conn: object | None = None) -> None:
+        self._core = core
         self.id = batch_id
         self.conn = conn
 
@@ -246,19 +206,10 @@ class AsyncBatch:
         expires_at: datetime | None = None,
         conn: object | None = None,
     ) -> str:
-        app = self.app
-        jt = await app._ajob_type(name)
-        job = jt.new_job(payload, id, priority, delay, run_at, expires_at)
-        raw = await adriver_connection(conn) if conn is not None else None
-        own = raw is None or owns_transaction(raw)
-        backends = await app.async_backends()
-        with app.connections.postgres_errors():
-            store = AsyncBatchStore(backends.store)
-            inserted = await store.add_one(self.id, None, job, id is not None, raw)
-        job_id, created = jt.outcome(job, inserted)
-        if created and own:
-            await app._apush(backends, [Push(job.id, job.name, job.priority)])
-        return job_id
+        into, side = Into(self.id, None), self._core.aside
+        return await arun(
+            enqueue_plan(side, into, name, payload, id, priority, delay, run_at, expires_at, conn)
+        )
 
     async def enqueue_many(
         self,
@@ -270,55 +221,95 @@ class AsyncBatch:
         expires_at: datetime | None = None,
         conn: object | None = None,
     ) -> list[str]:
-        app = self.app
-        jt = await app._ajob_type(name)
-        jobs = jt.new_jobs(payloads, priority, delay, expires_at)
-        if not jobs:
-            return []
-        raw = await adriver_connection(conn) if conn is not None else None
-        backends = await app.async_backends()
-        with app.connections.postgres_errors():
-            pushes = await AsyncBatchStore(backends.store).add_many(self.id, None, jobs, raw)
-        await app._apush(backends, pushes)
-        return [j.id for j in jobs]
+        into, side = Into(self.id, None), self._core.aside
+        return await arun(
+            enqueue_many_plan(side, into, name, payloads, priority, delay, expires_at, conn)
+        )
 
     async def seal(self, conn: object | None = None) -> None:
         raw = await adriver_connection(conn) if conn is not None else None
-        backends = await self.app.async_backends()
-        with self.app.connections.postgres_errors():
+        backends = await self._core.connections.async_backends()
+        with self._core.connections.postgres_errors():
             await AsyncBatchStore(backends.store).seal(self.id, raw)
 
 
-def create_batch(app: App, params: dict[str, object], conn: object | None) -> Batch:
+def create_batch(core: Core, params: dict[str, object], conn: object | None) -> Batch:
     raw = driver_connection(conn) if conn is not None else None
-    with app.connections.postgres_errors():
-        BatchStore(app.store).create(params, raw)
-    return Batch(app, str(params["id"]), conn=conn)
+    with core.connections.postgres_errors():
+        BatchStore(core.connections.store).create(params, raw)
+    return Batch(core, str(params["id"]), conn=conn)
 
 
-async def acreate_batch(app: App, params: dict[str, object], conn: object | None) -> AsyncBatch:
+async def acreate_batch(core: Core, params: dict[str, object], conn: object | None) -> AsyncBatch:
     raw = await adriver_connection(conn) if conn is not None else None
-    backends = await app.async_backends()
-    with app.connections.postgres_errors():
+    backends = await core.connections.async_backends()
+    with core.connections.postgres_errors():
         await AsyncBatchStore(backends.store).create(params, raw)
-    return AsyncBatch(app, str(params["id"]), conn=conn)
+    return AsyncBatch(core, str(params["id"]), conn=conn)
 
 
-def batch_status(app: App, batch_id: str, failures: int = FAILURES_SHOWN) -> BatchStatus:
+def batch_status(core: Core, batch_id: str, failures: int = FAILURES_SHOWN) -> BatchStatus:
     """The batch's counters, state and first `failures` failed members; BatchNotFound."""
     if not isinstance(batch_id, str) or not 1 <= len(batch_id) <= 255 or "\x00" in batch_id:
         raise BatchInvalid("id", f"must be a string of 1-255 characters, not {batch_id!r:.80}")
     if isinstance(failures, bool) or not isinstance(failures, int) or failures < 0:
         raise BatchInvalid("failures", f"must be a count of 0 or more, not {failures!r:.80}")
-    with app.connections.postgres_errors():
-        status = BatchStore(app.read_store).status(batch_id, failures)
+    with core.connections.postgres_errors():
+        status = BatchStore(core.connections.read_store).status(batch_id, failures)
     if status is None:
         raise BatchNotFound(batch_id)
     return status
 
 
-def job_batch(app: App, job_id: str) -> Batch | None:
+def job_batch(core: Core, job_id: str) -> Batch | None:
     """The batch a running job belongs to, as a handle that may add to it while it runs."""
-    with app.connections.postgres_errors():
-        batch_id = BatchStore(app.store).batch_of_job(job_id)
-    return None if batch_id is None else Batch(app, batch_id, adder=job_id)
+    with core.connections.postgres_errors():
+        batch_id = BatchStore(core.connections.store).batch_of_job(job_id)
+    return None if batch_id is None else Batch(core, batch_id, adder=job_id)
+
+
+class BatchCalls:
+    """The App's batch calls (a part of the App's facade)."""
+
+    _core: Core
+
+    def batch(
+        self,
+        *,
+        on_complete: str | None = None,
+        on_success: str | None = None,
+        data: object = None,
+        priority: int = 0,
+        conn: object | None = None,
+    ) -> Batch:
+        """Store a batch and return its handle: `with app.batch(on_complete="report") as b:
+        b.enqueue(...)`. Once sealed (leaving the block, or `b.seal()`) and every job of it
+        has ended, job `on_complete` runs once with a BatchDone payload (counts, failed ids,
+        `data`); `on_success` too when every job succeeded. `conn`: in the caller's
+        transaction, with the rules of `enqueue`. docs/howto/batches.md."""
+        params = batch_params(self._core, on_complete, on_success, data, priority)
+        return create_batch(self._core, params, conn)
+
+    async def abatch(
+        self,
+        *,
+        on_complete: str | None = None,
+        on_success: str | None = None,
+        data: object = None,
+        priority: int = 0,
+        conn: object | None = None,
+    ) -> AsyncBatch:
+        """`batch` for event loops: `async with await app.abatch(...) as b:`."""
+        params = await asyncio.to_thread(
+            batch_params, self._core, on_complete, on_success, data, priority
+        )  # may read declared types
+        return await acreate_batch(self._core, params, conn)
+
+    def batch_status(self, batch_id: str, failures: int = 1000) -> BatchStatus:
+        """A batch's state, counters and its first `failures` failed members (by id);
+        BatchNotFound if unknown."""
+        return batch_status(self._core, batch_id, failures)
+
+    def job_batch(self, job_id: str) -> Batch | None:
+        """The batch of a live job, as a handle its own run may add to (JobContext.batch)."""
+        return job_batch(self._core, job_id)

@@ -6,11 +6,13 @@ chain with its stop deadline and tells running tries to stop over the control ch
 Redis failure there only delays the stop (the tries end cancelled whenever they fail or
 finish, and the traverser abandons what still runs at the deadline).
 
-Knows nothing of the App: it is handed a store, the broker and the job-type lookup.
+ChainClient knows nothing of the App: it is handed a store, the broker and the job-type
+lookup. ChainCalls, the App's chain methods, make one per call over the App's Core.
 """
 
 from __future__ import annotations
 
+import asyncio
 import re
 import time
 import uuid
@@ -26,7 +28,7 @@ from hivejobs import tracing
 from hivejobs.broker import ControlMessage
 from hivejobs.chains.builder import Chain
 from hivejobs.chains.checks import job_row
-from hivejobs.client.integrations import driver_connection
+from hivejobs.client.integrations import adriver_connection, driver_connection
 from hivejobs.errors import (
     ChainInvalid,
     ChainNotFound,
@@ -48,7 +50,8 @@ from hivejobs.store.chains import ChainStore
 
 if TYPE_CHECKING:
     from hivejobs.broker import Broker
-    from hivejobs.jobtypes import JobType
+    from hivejobs.client.core import Core
+    from hivejobs.jobtypes import JobTypeSpec
     from hivejobs.store import Store
 
 _REQUEST_ID_RE = re.compile(r"[0-9a-f]{32}")
@@ -78,7 +81,7 @@ class ChainClient:
         self,
         store: Store,
         broker: Callable[[], Broker],
-        job_type: Callable[[str], JobType],
+        job_type: Callable[[str], JobTypeSpec],
         *,
         read_store: Store | None = None,
         stop_timeout_s: float = 30.0,
@@ -277,3 +280,74 @@ def chain_query(
         before=before,
         limit=limit,
     )
+
+
+class ChainCalls:
+    """The App's chain calls (a part of the App's facade), each over a ChainClient."""
+
+    _core: Core
+
+    def _chains(self) -> ChainClient:
+        """Made per call over the current store: `close()` may have replaced it."""
+        return ChainClient(
+            self._core.connections.store,
+            lambda: self._core.connections.broker,
+            self._core.job_type,
+            read_store=self._core.connections.read_store,
+            stop_timeout_s=self._core.settings.chain_stop_timeout_s,
+            wake_over_redis=self._core.settings.pgbouncer
+            and not self._core.settings.listen_database_url,
+        )
+
+    def run_chain(self, chain: Chain, conn: object | None = None) -> str:
+        """Validate and store a chain (ChainInvalid stores nothing); returns its request id.
+        `conn`: in the caller's transaction, with the rules of `enqueue`."""
+        return self._chains().run(chain, conn)
+
+    async def arun_chain(self, chain: Chain, conn: object | None = None) -> str:
+        """`run_chain` for event loops: `conn` is an async connection, or None."""
+        chains = await asyncio.to_thread(self._chains)  # may open the store
+        ready = await asyncio.to_thread(chains.prepare, chain)  # may read declared types
+        raw = await adriver_connection(conn) if conn is not None else None
+        backends = await self._core.connections.async_backends()
+        with tracing.submitting_chain(ready.head) as head:
+            await backends.store.create_chain(head, ready.jobs, ready.sequences, raw)
+        logger.info(
+            "chain stored", chain_id=ready.request_id, chain=chain.name, jobs=len(ready.jobs)
+        )
+        return ready.request_id
+
+    def chain_status(self, request_id: str) -> ChainStatus:
+        return self._chains().status(request_id)
+
+    def stop_chain(self, request_id: str, timeout: float | None = None, wait: bool = False) -> bool:
+        """Stop a live chain; False when it had already finished. It ends `stopped`, or
+        `failed` when one of its jobs had failed for good. Tries that ignore ctx.stopping
+        are abandoned after `timeout` seconds (default `chain_stop_timeout_s`, 30) and the
+        job log says so. `wait`: return once every try has ended (or was abandoned)."""
+        return self._chains().stop(request_id, timeout, wait)
+
+    def job_log(self, request_id: str) -> list[JobLogEntry]:
+        """One entry per try of every job of the chain, in the order they finished."""
+        return self._chains().job_log(request_id)
+
+    def list_chains(
+        self,
+        limit: int = 50,
+        *,
+        state: str | Sequence[str] | None = None,
+        type: str | None = None,  # the chain's name, spincycle's request type
+        job_type: str | None = None,
+        since: datetime | None = None,
+        until: datetime | None = None,
+        before: tuple[datetime, str] | None = None,
+    ) -> list[ChainSummary]:
+        """Chains newest first, filtered by state(s), type (the chain's name), job type and
+        creation time; `before` = (created_at, id) of the last chain of a previous page."""
+        query = chain_query(state, type, job_type, since, until, before, limit)
+        return self._chains().list_chains(query)
+
+    def chain_ps(self, limit: int = 500) -> list[RunningTry]:
+        """What runs now across the fleet (spincycle's `ps`): each live chain try with its
+        host, pid, status text and age."""
+        return self._chains().running_tries(limit)

@@ -13,14 +13,16 @@ runs them. `hivejobs.testing.inline(app)` is the same idea against the real data
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
+from hivejobs.client.enqueue import Into
 from hivejobs.errors import (
     ConfigError,
     DrainIncomplete,
@@ -28,14 +30,13 @@ from hivejobs.errors import (
     JobNotFound,
     UnknownJobType,
 )
-from hivejobs.records import ClaimedJob, JobInfo, JobState, NewJob, Outcome
+from hivejobs.records import ClaimedJob, Inserted, JobInfo, JobState, NewJob, Outcome, Push
 from hivejobs.serialization import decode_json
-from hivejobs.worker.context import JobContext
 from hivejobs.worker.executor import execute
 
 if TYPE_CHECKING:
-    from hivejobs.client.app import App
-    from hivejobs.jobtypes import JobType
+    from hivejobs.jobtypes import JobType, JobTypeSpec
+    from hivejobs.worker.context import JobContext
 
 MODES = ("inline",)
 MAX_JOBS = 10_000  # per outermost enqueue: a job that enqueues itself forever stops here
@@ -49,62 +50,43 @@ _STATES: dict[Outcome, JobState] = {
 }
 
 
-def install(app: App, mode: str) -> None:
-    """Called by App(testing=...): shadow the enqueue and read methods of this one app."""
+def checked_mode(mode: str) -> str:
+    """App(testing=...): the modes there are."""
     if mode not in MODES:
         raise ConfigError(f"testing must be one of {MODES} (or None), not {mode!r}")
-    runner = InlineRunner(app)
-    # Instance attributes shadow the methods for this app only, as testing.inline does.
-    for name in ("enqueue", "enqueue_many", "aenqueue", "aenqueue_many", "get_job", "aget_job"):
-        setattr(app, name, getattr(runner, name))
+    return mode
 
 
 class InlineRunner:
-    """Runs an App's jobs in the enqueuing thread and keeps their JobInfo in memory.
-    `_lock` guards `_jobs`, `_pending` and `_busy` (tests may enqueue from threads); a
-    thread that finds another one draining leaves its job to that drain."""
+    """Runs an App's jobs in the enqueuing thread and keeps their JobInfo in memory: the
+    App's mode (client/core.py's Mode) and the one side of its enqueue pipeline, sync and
+    async alike (client/enqueue.py), with nothing to push.
 
-    def __init__(self, app: App) -> None:
-        self.app = app
+    `_lock` guards `_jobs`, `_pending` and `_busy` (tests may enqueue from threads); a
+    thread that finds another one draining leaves its job to that drain. `context` makes
+    the JobContext a handler gets (its `app` is the App, so a handler can enqueue)."""
+
+    def __init__(
+        self,
+        types: Mapping[str, JobType],
+        max_result_bytes: int,
+        context: Callable[[ClaimedJob], JobContext],
+    ) -> None:
+        self._types = types
+        self._max_result_bytes = max_result_bytes
+        self._context = context
         self._lock = threading.Lock()
         self._jobs: dict[str, JobInfo] = {}
         self._pending: deque[NewJob] = deque()
         self._busy = False
 
-    def enqueue(
-        self,
-        name: str,
-        payload: object = None,
-        *,
-        id: str | None = None,  # App.enqueue's own keyword
-        priority: int | None = None,
-        delay: float | None = None,
-        run_at: datetime | None = None,
-        expires_at: datetime | None = None,
-        conn: object | None = None,
-    ) -> str:
-        job = self._type(name).new_job(payload, id, priority, delay, run_at, expires_at)
-        return self._accept([job])[0]
+    @property
+    def side(self) -> InlineRunner:
+        return self
 
-    def enqueue_many(
-        self,
-        name: str,
-        payloads: Iterable[object],
-        *,
-        priority: int | None = None,
-        delay: float | None = None,
-        expires_at: datetime | None = None,
-        conn: object | None = None,
-    ) -> list[str]:
-        return self._accept(self._type(name).new_jobs(payloads, priority, delay, expires_at))
-
-    async def aenqueue(self, name: str, payload: object = None, **options: object) -> str:
-        return self.enqueue(name, payload, **options)  # type: ignore[arg-type]
-
-    async def aenqueue_many(
-        self, name: str, payloads: Iterable[object], **options: object
-    ) -> list[str]:
-        return self.enqueue_many(name, payloads, **options)  # type: ignore[arg-type]
+    @property
+    def aside(self) -> InlineRunner:
+        return self
 
     def get_job(self, job_id: str) -> JobInfo:
         with self._lock:
@@ -116,40 +98,60 @@ class InlineRunner:
     async def aget_job(self, job_id: str) -> JobInfo:
         return self.get_job(job_id)
 
-    def _type(self, name: str) -> JobType:
-        jt = self.app.types.get(name)
-        if jt is None or jt.handler is None:
-            raise UnknownJobType(name, sorted(self.app.types))
+    # -- the enqueue pipeline's steps: nothing is stored, nothing pushed ----------------------
+
+    def job_type(self, name: str) -> JobType:
+        jt = self._types.get(name)
+        if jt is None:
+            raise UnknownJobType(name, sorted(self._types))
         return jt
 
-    def _accept(self, jobs: list[NewJob]) -> list[str]:
+    def errors(self) -> contextlib.AbstractContextManager[None]:
+        return contextlib.nullcontext()
+
+    def connection(self, conn: object) -> None:
+        return None  # the job runs now, not on the caller's commit
+
+    def insert(self, into: Into | None, job: NewJob, explicit_id: bool, raw: Any) -> Inserted:
+        (fresh,) = self._accept([job])
+        return Inserted(job.id, job.name, "queued", job.priority, job.payload, fresh)
+
+    def insert_many(self, into: Into | None, jobs: list[NewJob], raw: Any) -> list[Push]:
+        self._accept(jobs)
+        return []
+
+    def push_one(self, push: Push) -> None:
+        return None
+
+    def push_many(self, jt: JobTypeSpec, jobs: Sequence[NewJob], pushes: list[Push]) -> None:
+        return None
+
+    def _accept(self, jobs: list[NewJob]) -> list[bool]:
         """Record every job as queued (an id reused with another payload raises first, so
-        nothing is taken), then run them unless an outer enqueue is already running jobs."""
+        nothing is taken), then run them unless an outer enqueue is already running jobs.
+        Returns, per job, whether it is new (the same job again: its existing run stands)."""
         now = datetime.now(UTC)
-        ids = []
         with self._lock:
-            fresh = []
+            news = []
             for job in jobs:
                 known = self._jobs.get(job.id)
                 if known is not None:
                     if known.name != job.name or known.payload != decode_json(job.payload):
                         raise JobIdConflict(job.id)
-                    ids.append(job.id)  # the same job again: its existing run stands
-                    continue
-                fresh.append(job)
-                ids.append(job.id)
-            for job in fresh:
-                self._jobs[job.id] = _queued_info(job, now)
-                self._pending.append(job)
+                news.append(known is None)
+            for job, new in zip(jobs, news, strict=True):
+                if new:
+                    self._jobs[job.id] = _queued_info(job, now)
+                    self._pending.append(job)
             if self._busy:
-                return ids
+                return news
             self._busy = True
         try:
             self._drain()
         finally:
             with self._lock:
                 self._busy = False
-        return ids
+        return news
 
     def _drain(self) -> None:
         ran = 0
@@ -167,7 +169,7 @@ class InlineRunner:
 
     def _run(self, job: NewJob) -> None:
         """Every attempt at once until one ends the job (a retry waits for nothing here)."""
-        jt = self._type(job.name)
+        jt = self.job_type(job.name)
         started = datetime.now(UTC)
         attempt = 0
         while True:
@@ -183,10 +185,7 @@ class InlineRunner:
                 priority=job.priority,
             )
             completion = execute(
-                jt,
-                claimed,
-                JobContext(claimed, self.app),
-                max_result_bytes=self.app.settings.max_result_bytes,
+                jt, claimed, self._context(claimed), max_result_bytes=self._max_result_bytes
             )
             if completion.outcome != "retry" or attempt >= job.attempts:
                 break

@@ -24,13 +24,14 @@ from typing import Protocol
 import redis
 from loguru import logger
 
-from hivejobs.broker import AsyncEventSubscription, Broker, EventSubscription
-from hivejobs.client.aio import AsyncBackends
+from hivejobs.broker import AsyncEventSubscription, EventSubscription
+from hivejobs.client import waiting
+from hivejobs.client.connections import Connections
 from hivejobs.client.waiting import POLL_S, JobReader, checked_timeout, listen_url
 from hivejobs.errors import WaitTimeout
+from hivejobs.jobtypes import check_id
 from hivejobs.logs import error_fields
 from hivejobs.records import TERMINAL_STATES, JobEvent, JobInfo
-from hivejobs.store import Store
 from hivejobs.store.progress import get_progress
 from hivejobs.store.waits import AsyncWatch, Watch
 
@@ -39,15 +40,10 @@ _CHECK = None  # on a stream's queue: "the job may have ended, read it"
 
 
 class App(JobReader, Protocol):
-    """What a stream needs of the App: a wait's reads, its store, broker and async ones."""
+    """What a stream needs of the App: a wait's reads and its connections."""
 
     @property
-    def store(self) -> Store: ...
-
-    @property
-    def broker(self) -> Broker: ...
-
-    async def async_backends(self) -> AsyncBackends: ...
+    def connections(self) -> Connections: ...
 
 
 def end_event(info: JobInfo) -> JobEvent:
@@ -68,7 +64,7 @@ def stream(app: App, job_id: str, timeout: float | None) -> Iterator[JobEvent]:
     deadline = time.monotonic() + limit
     info = app.get_job(job_id)  # JobNotFound before anything is opened
     if info.state in TERMINAL_STATES:
-        stored = get_progress(app.store, job_id)
+        stored = get_progress(app.connections.store, job_id)
         if stored is not None:
             yield stored
         yield end_event(info)
@@ -83,7 +79,7 @@ def stream(app: App, job_id: str, timeout: float | None) -> Iterator[JobEvent]:
         helpers.append(threading.Thread(target=_listen, args=(subscription, items, stop)))
     last: JobEvent | None = None
     try:
-        stored = get_progress(app.store, job_id)
+        stored = get_progress(app.connections.store, job_id)
         if stored is not None:
             last = stored
             yield stored
@@ -113,7 +109,7 @@ def stream(app: App, job_id: str, timeout: float | None) -> Iterator[JobEvent]:
         tail = [i for i in _drained(items) if i is not None]
         if subscription is not None:
             tail += list(iter(lambda: subscription.get(0.0), None))
-        final = get_progress(app.store, job_id)
+        final = get_progress(app.connections.store, job_id)
         closing = _closing(tail, last, final, info)
     finally:
         stop.set()
@@ -147,7 +143,7 @@ def _closing(
 
 def _subscribe(app: App, job_id: str) -> EventSubscription | None:
     try:
-        return app.broker.subscribe_events(job_id)
+        return app.connections.broker.subscribe_events(job_id)
     except redis.RedisError as exc:
         logger.warning("job stream without live events: Redis", job_id=job_id, **error_fields(exc))
         return None
@@ -197,7 +193,7 @@ async def astream(app: App, job_id: str, timeout: float | None) -> AsyncIterator
     limit = checked_timeout(timeout)
     deadline = time.monotonic() + limit
     info = await app.aget_job(job_id)
-    backends = await app.async_backends()
+    backends = await app.connections.async_backends()
     if info.state in TERMINAL_STATES:
         stored = await backends.store.get_progress(job_id)
         if stored is not None:
@@ -309,3 +305,59 @@ async def await_with_progress(
             if asyncio.iscoroutine(outcome):
                 await outcome
     return await app.aget_job(job_id)
+
+
+class Streams:
+    """The App's calls that wait for a job or follow its events (a part of the App's
+    facade); `App` above is what they need of it."""
+
+    def wait(
+        self: App,
+        job_id: str,
+        timeout: float | None = None,
+        *,
+        on_progress: Callable[[JobEvent], object] | None = None,
+    ) -> JobInfo:
+        """Block until the job finishes and return it (state, attempt, error, result).
+        Woken by a Postgres NOTIFY when it is archived, not by polling. Raises WaitTimeout
+        after `timeout` seconds (None: no limit), JobNotFound for an unknown id.
+        `on_progress`: called with each progress report and partial result (JobEvent) as
+        the job sends them, the last stored progress first (see `stream`)."""
+        check_id(job_id)
+        if on_progress is not None:
+            return wait_with_progress(self, job_id, timeout, on_progress)
+        return waiting.wait(self, job_id, timeout)
+
+    async def await_job(
+        self: App,
+        job_id: str,
+        timeout: float | None = None,
+        *,
+        on_progress: Callable[[JobEvent], object] | None = None,
+    ) -> JobInfo:
+        """`wait` for event loops: `info = await app.await_job(job_id, timeout=30)`;
+        `on_progress` may be a coroutine function."""
+        check_id(job_id)
+        if on_progress is not None:
+            return await await_with_progress(self, job_id, timeout, on_progress)
+        return await waiting.await_job(self, job_id, timeout)
+
+    def stream(self: App, job_id: str, timeout: float | None = None) -> Iterator[JobEvent]:
+        """The job's events until it ends: its last stored progress first (a late reader
+        sees where it got to), then each progress and partial result as the job sends them
+        (ctx.progress, ctx.emit), then one `kind="end"` event with its final state. Raises
+        WaitTimeout after `timeout` seconds (None: no limit), JobNotFound for an unknown
+        id. Close the iterator (or leave the loop) to stop early."""
+        check_id(job_id)
+        return stream(self, job_id, timeout)
+
+    def astream(self: App, job_id: str, timeout: float | None = None) -> AsyncIterator[JobEvent]:
+        """`stream` for event loops: `async for event in app.astream(job_id): ...`."""
+        check_id(job_id)
+        return astream(self, job_id, timeout)
+
+    def progress(self: App, job_id: str) -> JobEvent | None:
+        """The job's last stored progress (at most a second behind the live one while it
+        runs, its last when it ended), None if it reported none."""
+        check_id(job_id)
+        return get_progress(self.connections.store, job_id)

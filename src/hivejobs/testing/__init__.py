@@ -74,7 +74,7 @@ class DrainResult(msgspec.Struct, kw_only=True):
 
 def _job_type(app: App, name: str) -> JobType:
     jt = app.types.get(name)
-    if jt is None or jt.handler is None:
+    if jt is None:
         raise UnknownJobType(name, sorted(app.types))
     return jt
 
@@ -128,7 +128,7 @@ class _Drainer:
 
     def __init__(self, app: App) -> None:
         self.app = app
-        self.store = app.store
+        self.store = app.connections.store
         self.worker_id = new_worker_id()
         host = socket.gethostname()
         self.store.register_worker(self.worker_id, host, os.getpid(), "pool", "testing")
@@ -172,12 +172,12 @@ def drain(
     Jobs a job enqueues are run too. `promote` decides what of `scheduled` runs now: "due"
     (what a coordinator would queue now), "retries" (also retries waiting out their backoff,
     so a failing job runs all its attempts), "all" (also jobs enqueued with a delay). Only
-    `types` (default: every type with a handler here). Raises DrainIncomplete after
+    `types` (default: every type registered here). Raises DrainIncomplete after
     `max_jobs` attempts with work left (a job that enqueues itself forever). Chains are not
     traversed: that is the coordinator's work. A paused type's jobs are left queued; fleet-wide
     limits (global_concurrency, rate, limit_by) do not apply: jobs run one at a time, here."""
     app.flush()
-    names = set(types) if types is not None else {n for n, t in app.types.items() if t.handler}
+    names = set(types) if types is not None else set(app.types)
     for name in names:
         _job_type(app, name)
     drainer = _Drainer(app)

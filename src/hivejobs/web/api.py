@@ -249,7 +249,7 @@ def list_jobs(
     after: Annotated[str | None, Parameter(max_length=600)] = None,
     limit: Limit = 50,
 ) -> JobPage:
-    rows, nxt = DashboardStore(hj(state).store).jobs(list_state, job_type, after, limit)
+    rows, nxt = DashboardStore(hj(state).connections.store).jobs(list_state, job_type, after, limit)
     items = [
         JobListItem(
             id=r.id,
@@ -322,7 +322,7 @@ def list_chains(
     after: Annotated[str | None, Parameter(max_length=600)] = None,
     limit: Limit = 50,
 ) -> ChainPage:
-    rows, nxt = DashboardStore(hj(state).store).chains(after, limit)
+    rows, nxt = DashboardStore(hj(state).connections.store).chains(after, limit)
     items = [
         ChainListItem(**{f: getattr(r, f) for f in ChainListItem.__struct_fields__}) for r in rows
     ]

@@ -63,7 +63,7 @@ def _progress(b: BatchStatus) -> str:
 @threaded
 def batches_page(request: Request[Any, Any, Any], state: State, fragment: bool = False) -> Any:
     base = _base(request)
-    rows = BatchStore(_app(state).read_store).recent(RECENT)
+    rows = BatchStore(_app(state).connections.read_store).recent(RECENT)
     cells = [
         [
             link(base, f"/dashboard/batches/{seg(b.id)}", b.id),

@@ -121,7 +121,7 @@ def overview(request: Request[Any, Any, Any], state: State, fragment: Fragment =
     base = _base(request)
     # The window the CLI's `hivejobs jobs` counts over (its "failed 1h").
     tp = read_throughput(app, WINDOW_MIN)
-    live = app.store.live_pools(app.settings.stuck_after_s)
+    live = app.connections.store.live_pools(app.settings.stuck_after_s)
     rows = []
     for t in job_type_rows(app):
         series = tp.series.get(t.name, {"succeeded": [0] * WINDOW_MIN, "failed": [0] * WINDOW_MIN})
@@ -164,15 +164,15 @@ def type_jobs(
 ) -> Any:
     base = _base(request)
     app = _app(state)
-    rows, nxt = DashboardStore(app.store).jobs(list_state, name, after, PAGE)
+    rows, nxt = DashboardStore(app.connections.store).jobs(list_state, name, after, PAGE)
     path = f"/dashboard/types/{seg(name)}"
     tabs = " | ".join(
         link(base, path, s, state=s)
         for s in ("queued", "scheduled", "running", "failed", "finished")
     )
-    body = _flow_controls(base, name, FlowStore(app.store).settings(name))
+    body = _flow_controls(base, name, FlowStore(app.connections.store).settings(name))
     body += keys_section(app, name)  # fair_by types only (web/fair.py)
-    body += _held_keys(base, name, SequenceStore(app.store).holds(name))
+    body += _held_keys(base, name, SequenceStore(app.connections.store).holds(name))
     body += f"<p>{tabs}</p>" + _job_list(base, path, rows, nxt, state=list_state)
     return _html(request, f"{name}: {list_state}", body, fragment)
 
@@ -230,7 +230,7 @@ def failed(
     fragment: Fragment = False,
 ) -> Any:
     base = _base(request)
-    rows, nxt = DashboardStore(_app(state).store).jobs("failed", job_type, after, PAGE)
+    rows, nxt = DashboardStore(_app(state).connections.store).jobs("failed", job_type, after, PAGE)
     body = _job_list(base, "/dashboard/failed", rows, nxt, type=job_type)
     return _html(request, "Failed jobs", body, fragment)
 
@@ -284,7 +284,7 @@ def chains(
     request: Request[Any, Any, Any], state: State, after: After = None, fragment: Fragment = False
 ) -> Any:
     base = _base(request)
-    rows, nxt = DashboardStore(_app(state).store).chains(after, PAGE)
+    rows, nxt = DashboardStore(_app(state).connections.store).chains(after, PAGE)
     cells = [
         [
             link(base, f"/dashboard/chains/{seg(c.id)}", c.id),
@@ -314,7 +314,7 @@ def chain_page(
     of its log per page: a 20,000-job chain re-fetched every two seconds stays a small page."""
     app, base = _app(state), _base(request)
     status = app.chain_status(request_id)
-    log, log_total = DashboardStore(app.store).chain_log(
+    log, log_total = DashboardStore(app.connections.store).chain_log(
         request_id, (page - 1) * CHAIN_PAGE, CHAIN_PAGE
     )
     stop = ""
@@ -385,7 +385,7 @@ def _pager(base: str, path: str, page: int, pages: int) -> str:
 @threaded
 def workers_page(request: Request[Any, Any, Any], state: State, fragment: Fragment = False) -> Any:
     app = _app(state)
-    dash = DashboardStore(app.store)
+    dash = DashboardStore(app.connections.store)
     lead = dash.leader()
     rows = [
         [
@@ -398,7 +398,7 @@ def workers_page(request: Request[Any, Any, Any], state: State, fragment: Fragme
             f'<span class="hb">{w.heartbeat_age_s:.1f} s ago</span>',
             str(w.running),
         ]
-        for w in app.store.workers()
+        for w in app.connections.store.workers()
     ]
     headers = ["id", "host", "pid", "role", "pool", "started", "heartbeat", "running"]
     if lead is None or lead.holder is None:

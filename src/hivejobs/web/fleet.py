@@ -37,9 +37,9 @@ def job_types(state: State) -> list[JobTypeOut]:
 
 def job_type_rows(app: App) -> list[JobTypeOut]:
     """Declared types (the fleet's and this process's own) with their live counts."""
-    counts = DashboardStore(app.store).live_counts()
-    paused = {p.name: p.paused_at for p in FlowStore(app.store).paused()}
-    declared = {t.name: t for t in app.store.job_types()}
+    counts = DashboardStore(app.connections.store).live_counts()
+    paused = {p.name: p.paused_at for p in FlowStore(app.connections.store).paused()}
+    declared = {t.name: t for t in app.connections.store.job_types()}
     for jt in app.types.values():  # this process's own types, even before a worker ran
         declared.setdefault(jt.name, jt.info())
     out = []
@@ -75,8 +75,8 @@ def job_type_rows(app: App) -> list[JobTypeOut]:
 @threaded
 def workers(state: State) -> WorkersOut:
     app = hj(state)
-    rows = [WorkerOut(**msgspec.structs.asdict(w)) for w in app.store.workers()]
-    lead = DashboardStore(app.store).leader()
+    rows = [WorkerOut(**msgspec.structs.asdict(w)) for w in app.connections.store.workers()]
+    lead = DashboardStore(app.connections.store).leader()
     leader = (
         LeaderOut(
             holder=lead.holder, term=lead.term, valid=lead.valid, expires_in_s=lead.expires_in_s
@@ -103,9 +103,9 @@ def throughput(
 def read_throughput(app: App, minutes: int) -> ThroughputOut:
     now = int(time.time() // 60)
     span = list(range(now - minutes + 1, now + 1))
-    pipe = app.broker.redis.pipeline(transaction=False)
+    pipe = app.connections.broker.redis.pipeline(transaction=False)
     for minute in span:
-        pipe.hgetall(app.broker.throughput_key(minute))
+        pipe.hgetall(app.connections.broker.throughput_key(minute))
     series: dict[str, dict[str, list[int]]] = {}
     for i, raw in enumerate(pipe.execute()):
         for field, value in raw.items():
@@ -139,11 +139,11 @@ def healthz(state: State) -> Response[Health]:
 def _health(app: App) -> Health:
     pg = rd = True
     try:
-        app.store.now()
+        app.connections.store.now()
     except Exception:  # any failure means "not healthy", reported, not raised
         pg = False
     try:
-        app.broker.redis.ping()
+        app.connections.broker.redis.ping()
     except (redis.RedisError, OSError):
         rd = False
     return Health(status="ok" if pg and rd else "degraded", postgres=pg, redis=rd)
@@ -159,7 +159,9 @@ def _health(app: App) -> Health:
 @threaded
 def metrics(state: State) -> LitestarResponse[str]:
     app = hj(state)
-    return LitestarResponse(render(app.store, app.broker), media_type=CONTENT_TYPE)
+    return LitestarResponse(
+        render(app.connections.store, app.connections.broker), media_type=CONTENT_TYPE
+    )
 
 
 HANDLERS: list[Any] = [job_types, workers, throughput, healthz, metrics]

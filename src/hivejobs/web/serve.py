@@ -59,7 +59,7 @@ def serve_main(args: argparse.Namespace) -> int:
         # create_app says it (once): it warns whoever serves it open, mounted or not.
     if args.max_body_bytes <= 0:
         raise UsageError("--max-body-bytes must be positive")
-    app.store.check_schema()  # a clear `hivejobs migrate` message before listening
+    app.connections.store.check_schema()  # a clear `hivejobs migrate` message before listening
     asgi = create_app(
         app,
         read_tokens=read,

@@ -138,7 +138,9 @@ class JobContext:
 
             # Without a store of its own (hivejobs.testing runs handlers in the caller's
             # process), the App's: it is the only one there.
-            chains = self._chains if self._chains is not None else ChainStore(self.app.store)
+            chains = (
+                self._chains if self._chains is not None else ChainStore(self.app.connections.store)
+            )
             self._chain = ChainView(chains, self.job_id, self.app.job_type)
         return self._chain
 

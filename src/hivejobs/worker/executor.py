@@ -18,7 +18,7 @@ from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any, cast
 
 from hivejobs import tracing
-from hivejobs.errors import HivejobsError, Interrupted, PayloadInvalid, ResultTooLarge
+from hivejobs.errors import Interrupted, PayloadInvalid, ResultTooLarge
 from hivejobs.records import ClaimedJob, Completion, Outcome
 from hivejobs.serialization import encode_result, storable_text
 from hivejobs.worker.async_handlers import call_handler
@@ -108,8 +108,7 @@ def _execute(
 ) -> Completion:
     started = _began(job, ctx)
     try:
-        handler = _handler(jt)
-        result = call_handler(handler, ctx, jt.codec.decode(job.payload))
+        result = call_handler(jt.handler, ctx, jt.codec.decode(job.payload))
         encoded = _encoded(result, max_result_bytes)
     except BaseException as exc:  # any handler error ends this attempt
         return _raised(jt, job, ctx, exc, max_result_bytes, shutting_down)
@@ -143,9 +142,8 @@ async def _execute_async(
     started = _began(job, ctx)
     canceller: _Canceller | None = None
     try:
-        handler = _handler(jt)
         # An `async def` handler (the pool runs only those as tasks): a coroutine.
-        coroutine = cast(Coroutine[Any, Any, object], handler(ctx, jt.codec.decode(job.payload)))
+        coroutine = cast(Coroutine[Any, Any, object], jt.handler(ctx, jt.codec.decode(job.payload)))
         task = asyncio.current_task()
         if task is not None:
             canceller = _Canceller(task)
@@ -189,12 +187,6 @@ def _began(job: ClaimedJob, ctx: JobContext) -> float:
     # bookkeeping.
     _say(ctx.logger, "DEBUG", MSG_STARTED, job_type=job.name, job_id=job.id)
     return time.monotonic()
-
-
-def _handler(jt: JobType) -> Callable[..., object]:
-    if jt.handler is None:
-        raise HivejobsError(f"job type {jt.name!r} has no handler in this process")
-    return jt.handler
 
 
 def _encoded(result: object, max_result_bytes: int) -> bytes | None:

@@ -272,7 +272,7 @@ class Pool:
         return LoopWatch(
             tasks[0].loop,
             tasks[0].loop_thread,
-            {jt.name: jt.handler for jt, _ in async_lanes if jt.handler is not None},
+            {jt.name: jt.handler for jt, _ in async_lanes},
             busy=lambda: any(t.busy for t in tasks),
             threshold_s=self.settings.loop_blocked_after_s,
         )

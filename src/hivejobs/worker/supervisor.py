@@ -113,7 +113,7 @@ class Supervisor:
     def run(self) -> int:
         setup_logging("supervisor")
         setproctitle(f"hivejobs supervisor {self.app_spec}")
-        self.app.resolve_backends()  # before forking: children inherit the chosen URLs
+        self.app.connections.resolve()  # before forking: children inherit the chosen URLs
         store = self._short_store()
         try:
             store.check_schema()
