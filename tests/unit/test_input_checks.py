@@ -216,10 +216,10 @@ seen = []
 logger.add(lambda message: seen.append(str(message)), level="DEBUG", format="{message} {extra}")
 import hivejobs
 from hivejobs.client.app import App
-from hivejobs.client.enqueue import reconciler_repairs
+from hivejobs.client.enqueue import ReconcilerRepairs
 app = App(database_url="postgresql://127.0.0.1:1/x", redis_url="redis://:Zq9MarkerPw@127.0.0.1:1/0")
 def push():
-    with reconciler_repairs("resize", 1):  # Redis is down: logs a warning
+    with ReconcilerRepairs("resize", 1):  # Redis is down: logs a warning
         app.connections.broker.push("resize", 0, ["a"])
 push()
 assert seen == [], seen  # imported as a library: silent

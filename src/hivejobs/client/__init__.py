@@ -1,9 +1,16 @@
 """The client side: the `App` facade and what only it uses.
 
-  app.py           App: the registry (@app.job), enqueue (sync and async), reads, control
+  app.py           App: enqueue (sync and async), job reads, lifecycle; its other calls come
+                   from the role classes below (its bases)
+  registry.py      Registry: @app.job, periodic, on_process_start, and the declaration checks
+  control.py       Control: cancel, status callbacks, pause/resume/scale, keys, replay
+  streaming.py     Streams: wait, stream and progress of a job (and the event streams)
+  chains.py        ChainCalls over ChainClient: run, status, stop, listings
+  batches.py       BatchCalls, Batch and AsyncBatch
+  core.py          Core: the App's plumbing (connections, declared types, the enqueue sides)
+  enqueue.py       the enqueue pipeline: one plan, run over a sync or an async side
   connections.py   the App's Postgres and Redis, opened on first use (sync)
   aio.py           the same for the async API
-  chains.py        ChainClient: the App's chain calls (run, status, stop, listings)
   integrations.py  enqueue inside a caller's SQLAlchemy or Django transaction
   listing.py       job listings and their filters (also parsed by the CLI)
   waiting.py       wait for a job to end (LISTEN, else polling)

@@ -38,6 +38,13 @@ class AsyncBackendsByLoop:
             asyncio.AbstractEventLoop, asyncio.Task[AsyncBackends]
         ] = weakref.WeakKeyDictionary()
 
+    def opened(self) -> AsyncBackends | None:
+        """The running loop's backends if they are open already, else None (then `get`)."""
+        task = self._opening.get(asyncio.get_running_loop())
+        if task is None or not task.done() or task.cancelled() or task.exception() is not None:
+            return None
+        return task.result()
+
     async def get(self, settings: Settings) -> AsyncBackends:
         loop = asyncio.get_running_loop()
         task = self._opening.get(loop)

@@ -8,9 +8,8 @@ anything about jobs; App does, through these.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import threading
-from collections.abc import Iterator
+from types import TracebackType
 from typing import TYPE_CHECKING
 
 import psycopg
@@ -50,14 +49,11 @@ class Connections:
         self._pusher: Pusher | None = None
         self._lock = threading.RLock()
         self._async = AsyncBackendsByLoop()
+        self._postgres_errors = PostgresErrors(settings)
 
-    @contextlib.contextmanager
-    def postgres_errors(self) -> Iterator[None]:
+    def postgres_errors(self) -> PostgresErrors:
         """A lost or refused connection surfaces as ConnectionFailed, with a redacted URL."""
-        try:
-            yield
-        except psycopg.OperationalError as exc:
-            raise connection_failed(self.settings.database_url, exc) from None
+        return self._postgres_errors
 
     def resolve(self) -> None:
         """Without configured URLs, pick the local servers or start embedded ones (once).
@@ -168,6 +164,9 @@ class Connections:
 
     async def async_backends(self) -> AsyncBackends:
         """This event loop's async Postgres pool and Redis client, opened on first use."""
+        opened = self._async.opened()
+        if opened is not None:  # every call after the first, on every enqueue: no awaits
+            return opened
         if self.settings.backend_source == "default":
             await asyncio.to_thread(self.resolve)
         with self.postgres_errors():
@@ -176,3 +175,24 @@ class Connections:
     async def aclose(self) -> None:
         """Close this event loop's async connections."""
         await self._async.close()
+
+
+class PostgresErrors:
+    """`with`: psycopg's OperationalError (a lost or refused connection) leaves as
+    ConnectionFailed, with the URL redacted. Holds no state of a block, so one serves every
+    thread and every nested block; a class, not a generator: it wraps every enqueue."""
+
+    def __init__(self, settings: Settings) -> None:
+        self._settings = settings
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if isinstance(exc, psycopg.OperationalError):
+            raise connection_failed(self._settings.database_url, exc) from None

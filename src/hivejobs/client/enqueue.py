@@ -17,9 +17,10 @@ connection (store/enqueue.py says how the caller's transaction is used).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Awaitable, Callable, Generator, Iterable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Generator, Iterable, Sequence
 from datetime import datetime
 from inspect import isawaitable
+from types import TracebackType
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, TypeVar
 
 import redis
@@ -153,20 +154,34 @@ async def arun(plan: Plan[T]) -> T:
         return result
 
 
-@contextlib.contextmanager
-def reconciler_repairs(name: str, jobs: int) -> Iterator[None]:
-    """A push that fails costs latency, never the job: Postgres has it (rule R1 in
-    docs/concepts/reliability.md: ack after the commit, Redis only carries hints), and the
-    coordinator's reconciler pushes it later."""
-    try:
-        yield
-    except redis.RedisError as exc:
+class ReconcilerRepairs:
+    """`with ReconcilerRepairs(name, jobs):` around a push. A push that fails costs latency,
+    never the job: Postgres has it (rule R1 in docs/concepts/reliability.md: ack after the
+    commit, Redis only carries hints), and the coordinator's reconciler pushes it later.
+    A class, not a generator: it wraps every push."""
+
+    def __init__(self, name: str, jobs: int) -> None:
+        self._name = name
+        self._jobs = jobs
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool:
+        if not isinstance(exc, redis.RedisError):
+            return False
         logger.warning(
             "job stored but push to Redis failed; the coordinator will dispatch it",
-            job_type=name,
-            jobs=jobs,
+            job_type=self._name,
+            jobs=self._jobs,
             **error_fields(exc),
         )
+        return True
 
 
 # -- the sides ---------------------------------------------------------------------------------
@@ -206,7 +221,7 @@ class SyncSide:
         keys' lists (broker/fair.py): the keys are in hand here, so no pool has to read them
         back from Postgres."""
         broker = self._connections.broker
-        with reconciler_repairs(jt.name, len(pushes)):
+        with ReconcilerRepairs(jt.name, len(pushes)):
             if jt.fair is None:
                 broker.push(jt.name, pushes[0].priority, [p.id for p in pushes])
                 return
@@ -252,5 +267,5 @@ class AsyncSide:
         """Into the type's list, a fair type's too: its pools sort them into their keys."""
         broker = (await self._connections.async_backends()).broker
         _, name, priority = pushes[0]  # one call enqueues one type at one priority
-        with reconciler_repairs(name, len(pushes)):
+        with ReconcilerRepairs(name, len(pushes)):
             await broker.push(name, priority, [p.id for p in pushes])
