@@ -42,7 +42,7 @@ from unittest import mock
 import pytest
 import yaml  # type: ignore[import-untyped]  # PyYAML comes with mkdocs (test extra), untyped
 
-from hivejobs.cli.commands import build_parser
+from hivejobs.cli.parser import build_parser
 from hivejobs.config import Settings, check_database_url, check_redis_url, settings_from_env
 from tests.docs.test_readme import Block, Newcomer, logical_lines, readme_blocks
 from tests.harness import ROOT, free_port, wait_until
