@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 import pytest
 
 from hivejobs.coordinator.traverser import plan_chain
-from hivejobs.store.chains import FinishedTry, JobRow, Snapshot
+from hivejobs.store.traversal import FinishedTry, JobRow, Snapshot
 
 NOW = datetime(2026, 12, 3, 12, 0, tzinfo=UTC)
 # A predecessor as stored, or a running try that finished since: (stored state, archived

@@ -11,7 +11,7 @@ One pass, per chain that needs it, in one transaction under the leader lease:
 Decisions are computed from the stored state alone, never from memory of an earlier pass,
 so a coordinator killed at any point leaves a chain that the next leader traverses the same
 way: no progress lost, and no try created twice (a try exists only if its pending -> running
-change committed). Never runs a handler and never writes outside store.chains.
+change committed). Never runs a handler and never writes outside store.traversal.
 """
 
 from __future__ import annotations
@@ -20,23 +20,22 @@ import time
 from datetime import datetime, timedelta
 
 import msgspec
-import redis
 from loguru import logger
 
 from hivejobs.broker import Broker
+from hivejobs.broker.hints import left_to_reconciler
 from hivejobs.failpoints import failpoint
-from hivejobs.logs import error_fields
 from hivejobs.records import Lease
 from hivejobs.store import Store
-from hivejobs.store.chains import (
-    ChainStore,
+from hivejobs.store.chains import try_id
+from hivejobs.store.traversal import (
     JobChange,
     JobRow,
     LogRow,
     Plan,
     Snapshot,
     StaleSnapshot,
-    try_id,
+    TraversalStore,
 )
 
 BATCH = 100
@@ -65,7 +64,7 @@ class Traverser:
     def __init__(
         self, store: Store, broker: Broker, batch: int = BATCH, search_every_s: float = 1.0
     ) -> None:
-        self.chains = ChainStore(store)
+        self.traversal = TraversalStore(store)
         self.broker = broker
         self.batch = batch
         self.search_every_s = search_every_s
@@ -108,12 +107,14 @@ class Traverser:
 
     def _traverse(self, lease: Lease, only: set[str] | None) -> TraverseResult:
         result = TraverseResult()
-        ids = sorted(only) if only is not None else self.chains.chains_to_traverse(self.batch + 1)
+        ids = (
+            sorted(only) if only is not None else self.traversal.chains_to_traverse(self.batch + 1)
+        )
         result.more = len(ids) > self.batch
         for chain_id in ids[: self.batch]:
             self._decided = None
             try:
-                pushes = self.chains.traverse(lease, chain_id, self._plan)
+                pushes = self.traversal.traverse(lease, chain_id, self._plan)
             except StaleSnapshot:
                 result.more = True  # changed while we planned: look again next pass
                 continue
@@ -128,17 +129,8 @@ class Traverser:
                 logger.info("chain finished", chain_id=chain_id, state=final)
             failpoint("chain.after_commit_before_push")
             if pushes:
-                try:
+                with left_to_reconciler("chain tries", chain_id=chain_id, jobs=len(pushes)):
                     self.broker.push_many(pushes)
-                except redis.RedisError as exc:
-                    # The tries are queued in Postgres: the reconciler pushes them (rule R1,
-                    # docs/concepts/reliability.md).
-                    logger.warning(
-                        "chain tries stored but not pushed; the reconciler will",
-                        chain_id=chain_id,
-                        jobs=len(pushes),
-                        **error_fields(exc),
-                    )
         return result
 
     def _plan(self, snapshot: Snapshot) -> Plan | None:
