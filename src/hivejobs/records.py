@@ -11,12 +11,14 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Generic, Literal, NamedTuple, TypeVar
+from typing import Any, Generic, Literal, NamedTuple, TypeVar, get_args
 
 import msgspec
 
 JobState = Literal["scheduled", "queued", "running", "succeeded", "failed", "cancelled", "expired"]
-TERMINAL_STATES: frozenset[str] = frozenset({"succeeded", "failed", "cancelled", "expired"})
+# The states of a finished job: the archive holds these alone.
+TerminalState = Literal["succeeded", "failed", "cancelled", "expired"]
+TERMINAL_STATES: frozenset[str] = frozenset(get_args(TerminalState))
 Delivery = Literal["at_least_once", "at_most_once"]
 # How a claim ended, as the pool reports it to the completer.
 # "await_callback": a callback type's handler returned; the job stays running, without a

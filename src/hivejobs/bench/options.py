@@ -5,13 +5,22 @@ and their checks (parse_options refuses a bad one before anything is created).
 from __future__ import annotations
 
 import argparse
+from typing import Literal, get_args
 
 import msgspec
 
 from hivejobs.errors import UsageError
 
-WORK_KINDS = ("sleep", "cpu", "redis")
-HANDLERS = {"sync": ["sync"], "async": ["async"], "both": ["sync", "async"]}
+# The bench job's body: blocking I/O (sleep), the GIL held (cpu), one Redis round trip (redis).
+WorkKind = Literal["sleep", "cpu", "redis"]
+WORK_KINDS: tuple[WorkKind, ...] = get_args(WorkKind)
+# The bench job's handler: a `def` on runner threads (sync) or an `async def` (async).
+HandlerKind = Literal["sync", "async"]
+HANDLERS: dict[str, list[HandlerKind]] = {
+    "sync": ["sync"],
+    "async": ["async"],
+    "both": ["sync", "async"],
+}
 SCENARIOS = (
     "enqueue",
     "throughput",
@@ -41,9 +50,9 @@ class BenchOptions(msgspec.Struct, kw_only=True):
     rate: float
     duration: float
     work_ms: float
-    work: str
+    work: WorkKind
     sweep: list[float]  # job durations in ms for throughput; [work_ms] without --sweep
-    handlers: list[str]  # the bench job's handler kinds for throughput and latency
+    handlers: list[HandlerKind]  # the bench job's handler kinds for throughput and latency
     repeats: int
     backlog_jobs: int
     stale_stats_jobs: int

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import time
 from datetime import datetime, timedelta
+from typing import NamedTuple
 
 import msgspec
 from loguru import logger
@@ -25,10 +26,11 @@ from loguru import logger
 from hivejobs.broker import Broker
 from hivejobs.broker.hints import left_to_reconciler
 from hivejobs.failpoints import failpoint
-from hivejobs.records import Lease
+from hivejobs.records import ChainJobState, JobLogState, Lease
 from hivejobs.store import Store
 from hivejobs.store.chains import try_id
 from hivejobs.store.traversal import (
+    ChangeMode,
     JobChange,
     JobRow,
     LogRow,
@@ -39,7 +41,7 @@ from hivejobs.store.traversal import (
 )
 
 BATCH = 100
-_RANK = {"keep": 0, "reap": 1, "start": 2, "reset": 3}
+_RANK: dict[ChangeMode, int] = {"keep": 0, "reap": 1, "start": 2, "reset": 3}
 
 
 class TraverseResult(msgspec.Struct):
@@ -138,6 +140,18 @@ class Traverser:
         return self._decided
 
 
+class Reaped(NamedTuple):
+    """What a reaped try leaves on its chain job's row (the update's `reap` mode)."""
+
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+    result: bytes | None = None
+    error: str | None = None
+
+
+NOT_REAPED = Reaped()  # a row this pass did not reap: its update keeps the try's details
+
+
 class _Draft:
     """The plan under construction: rows change in place, `was` keeps the stored state
     each update is fenced on."""
@@ -145,11 +159,11 @@ class _Draft:
     def __init__(self, snap: Snapshot) -> None:
         self.snap = snap
         self.plan = Plan(state=snap.state)
-        self.was: dict[str, str] = {}
-        self.modes: dict[str, str] = {}
-        self.reaped: dict[str, JobChange] = {}
+        self.was: dict[str, ChainJobState] = {}
+        self.modes: dict[str, ChangeMode] = {}
+        self.reaped: dict[str, Reaped] = {}
 
-    def touch(self, row: JobRow, mode: str) -> None:
+    def touch(self, row: JobRow, mode: ChangeMode) -> None:
         """Every row touched has a mode (a resumed row that nothing else touches keeps
         "keep"); a later touch only raises it."""
         self.was.setdefault(row.key, row.state)
@@ -161,7 +175,7 @@ class _Draft:
         out = []
         for key, was in self.was.items():
             row = self.snap.jobs[key]
-            reaped = self.reaped.get(key)
+            reaped = self.reaped.get(key, NOT_REAPED)
             change = JobChange(
                 key=key,
                 was=was,
@@ -171,10 +185,11 @@ class _Draft:
                 job_id=row.job_id,
                 not_before=row.not_before,
                 mode=self.modes[key],
+                started_at=reaped.started_at,
+                finished_at=reaped.finished_at,
+                result=reaped.result,
+                error=reaped.error,
             )
-            if reaped is not None:
-                change.started_at, change.finished_at = reaped.started_at, reaped.finished_at
-                change.result, change.error = reaped.result, reaped.error
             out.append(change)
         return out
 
@@ -206,32 +221,25 @@ def _reap(draft: _Draft) -> bool:
         row = snap.jobs[done.key]
         seq_try = snap.seq_tries.get(row.seq) if row.seq else None
         draft.touch(row, "reap")
-        change = JobChange(
-            key=row.key,
-            was=row.state,
-            state="",
-            try_=0,
-            total_tries=0,
-            job_id=None,
-            started_at=done.started_at,
-            finished_at=done.finished_at,
-        )
+        result: bytes | None = None
+        error: str | None = None
+        log_state: JobLogState
         if done.state == "succeeded":
-            row.state, change.result, log_state = "succeeded", done.result, "succeeded"
+            row.state, result, log_state = "succeeded", done.result, "succeeded"
             succeeded_any = True
         elif done.state == "cancelled" and snap.stop_requested:
             # Stopping is not failing: the try is not counted (spincycle rolls it back).
             row.state, row.try_, log_state = "stopped", row.try_ - 1, "stopped"
-            change.error = done.error
+            error = done.error
         else:
-            change.error = done.error or f"try ended {done.state}"
+            error = done.error or f"try ended {done.state}"
             log_state = "failed"
             if row.try_ < row.tries and not snap.stop_requested:
                 row.state = "pending"
                 row.not_before = _after(snap, row.retry_wait_s)
             else:
                 row.state = "failed"
-        draft.reaped[row.key] = change
+        draft.reaped[row.key] = Reaped(done.started_at, done.finished_at, result, error)
         draft.plan.log.append(
             LogRow(
                 key=row.key,
@@ -242,7 +250,7 @@ def _reap(draft: _Draft) -> bool:
                 state=log_state,
                 started_at=done.started_at,
                 finished_at=done.finished_at,
-                error=change.error,
+                error=error,
             )
         )
     return succeeded_any

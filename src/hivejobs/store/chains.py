@@ -19,7 +19,7 @@ from psycopg.errors import DeadlockDetected
 from psycopg.rows import dict_row
 
 from hivejobs.config import scrub_known
-from hivejobs.records import ChainQuery, Completion
+from hivejobs.records import ChainJobState, ChainQuery, Completion
 from hivejobs.store.enqueue import caller_savepoint, owns_transaction
 from hivejobs.store.sql import Steps, load_queries, run_plan
 
@@ -82,7 +82,7 @@ class StoredJob(NamedTuple):
 
     key: str
     after_keys: list[str]
-    state: str
+    state: ChainJobState
     seq: str | None
     added_by: str | None
 

@@ -13,9 +13,17 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
-from hivejobs.records import Lease, Push
+from hivejobs.records import (
+    ChainJobState,
+    ChainState,
+    Delivery,
+    JobLogState,
+    Lease,
+    Push,
+    TerminalState,
+)
 from hivejobs.store.chains import CHAIN_QUERIES
 from hivejobs.store.leases import LEASES
 from hivejobs.store.sql import load_queries
@@ -32,6 +40,10 @@ if TYPE_CHECKING:
 TRAVERSAL_QUERIES = load_queries("traversal.sql")
 LEASE_HOLD = LEASES["lease_hold"]  # pipelined with the reads
 
+# What an update does to the try's details (update_chain_jobs): keep them, reap them from the
+# finished try, clear the times for a new try (start), clear all for a sequence retry (reset).
+ChangeMode = Literal["keep", "reap", "start", "reset"]
+
 
 @dataclass
 class JobRow:
@@ -41,12 +53,12 @@ class JobRow:
     name: str
     payload: bytes
     priority: int
-    delivery: str
+    delivery: Delivery
     after_keys: list[str]
     seq: str | None
     tries: int
     retry_wait_s: float
-    state: str
+    state: ChainJobState
     try_: int
     total_tries: int
     job_id: str | None
@@ -59,7 +71,7 @@ class FinishedTry:
 
     key: str
     id: str
-    state: str  # archive state: succeeded, failed, cancelled, expired
+    state: TerminalState  # as archived
     error: str | None
     result: bytes | None
     started_at: datetime | None
@@ -71,7 +83,7 @@ class Snapshot:
     """Everything one pass reads of one chain, in the transaction that writes its plan."""
 
     id: str
-    state: str
+    state: ChainState
     stop_requested: bool
     now: datetime
     jobs: dict[str, JobRow]
@@ -86,13 +98,13 @@ class JobChange:
     """One chain job's update, fenced on the state it was read in (`was`)."""
 
     key: str
-    was: str
-    state: str
+    was: ChainJobState
+    state: ChainJobState
     try_: int
     total_tries: int
     job_id: str | None
     not_before: datetime | None = None
-    mode: str = "keep"  # reap | start | reset | keep
+    mode: ChangeMode = "keep"
     started_at: datetime | None = None
     finished_at: datetime | None = None
     result: bytes | None = None
@@ -108,7 +120,7 @@ class LogRow:
     name: str
     job_id: str
     seq_try: int | None
-    state: str
+    state: JobLogState
     started_at: datetime | None
     finished_at: datetime
     error: str | None
@@ -118,7 +130,7 @@ class LogRow:
 class Plan:
     """What one pass decided for one chain: the store writes it as it is."""
 
-    state: str
+    state: ChainState
     wake_at: datetime | None = None
     resumed: bool = False
     changes: list[JobChange] = field(default_factory=list)
