@@ -26,9 +26,9 @@ from psycopg.conninfo import conninfo_to_dict
 
 from hivejobs.bench.options import HandlerKind, WorkKind
 from hivejobs.client.app import App
-from hivejobs.config import redact_url, scrub_known, with_database
 from hivejobs.errors import ConnectionFailed, HivejobsError
 from hivejobs.store import Conn, connect
+from hivejobs.urls import redact_url, scrub_known, with_database
 
 _Handler = Callable[[int, FrameType | None], Any] | int | None
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)

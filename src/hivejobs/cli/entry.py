@@ -17,10 +17,10 @@ from loguru import logger
 
 from hivejobs.cli.parser import build_parser
 from hivejobs.cli.shared import ExitCode, close_opened
-from hivejobs.config import scrub_known
 from hivejobs.display import escape
 from hivejobs.errors import BAD_INPUT, HivejobsError, UsageError
 from hivejobs.logs import error_text, setup_logging
+from hivejobs.urls import scrub_known
 
 
 def _check_text_arguments(args: argparse.Namespace) -> None:

@@ -12,8 +12,9 @@ import os
 
 from hivejobs.cli.shared import ExitCode, open_app
 from hivejobs.client.app import load_app
-from hivejobs.config import positive_seconds, redact_url
+from hivejobs.config import positive_seconds
 from hivejobs.errors import ConfigError, UsageError
+from hivejobs.urls import redact_url
 from hivejobs.worker.reload import app_source_dirs, check_watch_available
 
 

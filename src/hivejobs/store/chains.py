@@ -18,10 +18,10 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from psycopg.errors import DeadlockDetected
 from psycopg.rows import dict_row
 
-from hivejobs.config import scrub_known
 from hivejobs.records import ChainJobState, ChainQuery, Completion
 from hivejobs.store.enqueue import caller_savepoint, owns_transaction
 from hivejobs.store.sql import Steps, load_queries, run_plan
+from hivejobs.urls import scrub_known
 
 if TYPE_CHECKING:
     import psycopg
