@@ -15,15 +15,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal
 
-from hivejobs.records import (
-    ChainJobState,
-    ChainState,
-    Delivery,
-    JobLogState,
-    Lease,
-    Push,
-    TerminalState,
-)
+from hivejobs.chain_records import ChainJobState, ChainState, JobLogState
+from hivejobs.records import Delivery, Lease, Push, TerminalState
 from hivejobs.store.chains import CHAIN_QUERIES
 from hivejobs.store.leases import LEASES
 from hivejobs.store.sql import load_queries
