@@ -76,10 +76,10 @@ NUL_CHAIN = b'{"name":"a\\u0000b","jobs":[{"key":"a","type":"untyped"}]}'
         # Each kind of error (errors.ErrorKind) to its exit status: the caller's input is 2.
         (["enqueue", "nope", "{}"], {}, 2, "unknown job type 'nope'"),
         (
-            ["enqueue", "untyped", '"' + "x" * 2000 + '"'],
-            {"HIVEJOBS_MAX_PAYLOAD_BYTES": "1024"},
+            ["enqueue", "untyped", '"xxxxxxxxxx"'],
+            {"HIVEJOBS_MAX_PAYLOAD_BYTES": "8"},
             2,
-            "over the limit of 1024 bytes",
+            "limit of 8",
         ),
         (["status", "no-such-id"], {}, 1, "no job with id 'no-such-id'"),
         (["jobs"], {"HIVEJOBS_LOG_LEVEL": "LOUD"}, 2, "HIVEJOBS_LOG_LEVEL='LOUD'"),

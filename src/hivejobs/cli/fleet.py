@@ -67,14 +67,14 @@ def cmd_pause(args: argparse.Namespace) -> int:
     if args.name is None:
         for name in app.paused():
             print(name)
-        return 0
+        return ExitCode.OK
     print("paused" if app.pause(args.name) else "already paused")
-    return 0
+    return ExitCode.OK
 
 
 def cmd_resume(args: argparse.Namespace) -> int:
     print("resumed" if open_app(args).resume(args.name) else "was not paused")
-    return 0
+    return ExitCode.OK
 
 
 def cmd_scale(args: argparse.Namespace) -> int:
@@ -89,7 +89,7 @@ def cmd_scale(args: argparse.Namespace) -> int:
         )
     open_app(args).scale(args.name, concurrency)
     print(f"{args.name}: concurrency {args.concurrency} (pools follow within a second)")
-    return 0
+    return ExitCode.OK
 
 
 def cmd_keys(args: argparse.Namespace) -> int:

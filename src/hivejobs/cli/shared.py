@@ -36,6 +36,8 @@ _OPENED: list[App] = []  # closed when the command ends: no pool left for __del_
 
 
 def open_app(args: argparse.Namespace) -> App:
+    """The App of --app (or HIVEJOBS_APP), else one from the environment's settings; `main`
+    closes it when the command ends."""
     spec = getattr(args, "app", None) or os.environ.get("HIVEJOBS_APP")
     app = load_app(spec) if spec else App()
     _OPENED.append(app)
@@ -43,6 +45,8 @@ def open_app(args: argparse.Namespace) -> App:
 
 
 def close_opened() -> None:
+    """Close every App the command opened; a failure here is logged, never shown: the
+    command's answer is already out."""
     while _OPENED:
         try:
             _OPENED.pop().close()
