@@ -451,6 +451,35 @@ GUARDS: tuple[Guard, ...] = (
         "a 503 names the database's user, host, port and name",
     ),
     Guard(
+        "error-kind-too-large",
+        "src/hivejobs/errors.py",
+        '    {"usage", "invalid", "unknown_type", "too_large", "id_conflict"}',
+        '    {"usage", "invalid", "unknown_type", "id_conflict"}',
+        ("tests/process/test_cli_bad_input.py::test_cli_bad_input_is_one_line_and_stores_nothing",),
+        "an oversize payload on the command line exits 1, as a failure of ours, not 2",
+    ),
+    Guard(
+        "error-kind-unknown-type",
+        "src/hivejobs/errors.py",
+        'kind: ClassVar[ErrorKind] = "unknown_type"',
+        'kind: ClassVar[ErrorKind] = "failed"',
+        (
+            "tests/web/test_api.py::test_put_is_idempotent_post_creates_and_bad_input_stores_nothing",
+        ),
+        "the API answers an unknown job type with 400, not 404",
+    ),
+    Guard(
+        "push-hint-swallowed",
+        "src/hivejobs/broker/hints.py",
+        "    except redis.RedisError as exc:\n",
+        "    except ZeroDivisionError as exc:\n",
+        (
+            "tests/integration/test_push_hints.py"
+            "::test_a_refused_push_is_logged_for_the_reconciler_and_not_raised",
+        ),
+        "a push of committed jobs that Redis refuses raises into a caller whose act succeeded",
+    ),
+    Guard(
         "healthz-reused",
         "src/hivejobs/web/fleet.py",
         "Reused(app.settings.probe_cache_s,",

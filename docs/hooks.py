@@ -27,7 +27,7 @@ def _sections(parser: argparse.ArgumentParser, path: str, level: int) -> list[st
 def on_page_markdown(markdown: str, **_: Any) -> str:
     if MARKER not in markdown:
         return markdown
-    from hivejobs.cli.commands import build_parser
+    from hivejobs.cli.parser import build_parser
 
     parser = build_parser()
     parser.prog = "hivejobs"

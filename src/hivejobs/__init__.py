@@ -6,7 +6,7 @@ lines are disabled here, and `hivejobs` commands (or the host app) enable them.
 
 from loguru import logger
 
-from hivejobs.chains import Chain, ChainInfo, JobRef
+from hivejobs.chains import Chain, ChainInfo, ChainJob
 from hivejobs.client.app import App
 from hivejobs.client.batches import AsyncBatch, Batch
 from hivejobs.debounce import Unique
@@ -54,9 +54,9 @@ __all__ = [
     "Chain",
     "ChainInfo",
     "ChainInvalid",
+    "ChainJob",
     "ChainNotFound",
     "ChainStopPending",
-    "JobRef",
     "ConfigError",
     "ConnectionFailed",
     "Fail",

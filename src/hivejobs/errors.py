@@ -6,23 +6,51 @@ Nothing here imports the rest of the package, so every layer can raise these.
 from __future__ import annotations
 
 import difflib
+from typing import ClassVar, Literal
+
+# What went wrong, from the caller's side: the one categorisation of our errors, which each
+# edge turns into its own code (the CLI's exit status, the HTTP API's status).
+ErrorKind = Literal[
+    "usage",  # a command line or setting that cannot work
+    "invalid",  # input refused by its checks (payload, options, chain)
+    "unknown_type",  # a job type nobody registered or declared
+    "too_large",  # input over its size limit
+    "id_conflict",  # a job id reused with another type or payload
+    "not_found",  # no job, chain or batch of that id
+    "state_conflict",  # the thing exists but its state forbids the act (already finished)
+    "unavailable",  # Postgres or Redis does not answer
+    "failed",  # anything else we raised on purpose
+]
+
+# The kinds that are the caller's input: refused before anything was stored.
+BAD_INPUT: frozenset[ErrorKind] = frozenset(
+    {"usage", "invalid", "unknown_type", "too_large", "id_conflict"}
+)
 
 
 class HivejobsError(Exception):
-    """Base of every error hivejobs raises on purpose."""
+    """Base of every error hivejobs raises on purpose; `kind` says what went wrong."""
+
+    kind: ClassVar[ErrorKind] = "failed"
 
 
 class ConfigError(HivejobsError):
     """A setting is missing, malformed or contradicts another one."""
+
+    kind: ClassVar[ErrorKind] = "usage"
 
 
 class UsageError(HivejobsError):
     """A command line that cannot run: unknown option, bad MODULE:APP, unreadable file.
     The CLI prints it on one line and exits 2 (bad usage), as argparse would."""
 
+    kind: ClassVar[ErrorKind] = "usage"
+
 
 class ConnectionFailed(HivejobsError):
     """Postgres or Redis did not answer; the message names which and where (redacted)."""
+
+    kind: ClassVar[ErrorKind] = "unavailable"
 
     def __init__(
         self,
@@ -59,6 +87,8 @@ class UnknownJobType(HivejobsError):
     """No job type of that name is registered here or declared by a worker fleet; the
     message suggests the closest known name."""
 
+    kind: ClassVar[ErrorKind] = "unknown_type"
+
     def __init__(self, name: str, known: list[str]) -> None:
         close = difflib.get_close_matches(name, known, n=1)
         hint = f": did you mean {close[0]!r}?" if close else ""
@@ -78,9 +108,13 @@ class UnknownJobType(HivejobsError):
 class InvalidJobType(HivejobsError):
     """A job type name or its options are unusable (bad characters, bad delivery/attempts)."""
 
+    kind: ClassVar[ErrorKind] = "usage"
+
 
 class PayloadInvalid(HivejobsError):
     """A payload that does not fit its job type's payload type (msgspec's message kept)."""
+
+    kind: ClassVar[ErrorKind] = "invalid"
 
     def __init__(self, name: str, detail: str) -> None:
         super().__init__(f"payload for job type {name!r} is invalid: {detail}")
@@ -89,6 +123,8 @@ class PayloadInvalid(HivejobsError):
 
 class PayloadTooLarge(HivejobsError):
     """An encoded payload over `max_payload_bytes`: refused before anything is stored."""
+
+    kind: ClassVar[ErrorKind] = "too_large"
 
     def __init__(self, name: str, size: int, limit: int) -> None:
         super().__init__(
@@ -111,6 +147,8 @@ class ResultTooLarge(HivejobsError):
 class InvalidArgument(HivejobsError):
     """An enqueue option (id, priority, delay, run_at, expires_at) is out of range."""
 
+    kind: ClassVar[ErrorKind] = "invalid"
+
 
 class JobDuplicate(HivejobsError):
     """A unique job type refused a duplicate in its window (`on_duplicate="raise"`)."""
@@ -126,6 +164,8 @@ class JobDuplicate(HivejobsError):
 class JobIdConflict(HivejobsError):
     """A job id reused with another job type or payload (the same ones: an idempotent retry)."""
 
+    kind: ClassVar[ErrorKind] = "id_conflict"
+
     def __init__(self, job_id: str) -> None:
         super().__init__(
             f"job id {job_id!r} already exists with a different job type or payload; "
@@ -137,6 +177,8 @@ class JobIdConflict(HivejobsError):
 class JobNotFound(HivejobsError):
     """No live or archived job has that id (or it was pruned)."""
 
+    kind: ClassVar[ErrorKind] = "not_found"
+
     def __init__(self, job_id: str) -> None:
         super().__init__(f"no job with id {job_id!r}")
         self.job_id = job_id
@@ -144,6 +186,8 @@ class JobNotFound(HivejobsError):
 
 class JobNotFinished(HivejobsError):
     """Replay takes finished jobs only; this one is still live."""
+
+    kind: ClassVar[ErrorKind] = "state_conflict"
 
     def __init__(self, job_id: str, state: str) -> None:
         super().__init__(f"job {job_id!r} is {state}: only a finished job can be replayed")
@@ -161,6 +205,8 @@ class WaitTimeout(HivejobsError, TimeoutError):
 class JobAlreadyFinished(HivejobsError):
     """An action on a live job (cancel) came after the job had finished."""
 
+    kind: ClassVar[ErrorKind] = "state_conflict"
+
     def __init__(self, job_id: str, state: str) -> None:
         super().__init__(f"job {job_id!r} already ended {state}: there is nothing to cancel")
         self.job_id = job_id
@@ -169,6 +215,8 @@ class JobAlreadyFinished(HivejobsError):
 class ChainAlreadyFinished(HivejobsError):
     """An action on a live chain came after the chain had finished."""
 
+    kind: ClassVar[ErrorKind] = "state_conflict"
+
     def __init__(self, request_id: str, state: str) -> None:
         super().__init__(f"chain {request_id!r} already ended {state}: there is nothing to stop")
 
@@ -176,6 +224,8 @@ class ChainAlreadyFinished(HivejobsError):
 class CallbackRefused(HivejobsError):
     """A status callback that does not apply: the job type takes none, or the job is not
     running at the attempt the callback names (HTTP 409)."""
+
+    kind: ClassVar[ErrorKind] = "state_conflict"
 
 
 class Interrupted(Exception):
@@ -189,9 +239,13 @@ class ChainInvalid(HivejobsError):
     """A chain that cannot run (cycle, unknown job type or dependency, bad sequence): refused
     before anything is stored. The message names the jobs at fault."""
 
+    kind: ClassVar[ErrorKind] = "invalid"
+
 
 class ChainNotFound(HivejobsError):
     """No chain has that request id."""
+
+    kind: ClassVar[ErrorKind] = "not_found"
 
     def __init__(self, request_id: str) -> None:
         super().__init__(f"no chain with request id {request_id!r} (see `hivejobs chain list`)")
@@ -254,6 +308,8 @@ class BatchInvalid(InvalidArgument):
 class BatchNotFound(HivejobsError):
     """No batch has that id (or it was pruned)."""
 
+    kind: ClassVar[ErrorKind] = "not_found"
+
     def __init__(self, batch_id: str) -> None:
         super().__init__(f"no batch with id {batch_id!r}")
         self.batch_id = batch_id
@@ -262,6 +318,8 @@ class BatchNotFound(HivejobsError):
 class BatchClosed(HivejobsError):
     """Jobs added to a batch that no longer takes them: sealed (only its own running jobs
     may add) or complete (its callbacks ran or are queued)."""
+
+    kind: ClassVar[ErrorKind] = "state_conflict"
 
     def __init__(self, batch_id: str, state: str) -> None:
         why = (

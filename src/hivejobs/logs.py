@@ -18,8 +18,8 @@ from loguru import logger
 if TYPE_CHECKING:
     from loguru import Record
 
-from hivejobs.config import scrub_known
 from hivejobs.errors import ConfigError
+from hivejobs.urls import scrub_known
 
 _TEXT_FORMAT = (
     "<green>{time:YYYY-MM-DD HH:mm:ss.SSS}</green> <level>{level: <7}</level> "

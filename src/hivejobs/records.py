@@ -1,4 +1,5 @@
 """msgspec Structs that every layer shares: what a job is, as read from or written to Postgres.
+A chain's records are chain_records.py's.
 
 A record the HTTP API also returns is defined once, as a generic `...Fields` class over the
 types of its states: the record fills in the Literal, the API's response class (web/schemas.py)
@@ -11,12 +12,30 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Generic, Literal, NamedTuple, TypeVar
+from typing import Any, Generic, Literal, NamedTuple, TypeVar, get_args
 
 import msgspec
 
+# The chain records (chain_records.py), re-exported for the modules that still import them
+# from here (client/, web/, store/dashboard.py); new code imports hivejobs.chain_records.
+from hivejobs.chain_records import ChainJobFields as ChainJobFields
+from hivejobs.chain_records import ChainJobState as ChainJobState
+from hivejobs.chain_records import ChainJobStatus as ChainJobStatus
+from hivejobs.chain_records import ChainQuery as ChainQuery
+from hivejobs.chain_records import ChainState as ChainState
+from hivejobs.chain_records import ChainStatus as ChainStatus
+from hivejobs.chain_records import ChainStatusFields as ChainStatusFields
+from hivejobs.chain_records import ChainSummary as ChainSummary
+from hivejobs.chain_records import ChainSummaryFields as ChainSummaryFields
+from hivejobs.chain_records import JobLogEntry as JobLogEntry
+from hivejobs.chain_records import JobLogFields as JobLogFields
+from hivejobs.chain_records import JobLogState as JobLogState
+from hivejobs.chain_records import RunningTry as RunningTry
+
 JobState = Literal["scheduled", "queued", "running", "succeeded", "failed", "cancelled", "expired"]
-TERMINAL_STATES: frozenset[str] = frozenset({"succeeded", "failed", "cancelled", "expired"})
+# The states of a finished job: the archive holds these alone.
+TerminalState = Literal["succeeded", "failed", "cancelled", "expired"]
+TERMINAL_STATES: frozenset[str] = frozenset(get_args(TerminalState))
 Delivery = Literal["at_least_once", "at_most_once"]
 # How a claim ended, as the pool reports it to the completer.
 # "await_callback": a callback type's handler returned; the job stays running, without a
@@ -30,7 +49,6 @@ JOB_TYPE_NAME_RE = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
 # The types that the records and the API's responses fill in differently (see the docstring).
 StateT = TypeVar("StateT")
 DeliveryT = TypeVar("DeliveryT")
-ChainJobT = TypeVar("ChainJobT")
 
 
 class JobTypeInfo(msgspec.Struct, frozen=True, kw_only=True):
@@ -266,137 +284,6 @@ class WorkerInfo(msgspec.Struct, frozen=True, kw_only=True):
     heartbeat_at: datetime
     heartbeat_age_s: float
     running: int
-
-
-# -- chains (spincycle's request, job chain and job log) ----------------------------------
-
-ChainState = Literal["pending", "running", "succeeded", "failed", "stopped", "suspended"]
-ChainJobState = Literal["pending", "running", "succeeded", "failed", "stopped"]
-JobLogState = Literal["succeeded", "failed", "stopped"]  # how a try ended
-
-
-class ChainJobFields(msgspec.Struct, Generic[StateT], frozen=True, kw_only=True):
-    """One job of a chain: `try_` counts against `tries` in the current sequence try (a
-    stopped try is not counted); `total_tries` counts every try ever started."""
-
-    key: str
-    type: str
-    state: StateT
-    after: list[str]
-    sequence: str | None
-    try_: int = msgspec.field(name="try")
-    tries: int
-    total_tries: int
-    sequence_try: int | None
-    job_id: str | None
-    started_at: datetime | None
-    finished_at: datetime | None
-    status: str | None
-    result: object
-    error: str | None
-    # While the chain job runs: its try's job now (queued, scheduled or running), the state
-    # `chain ps` shows; None otherwise.
-    job_state: str | None = None
-    # The key of the chain job whose handler added this one (ctx.chain.add); None if declared.
-    added_by: str | None = None
-
-
-class ChainJobStatus(ChainJobFields[ChainJobState], frozen=True, kw_only=True):
-    """One job of a chain (see ChainJobFields)."""
-
-
-class ChainStatusFields(msgspec.Struct, Generic[StateT, ChainJobT], frozen=True, kw_only=True):
-    """A chain and its jobs (ChainStatus; the API's ChainOut)."""
-
-    id: str
-    name: str
-    state: StateT
-    args: object
-    stop_requested: bool
-    suspensions: int
-    created_at: datetime
-    started_at: datetime | None
-    suspended_at: datetime | None
-    resumed_at: datetime | None
-    finished_at: datetime | None
-    jobs: list[ChainJobT]
-
-
-class ChainStatus(ChainStatusFields[ChainState, ChainJobStatus], frozen=True, kw_only=True):
-    """A chain and its jobs, as App.chain_status returns it."""
-
-
-class ChainSummaryFields(msgspec.Struct, Generic[StateT], frozen=True, kw_only=True):
-    """One chain of a listing (ChainSummary; the API's ChainListItem)."""
-
-    id: str
-    name: str
-    state: StateT
-    jobs: int
-    succeeded: int
-    created_at: datetime
-    finished_at: datetime | None
-
-
-class ChainSummary(ChainSummaryFields[ChainState], frozen=True, kw_only=True):
-    """One chain, as App.list_chains returns it."""
-
-
-class JobLogFields(msgspec.Struct, Generic[StateT], frozen=True, kw_only=True):
-    """One try of one chain job: `try_` is the job's total try number at that try. `error`
-    holds the traceback of a raised exception; `stdout`/`stderr` the tail of what the try
-    printed (bounded by `job_log_output_bytes`; `output_truncated` when cut)."""
-
-    key: str
-    try_: int = msgspec.field(name="try")
-    type: str
-    job_id: str
-    sequence_try: int | None
-    state: StateT
-    started_at: datetime | None
-    finished_at: datetime
-    duration_s: float | None
-    error: str | None
-    stdout: str | None = None
-    stderr: str | None = None
-    output_truncated: bool = False
-
-
-class JobLogEntry(JobLogFields[JobLogState], frozen=True, kw_only=True):
-    """One try of one chain job (see JobLogFields), as App.job_log returns it."""
-
-
-class ChainQuery(msgspec.Struct, frozen=True, kw_only=True):
-    """Filters of `list_chains`; every one optional. `type` is the chain's name (spincycle's
-    request type); `job_type` keeps chains with a job of that type. Times bound created_at.
-    Pages go newest first; `before` is the (created_at, id) of the last chain seen."""
-
-    states: list[ChainState] | None = None
-    type: str | None = None
-    job_type: str | None = None
-    since: datetime | None = None
-    until: datetime | None = None
-    before: tuple[datetime, str] | None = None
-    limit: int = 50
-
-
-class RunningTry(msgspec.Struct, frozen=True, kw_only=True):
-    """A live try of a chain job, as `hivejobs chain ps` shows it: `state` is its job's
-    (queued or running; None once ended, until the traverser reaps it)."""
-
-    chain_id: str
-    chain: str
-    key: str
-    type: str
-    try_: int = msgspec.field(name="try")
-    tries: int
-    total_tries: int
-    state: str | None
-    host: str | None
-    pid: int | None
-    status: str | None
-    started_at: datetime | None
-    age_s: float | None
 
 
 class JobSummary(msgspec.Struct, frozen=True, kw_only=True):

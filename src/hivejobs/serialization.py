@@ -14,8 +14,8 @@ from typing import Any
 
 import msgspec
 
-from hivejobs.config import known_secrets, scrub_known
 from hivejobs.errors import PayloadInvalid, PayloadTooLarge
+from hivejobs.urls import known_secrets, scrub_known
 
 _encoder = msgspec.json.Encoder(order="deterministic")
 TOO_DEEP = "nested too deeply (JSON deeper than a few hundred levels is refused)"

@@ -42,8 +42,9 @@ from unittest import mock
 import pytest
 import yaml  # type: ignore[import-untyped]  # PyYAML comes with mkdocs (test extra), untyped
 
-from hivejobs.cli.commands import build_parser
-from hivejobs.config import Settings, check_database_url, check_redis_url, settings_from_env
+from hivejobs.cli.parser import build_parser
+from hivejobs.config import Settings, settings_from_env
+from hivejobs.urls import check_database_url, check_redis_url
 from tests.docs.test_readme import Block, Newcomer, logical_lines, readme_blocks
 from tests.harness import ROOT, free_port, wait_until
 from tests.process.cli import hivejobs

@@ -12,7 +12,7 @@ from collections.abc import Callable
 import pytest
 
 from hivejobs import App, JobContext
-from hivejobs.cli.commands import main
+from hivejobs.cli import main
 from hivejobs.store import new_worker_id
 from hivejobs.testing import drain
 

@@ -19,7 +19,7 @@ import redis
 
 from hivejobs.bench.cost import DrainCost
 from hivejobs.bench.environment import BenchEnvironment
-from hivejobs.cli.commands import main
+from hivejobs.cli import main
 from hivejobs.worker.fetcher import PREFETCH, UNWRITTEN_PER_RUNNER
 from tests.harness import REDIS_URL, ROOT, alive, sql, wait_until, worker_processes
 

@@ -73,6 +73,15 @@ NUL_CHAIN = b'{"name":"a\\u0000b","jobs":[{"key":"a","type":"untyped"}]}'
         (["status", "a\x1b[2Jb"], {}, 2, "job id"),
         (["chain", "list", "--limit", "-5"], {}, 2, "limit must be an integer"),
         (["chain", "status", "a\x1bb"], {}, 1, "no chain with request id"),
+        # Each kind of error (errors.ErrorKind) to its exit status: the caller's input is 2.
+        (["enqueue", "nope", "{}"], {}, 2, "unknown job type 'nope'"),
+        (
+            ["enqueue", "untyped", '"xxxxxxxxxx"'],
+            {"HIVEJOBS_MAX_PAYLOAD_BYTES": "8"},
+            2,
+            "limit of 8",
+        ),
+        (["status", "no-such-id"], {}, 1, "no job with id 'no-such-id'"),
         (["jobs"], {"HIVEJOBS_LOG_LEVEL": "LOUD"}, 2, "HIVEJOBS_LOG_LEVEL='LOUD'"),
         (["jobs"], {"HIVEJOBS_PREFIX": ""}, 2, "redis prefix ''"),
         (["jobs"], {"HIVEJOBS_HEARTBEAT_S": "-1"}, 2, "HIVEJOBS_HEARTBEAT_S='-1'"),

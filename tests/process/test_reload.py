@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from hivejobs import App
-from hivejobs.cli.commands import main
+from hivejobs.cli import main
 from tests.harness import REDIS_URL, Instance, alive, ledger_oks, pool_pids, sql, wait_until
 
 

@@ -14,11 +14,11 @@ import redis
 
 from hivejobs import backends
 from hivejobs.backends import BackendUnavailable, choose_backends
-from hivejobs.config import redact_url
 from hivejobs.embedded import servers
 from hivejobs.embedded.postgres import ROOT_CACHE
 from hivejobs.embedded.process import redis_handshake
 from hivejobs.embedded.servers import stop_embedded
+from hivejobs.urls import redact_url
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -5,9 +5,10 @@ from __future__ import annotations
 import pytest
 
 from hivejobs.broker.clients import Target
-from hivejobs.config import parse_redis_url, redact_url, settings_from_env, url_secrets
+from hivejobs.config import settings_from_env
 from hivejobs.errors import ConfigError
 from hivejobs.store.session_settings import connect_kwargs, local_settings_sql, pooler_refused
+from hivejobs.urls import parse_redis_url, redact_url, url_secrets
 
 
 def test_sentinel_url() -> None:

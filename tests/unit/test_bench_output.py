@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import time
 
-from hivejobs.bench import _eta, figure_label, format_report, load_warning
+from hivejobs.bench.report import figure_label, format_report, load_warning
+from hivejobs.bench.runner import eta_text
 
 
 def test_rows_are_named_in_words_and_json_keys_stay() -> None:
@@ -31,7 +32,7 @@ def test_a_loaded_machine_is_said_before_the_figures() -> None:
 
 def test_each_run_says_how_many_are_left_and_about_how_long() -> None:
     started = time.perf_counter() - 30.0  # three runs took 30 s
-    assert _eta(0, 10, started) == " (run 1 of 10)"
-    text = _eta(3, 10, started)
+    assert eta_text(0, 10, started) == " (run 1 of 10)"
+    text = eta_text(3, 10, started)
     assert text.startswith(" (run 4 of 10, 30 s so far, about ") and text.endswith(" s left)")
     assert 69 <= float(text.split("about ")[1].split(" s")[0]) <= 71  # 7 more at 10 s each

@@ -10,13 +10,15 @@ from datetime import UTC, datetime
 
 import pytest
 
+from hivejobs.chain_records import ChainJobState
 from hivejobs.coordinator.traverser import plan_chain
-from hivejobs.store.chains import FinishedTry, JobRow, Snapshot
+from hivejobs.records import TerminalState
+from hivejobs.store.traversal import FinishedTry, JobRow, Snapshot
 
 NOW = datetime(2026, 12, 3, 12, 0, tzinfo=UTC)
 # A predecessor as stored, or a running try that finished since: (stored state, archived
 # state of its try or None, tries allowed).
-PREDECESSOR: dict[str, tuple[str, str | None, int]] = {
+PREDECESSOR: dict[str, tuple[ChainJobState, TerminalState | None, int]] = {
     "pending": ("pending", None, 1),
     "running": ("running", None, 1),
     "succeeded": ("succeeded", None, 1),
@@ -30,7 +32,7 @@ PREDECESSOR: dict[str, tuple[str, str | None, int]] = {
 }
 
 
-def row(key: str, state: str, after: list[str], tries: int = 1) -> JobRow:
+def row(key: str, state: ChainJobState, after: list[str], tries: int = 1) -> JobRow:
     ran = state in ("running", "failed", "succeeded")
     return JobRow(
         key=key,
@@ -50,7 +52,7 @@ def row(key: str, state: str, after: list[str], tries: int = 1) -> JobRow:
     )
 
 
-def snapshot(jobs: list[JobRow], finished: dict[str, str]) -> Snapshot:
+def snapshot(jobs: list[JobRow], finished: dict[str, TerminalState]) -> Snapshot:
     return Snapshot(
         id="c",
         state="running",
@@ -70,7 +72,8 @@ def snapshot(jobs: list[JobRow], finished: dict[str, str]) -> Snapshot:
     ("a", "b"), list(itertools.product(PREDECESSOR, repeat=2)), ids=lambda s: s.replace(" ", "_")
 )
 def test_a_job_starts_only_after_every_predecessor_succeeded(a: str, b: str) -> None:
-    jobs, finished = [], {}
+    jobs: list[JobRow] = []
+    finished: dict[str, TerminalState] = {}
     for key, name in (("a", a), ("b", b)):
         stored, ended, tries = PREDECESSOR[name]
         jobs.append(row(key, stored, [], tries))
@@ -89,7 +92,7 @@ def test_no_try_ever_starts_before_its_predecessors_succeeded_in_random_chains()
     predecessor succeeded; the others are pending): whatever one pass starts has every
     predecessor succeeded in the state that pass leaves."""
     rng = random.Random(37)
-    states = ["pending", "running", "succeeded", "failed", "stopped"]
+    states: list[ChainJobState] = ["pending", "running", "succeeded", "failed", "stopped"]
     checked = 0
     for _ in range(2000):
         n = rng.randint(2, 7)
@@ -99,10 +102,9 @@ def test_no_try_ever_starts_before_its_predecessors_succeeded_in_random_chains()
             after = rng.sample(keys[:i], rng.randint(0, min(i, 3)))
             ready = all(jobs[keys.index(k)].state == "succeeded" for k in after)
             jobs.append(row(key, rng.choice(states) if ready else "pending", after))
+        ends: list[TerminalState] = ["succeeded", "failed"]
         finished = {
-            r.key: rng.choice(["succeeded", "failed"])
-            for r in jobs
-            if r.state == "running" and rng.random() < 0.5
+            r.key: rng.choice(ends) for r in jobs if r.state == "running" and rng.random() < 0.5
         }
         snap = snapshot(jobs, finished)
         plan = plan_chain(snap)

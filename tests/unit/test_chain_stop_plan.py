@@ -7,13 +7,14 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from hivejobs.chain_records import ChainJobState, ChainState
 from hivejobs.coordinator.traverser import plan_chain
-from hivejobs.store.chains import FinishedTry, JobRow, Snapshot
+from hivejobs.store.traversal import FinishedTry, JobRow, Snapshot
 
 NOW = datetime(2026, 12, 3, 12, 0, tzinfo=UTC)
 
 
-def row(key: str, state: str) -> JobRow:
+def row(key: str, state: ChainJobState) -> JobRow:
     return JobRow(
         key=key,
         name="t",
@@ -32,7 +33,9 @@ def row(key: str, state: str) -> JobRow:
     )
 
 
-def snapshot(states: dict[str, str], stop_by_s: float | None, finished: list[str]) -> Snapshot:
+def snapshot(
+    states: dict[str, ChainJobState], stop_by_s: float | None, finished: list[str]
+) -> Snapshot:
     return Snapshot(
         id="c",
         state="running",
@@ -66,10 +69,10 @@ def snapshot(states: dict[str, str], stop_by_s: float | None, finished: list[str
     ],
 )
 def test_stop_decisions(
-    states: dict[str, str],
+    states: dict[str, ChainJobState],
     stop_by_s: float,
     finished: list[str],
-    state: str,
+    state: ChainState,
     abandon: list[str],
     wake_in_s: float | None,
 ) -> None:

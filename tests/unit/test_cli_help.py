@@ -7,7 +7,7 @@ import argparse
 from collections.abc import Iterator
 
 from hivejobs.chains import Chain
-from hivejobs.cli.commands import CHAIN_FILE, build_parser
+from hivejobs.cli.parser import CHAIN_FILE, build_parser
 
 
 def _parsers(

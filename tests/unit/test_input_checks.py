@@ -9,10 +9,11 @@ import pytest
 
 from hivejobs import App, ChainInvalid, ConfigError, InvalidArgument, InvalidJobType
 from hivejobs.chains import Chain
-from hivejobs.config import redact_url, scrub, settings_from_env, url_secrets
+from hivejobs.config import settings_from_env
 from hivejobs.display import escape
 from hivejobs.records import Push
 from hivejobs.store.notify import parse_dispatch
+from hivejobs.urls import redact_url, scrub, url_secrets
 
 MARK = "Zq9MarkerPw"
 NOWHERE = "postgresql://127.0.0.1:1/nowhere"

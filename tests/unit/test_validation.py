@@ -25,7 +25,8 @@ from hivejobs import (
     PayloadTooLarge,
     cli,
 )
-from hivejobs.config import DEFAULT_DATABASE_URL, Settings, redact_url, settings_from_env
+from hivejobs.config import DEFAULT_DATABASE_URL, Settings, settings_from_env
+from hivejobs.urls import redact_url
 
 NOWHERE = "postgresql://hj:s3cret@127.0.0.1:1/nowhere"
 

@@ -11,7 +11,7 @@ import time
 from hivejobs.bench.environment import BenchEnvironment
 from hivejobs.bench.percentiles import percentiles
 from hivejobs.bench.scenarios import Figures, Progress
-from hivejobs.chains.builder import Chain, JobRef
+from hivejobs.chains.builder import Chain, ChainJob
 
 STEP = "bench_step"
 
@@ -42,7 +42,7 @@ def chain_scenario(
     assert app is not None
     env.start_worker(processes, 8, 0.0)
     line = Chain("bench-hops")
-    prev: JobRef | None = None
+    prev: ChainJob | None = None
     for i in range(hops):
         prev = line.job(STEP, {}, key=f"h{i:04d}", after=[prev] if prev else [])
     request_id = app.run_chain(line)
@@ -56,7 +56,7 @@ def chain_scenario(
     hop_p50, hop_p99 = percentiles(gaps, 50, 99)
 
     mesh = Chain("bench-mesh")
-    layer: list[JobRef] = []
+    layer: list[ChainJob] = []
     for n in range(layers):
         layer = [
             mesh.job(

@@ -24,10 +24,11 @@ from urllib.parse import urlsplit
 import redis
 from psycopg.conninfo import conninfo_to_dict
 
+from hivejobs.bench.options import HandlerKind, WorkKind
 from hivejobs.client.app import App
-from hivejobs.config import redact_url, scrub_known, with_database
 from hivejobs.errors import ConnectionFailed, HivejobsError
 from hivejobs.store import Conn, connect
+from hivejobs.urls import redact_url, scrub_known, with_database
 
 _Handler = Callable[[int, FrameType | None], Any] | int | None
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
@@ -176,9 +177,9 @@ class BenchEnvironment:
         processes: int,
         concurrency: int,
         work_ms: float,
-        work: str = "sleep",
+        work: WorkKind = "sleep",
         extra_env: dict[str, str] | None = None,
-        handler: str = "sync",
+        handler: HandlerKind = "sync",
     ) -> None:
         """A real supervisor with its pool processes and coordinator, as in production.
         `extra_env`: more of the bench app's variables (the limits scenario's types);

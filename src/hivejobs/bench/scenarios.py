@@ -20,6 +20,7 @@ import psycopg
 import redis
 
 from hivejobs.bench.environment import BenchEnvironment
+from hivejobs.bench.options import HandlerKind, WorkKind
 from hivejobs.bench.percentiles import percentiles
 from hivejobs.store import connect
 
@@ -144,8 +145,8 @@ def throughput(
     work_ms: float,
     payload_bytes: int,
     progress: Progress,
-    work: str = "sleep",
-    handler: str = "sync",
+    work: WorkKind = "sleep",
+    handler: HandlerKind = "sync",
 ) -> Figures:
     """A backlog drained by a real `hivejobs run`: steady rate from first to last finish,
     and what the drain cost Postgres per job (bench.cost)."""
@@ -179,7 +180,7 @@ def latency(
     processes: int,
     concurrency: int,
     progress: Progress,
-    handler: str = "sync",
+    handler: HandlerKind = "sync",
 ) -> Figures:
     """Steady enqueue rate against idle workers: enqueue call to handler start, and enqueue
     to succeeded.

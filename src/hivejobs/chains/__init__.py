@@ -10,8 +10,8 @@ Layer: beside coordinator/, under client/ and worker/; may import jobtypes, flow
 broker and the bottom modules (records, errors, config), never client or worker.
 """
 
-from hivejobs.chains.builder import Chain, JobRef
+from hivejobs.chains.builder import Chain, ChainJob
 from hivejobs.chains.context import ChainInfo
 from hivejobs.chains.growth import Growth
 
-__all__ = ["Chain", "ChainInfo", "Growth", "JobRef"]
+__all__ = ["Chain", "ChainInfo", "ChainJob", "Growth"]

@@ -21,7 +21,7 @@ from hivejobs.chains.validate import JobSpec, SequenceSpec, ValidChain, check_ke
 from hivejobs.errors import ChainInvalid
 
 
-class JobRef:
+class ChainJob:
     """A job of one chain, as `after=` and `sequence()` take it."""
 
     __slots__ = ("chain", "key")
@@ -31,7 +31,7 @@ class JobRef:
         self.key = key
 
     def __repr__(self) -> str:
-        return f"JobRef({self.chain.name!r}, {self.key!r})"
+        return f"ChainJob({self.chain.name!r}, {self.key!r})"
 
 
 class ChainFile(msgspec.Struct, forbid_unknown_fields=True):
@@ -91,12 +91,12 @@ class Chain:
         type: str,  # the job type
         payload: object = None,
         *,
-        after: Iterable[JobRef | str] = (),
+        after: Iterable[ChainJob | str] = (),
         tries: int = 1,
         retry_wait: float = 0.0,
         key: str | None = None,
         priority: int | None = None,
-    ) -> JobRef:
+    ) -> ChainJob:
         """Add a job of a registered type; it runs once every job in `after` succeeded.
 
         `tries`: tries before the job fails for good (spincycle's retry + 1); `retry_wait`
@@ -118,10 +118,10 @@ class Chain:
             retry_wait_s=retry_wait,
             priority=priority,
         )
-        return JobRef(self, key)
+        return ChainJob(self, key)
 
     def sequence(
-        self, jobs: Iterable[JobRef | str], *, retries: int = 0, retry_wait: float = 0.0
+        self, jobs: Iterable[ChainJob | str], *, retries: int = 0, retry_wait: float = 0.0
     ) -> None:
         """Jobs retried as a whole: when one fails for good and `retries` are left, all of
         them go back to pending and the sequence restarts from its start job after
@@ -129,8 +129,8 @@ class Chain:
         keys = tuple(self._key_of(ref, "sequence") for ref in jobs)
         self.sequences.append(SequenceSpec(jobs=keys, retries=retries, retry_wait_s=retry_wait))
 
-    def _key_of(self, ref: JobRef | str, user: str) -> str:
-        if isinstance(ref, JobRef):
+    def _key_of(self, ref: ChainJob | str, user: str) -> str:
+        if isinstance(ref, ChainJob):
             if ref.chain is not self:
                 raise ChainInvalid(
                     f"{user!r} in chain {self.name!r} refers to job {ref.key!r} of another "

@@ -10,8 +10,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import UTC, datetime
 
+from hivejobs.chain_records import ChainSummary, JobLogEntry, RunningTry
 from hivejobs.display import escape, exception_line
-from hivejobs.records import BatchStatus, ChainSummary, JobLogEntry, JobSummary, RunningTry
+from hivejobs.records import BatchStatus, JobSummary
 from hivejobs.store.sequence import KeyState
 
 

@@ -16,6 +16,7 @@ import redis
 from loguru import logger
 
 from hivejobs.broker import Broker
+from hivejobs.broker.hints import left_to_reconciler
 from hivejobs.config import Settings
 from hivejobs.coordinator.traverser import Traverser
 from hivejobs.errors import ConnectionFailed
@@ -113,11 +114,5 @@ class Dispatcher:
     def _push(self, pushes: list[Push]) -> None:
         """A push that fails (Redis down, a refused key) loses only latency: the reconciler
         pushes these ids after its grace. The listener stays: its next notes are not lost."""
-        try:
+        with left_to_reconciler("dispatched jobs", jobs=len(pushes)):
             self.broker.push_many(pushes)
-        except redis.RedisError as exc:
-            logger.warning(
-                "dispatched ids not pushed; the reconciler will",
-                jobs=len(pushes),
-                **error_fields(exc),
-            )

@@ -11,36 +11,38 @@ One pass, per chain that needs it, in one transaction under the leader lease:
 Decisions are computed from the stored state alone, never from memory of an earlier pass,
 so a coordinator killed at any point leaves a chain that the next leader traverses the same
 way: no progress lost, and no try created twice (a try exists only if its pending -> running
-change committed). Never runs a handler and never writes outside store.chains.
+change committed). Never runs a handler and never writes outside store.traversal.
 """
 
 from __future__ import annotations
 
 import time
 from datetime import datetime, timedelta
+from typing import NamedTuple
 
 import msgspec
-import redis
 from loguru import logger
 
 from hivejobs.broker import Broker
+from hivejobs.broker.hints import left_to_reconciler
+from hivejobs.chain_records import ChainJobState, JobLogState
 from hivejobs.failpoints import failpoint
-from hivejobs.logs import error_fields
 from hivejobs.records import Lease
 from hivejobs.store import Store
-from hivejobs.store.chains import (
-    ChainStore,
+from hivejobs.store.chains import try_id
+from hivejobs.store.traversal import (
+    ChangeMode,
     JobChange,
     JobRow,
     LogRow,
     Plan,
     Snapshot,
     StaleSnapshot,
-    try_id,
+    TraversalStore,
 )
 
 BATCH = 100
-_RANK = {"keep": 0, "reap": 1, "start": 2, "reset": 3}
+_RANK: dict[ChangeMode, int] = {"keep": 0, "reap": 1, "start": 2, "reset": 3}
 
 
 class TraverseResult(msgspec.Struct):
@@ -65,7 +67,7 @@ class Traverser:
     def __init__(
         self, store: Store, broker: Broker, batch: int = BATCH, search_every_s: float = 1.0
     ) -> None:
-        self.chains = ChainStore(store)
+        self.traversal = TraversalStore(store)
         self.broker = broker
         self.batch = batch
         self.search_every_s = search_every_s
@@ -108,12 +110,14 @@ class Traverser:
 
     def _traverse(self, lease: Lease, only: set[str] | None) -> TraverseResult:
         result = TraverseResult()
-        ids = sorted(only) if only is not None else self.chains.chains_to_traverse(self.batch + 1)
+        ids = (
+            sorted(only) if only is not None else self.traversal.chains_to_traverse(self.batch + 1)
+        )
         result.more = len(ids) > self.batch
         for chain_id in ids[: self.batch]:
             self._decided = None
             try:
-                pushes = self.chains.traverse(lease, chain_id, self._plan)
+                pushes = self.traversal.traverse(lease, chain_id, self._plan)
             except StaleSnapshot:
                 result.more = True  # changed while we planned: look again next pass
                 continue
@@ -128,22 +132,25 @@ class Traverser:
                 logger.info("chain finished", chain_id=chain_id, state=final)
             failpoint("chain.after_commit_before_push")
             if pushes:
-                try:
+                with left_to_reconciler("chain tries", chain_id=chain_id, jobs=len(pushes)):
                     self.broker.push_many(pushes)
-                except redis.RedisError as exc:
-                    # The tries are queued in Postgres: the reconciler pushes them (rule R1,
-                    # docs/concepts/reliability.md).
-                    logger.warning(
-                        "chain tries stored but not pushed; the reconciler will",
-                        chain_id=chain_id,
-                        jobs=len(pushes),
-                        **error_fields(exc),
-                    )
         return result
 
     def _plan(self, snapshot: Snapshot) -> Plan | None:
         self._decided = plan_chain(snapshot)
         return self._decided
+
+
+class Reaped(NamedTuple):
+    """What a reaped try leaves on its chain job's row (the update's `reap` mode)."""
+
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+    result: bytes | None = None
+    error: str | None = None
+
+
+NOT_REAPED = Reaped()  # a row this pass did not reap: its update keeps the try's details
 
 
 class _Draft:
@@ -153,11 +160,11 @@ class _Draft:
     def __init__(self, snap: Snapshot) -> None:
         self.snap = snap
         self.plan = Plan(state=snap.state)
-        self.was: dict[str, str] = {}
-        self.modes: dict[str, str] = {}
-        self.reaped: dict[str, JobChange] = {}
+        self.was: dict[str, ChainJobState] = {}
+        self.modes: dict[str, ChangeMode] = {}
+        self.reaped: dict[str, Reaped] = {}
 
-    def touch(self, row: JobRow, mode: str) -> None:
+    def touch(self, row: JobRow, mode: ChangeMode) -> None:
         """Every row touched has a mode (a resumed row that nothing else touches keeps
         "keep"); a later touch only raises it."""
         self.was.setdefault(row.key, row.state)
@@ -169,7 +176,7 @@ class _Draft:
         out = []
         for key, was in self.was.items():
             row = self.snap.jobs[key]
-            reaped = self.reaped.get(key)
+            reaped = self.reaped.get(key, NOT_REAPED)
             change = JobChange(
                 key=key,
                 was=was,
@@ -179,10 +186,11 @@ class _Draft:
                 job_id=row.job_id,
                 not_before=row.not_before,
                 mode=self.modes[key],
+                started_at=reaped.started_at,
+                finished_at=reaped.finished_at,
+                result=reaped.result,
+                error=reaped.error,
             )
-            if reaped is not None:
-                change.started_at, change.finished_at = reaped.started_at, reaped.finished_at
-                change.result, change.error = reaped.result, reaped.error
             out.append(change)
         return out
 
@@ -214,32 +222,25 @@ def _reap(draft: _Draft) -> bool:
         row = snap.jobs[done.key]
         seq_try = snap.seq_tries.get(row.seq) if row.seq else None
         draft.touch(row, "reap")
-        change = JobChange(
-            key=row.key,
-            was=row.state,
-            state="",
-            try_=0,
-            total_tries=0,
-            job_id=None,
-            started_at=done.started_at,
-            finished_at=done.finished_at,
-        )
+        result: bytes | None = None
+        error: str | None = None
+        log_state: JobLogState
         if done.state == "succeeded":
-            row.state, change.result, log_state = "succeeded", done.result, "succeeded"
+            row.state, result, log_state = "succeeded", done.result, "succeeded"
             succeeded_any = True
         elif done.state == "cancelled" and snap.stop_requested:
             # Stopping is not failing: the try is not counted (spincycle rolls it back).
             row.state, row.try_, log_state = "stopped", row.try_ - 1, "stopped"
-            change.error = done.error
+            error = done.error
         else:
-            change.error = done.error or f"try ended {done.state}"
+            error = done.error or f"try ended {done.state}"
             log_state = "failed"
             if row.try_ < row.tries and not snap.stop_requested:
                 row.state = "pending"
                 row.not_before = _after(snap, row.retry_wait_s)
             else:
                 row.state = "failed"
-        draft.reaped[row.key] = change
+        draft.reaped[row.key] = Reaped(done.started_at, done.finished_at, result, error)
         draft.plan.log.append(
             LogRow(
                 key=row.key,
@@ -250,7 +251,7 @@ def _reap(draft: _Draft) -> bool:
                 state=log_state,
                 started_at=done.started_at,
                 finished_at=done.finished_at,
-                error=change.error,
+                error=error,
             )
         )
     return succeeded_any

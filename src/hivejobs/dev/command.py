@@ -23,7 +23,7 @@ from types import FrameType
 
 from loguru import logger
 
-from hivejobs.config import explicit_urls, redact_url
+from hivejobs.config import explicit_urls
 from hivejobs.embedded.process import parent_death_preexec
 from hivejobs.embedded.servers import (
     EmbeddedError,
@@ -33,6 +33,7 @@ from hivejobs.embedded.servers import (
     stop_embedded,
 )
 from hivejobs.embedded.state import default_data_dir, recorded_urls_match
+from hivejobs.urls import redact_url
 
 # How to call our own CLI in a subprocess; a list so that tests can point it at a fake.
 HIVEJOBS_COMMAND = [sys.executable, "-m", "hivejobs"]

@@ -2,10 +2,11 @@
 
 Every statement lives in a .sql file beside the module that runs it, one per aggregate:
 jobs (jobs.py), workers (workers.py), the coordinator lease (leases.py), leader-only upkeep
-(maintenance.py), chains (chains.py), callbacks, schedules, listings, and LISTEN/NOTIFY
-(notify.py). Imports nothing of ours but records, errors and config. Never decides policy
-(retries, delivery): callers pass outcomes, the store writes them with the guards that keep
-them safe (state and claim-token fences, the lease for leader-only writes).
+(maintenance.py), chains (chains.py; the traverser's pass in traversal.py), callbacks,
+schedules, listings, and LISTEN/NOTIFY (notify.py). Imports nothing of ours but records,
+errors and config. Never decides policy (retries, delivery): callers pass outcomes, the store
+writes them with the guards that keep them safe (state and claim-token fences, the lease for
+leader-only writes).
 
 Layer: beside broker/ (never imports it), under everything but the bottom modules.
 """
@@ -52,7 +53,7 @@ class Store(Jobs, Workers, Maintenance):
     Each aggregate is a class of its own over its own .sql file (Jobs, Workers, Leases,
     Maintenance); Store only puts them on one pool, so that a process opens one pool and its
     callers keep one object. Chains, callbacks, schedules and listings are objects over a
-    Store (ChainStore, CallbackStore, ScheduleStore, DashboardStore)."""
+    Store (ChainStore, TraversalStore, CallbackStore, ScheduleStore, DashboardStore)."""
 
 
 def is_data_error(exc: BaseException) -> bool:

@@ -13,7 +13,6 @@ from typing import Any
 import psycopg
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
-from hivejobs.config import redact_url
 from hivejobs.errors import ConnectionFailed
 from hivejobs.records import Inserted, JobEvent, NewJob, Push
 from hivejobs.store.chains import create_chain_plan
@@ -35,6 +34,7 @@ from hivejobs.store.progress import progress_plan
 from hivejobs.store.sequence import SEQ, copied_params
 from hivejobs.store.session_settings import connect_kwargs
 from hivejobs.store.sql import arun_plan
+from hivejobs.urls import redact_url
 
 AsyncConn = psycopg.AsyncConnection[Any]
 

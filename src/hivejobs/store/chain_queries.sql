@@ -23,18 +23,6 @@ SELECT %(chain_id)s, u.start_key, u.retries, u.retry_wait_s
   FROM unnest(%(starts)s::text[], %(retries)s::int[], %(waits)s::float8[])
        AS u(start_key, retries, retry_wait_s);
 
--- name: chains_to_traverse
--- New, suspended and woken chains, and chains with a finished try not yet reaped. The join
--- reads the partial index of running chain jobs, so idle chains cost nothing.
-SELECT id FROM hivejobs_chain
- WHERE state IN ('pending', 'running', 'suspended')
-   AND (state <> 'running' OR wake_at <= now())
-UNION
-SELECT cj.chain_id FROM hivejobs_chain_job cj
-  JOIN hivejobs_archive a ON a.id = cj.job_id
- WHERE cj.state = 'running'
-LIMIT %(limit)s;
-
 -- name: wake_traverser
 -- Delivered on commit. The payload names chains to traverse (comma-separated, as the
 -- try-finished trigger sends them); empty means "look for work" (chains_to_traverse).
@@ -45,88 +33,6 @@ SELECT pg_notify('hivejobs_chain', %(id)s);
 SELECT id, state, stop_requested, now() AS now, stop_by FROM hivejobs_chain
  WHERE id = %(id)s AND state IN ('pending', 'running', 'suspended')
    FOR UPDATE;
-
--- name: load_chain_jobs
-SELECT key, name, payload, priority, delivery, after_keys, seq, tries, retry_wait_s, state,
-       try, total_tries, job_id, not_before
-  FROM hivejobs_chain_job WHERE chain_id = %(id)s;
-
--- name: load_chain_sequences
-SELECT start_key, retries, retry_wait_s, seq_try FROM hivejobs_chain_sequence
- WHERE chain_id = %(id)s;
-
--- name: finished_tries
--- Tries of running chain jobs that reached the archive: what the reaper collects.
-SELECT cj.key, a.id, a.state, a.error, a.result, a.started_at, a.finished_at
-  FROM hivejobs_chain_job cj
-  JOIN hivejobs_archive a ON a.id = cj.job_id
- WHERE cj.chain_id = %(id)s AND cj.state = 'running';
-
--- name: update_chain_jobs
--- Fenced by the state each change was computed from (`was`), inside the chain's row lock.
--- `mode` says what happens to the try's details: reap (take them from the finished try),
--- start (a new try: times cleared), reset (sequence retry: all cleared), keep.
-UPDATE hivejobs_chain_job cj
-   SET state = u.state, try = u.try, total_tries = u.total_tries, job_id = u.job_id,
-       not_before = u.not_before,
-       started_at = CASE u.mode WHEN 'reap' THEN u.started_at WHEN 'keep' THEN cj.started_at
-                    END,
-       finished_at = CASE u.mode WHEN 'reap' THEN u.finished_at
-                     WHEN 'keep' THEN cj.finished_at END,
-       result = CASE u.mode WHEN 'reap' THEN u.result WHEN 'keep' THEN cj.result END,
-       error = CASE u.mode WHEN 'reap' THEN u.error WHEN 'reset' THEN NULL
-               ELSE coalesce(u.error, cj.error) END,
-       status = CASE u.mode WHEN 'reset' THEN NULL ELSE cj.status END
-  FROM unnest(%(keys)s::text[], %(was)s::text[], %(states)s::text[], %(tries)s::int[],
-              %(totals)s::int[], %(job_ids)s::text[], %(not_befores)s::timestamptz[],
-              %(started)s::timestamptz[], %(finished)s::timestamptz[], %(results)s::bytea[],
-              %(errors)s::text[], %(modes)s::text[])
-       AS u(key, was, state, try, total_tries, job_id, not_before, started_at, finished_at,
-            result, error, mode)
- WHERE cj.chain_id = %(id)s AND cj.key = u.key AND cj.state = u.was
-RETURNING cj.key;
-
--- name: insert_job_log
-INSERT INTO hivejobs_job_log (chain_id, key, try, name, job_id, seq_try, state, started_at,
-                              finished_at, error)
-SELECT %(id)s, u.key, u.try, u.name, u.job_id, u.seq_try, u.state, u.started_at,
-       u.finished_at, u.error
-  FROM unnest(%(keys)s::text[], %(tries)s::int[], %(names)s::text[], %(job_ids)s::text[],
-              %(seq_tries)s::int[], %(states)s::text[], %(started)s::timestamptz[],
-              %(finished)s::timestamptz[], %(errors)s::text[])
-       AS u(key, try, name, job_id, seq_try, state, started_at, finished_at, error)
-ON CONFLICT (chain_id, key, try) DO NOTHING;
-
--- name: insert_tries
--- One hivejobs job per try, attempts = 1: the chain counts tries, not the pool. The id names
--- the try, so an insert repeated after a crash conflicts instead of running it twice.
--- Each try carries the chain's trace context: the chain is one trace (hivejobs/tracing.py).
-INSERT INTO hivejobs_job (id, name, state, priority, attempts, delivery, payload, run_at,
-                          queued_at, trace_context)
-SELECT u.id, u.name, 'queued', u.priority, 1, u.delivery, u.payload, now(), now(),
-       (SELECT c.trace_context FROM hivejobs_chain c WHERE c.id = %(chain_id)s)
-  FROM unnest(%(ids)s::text[], %(names)s::text[], %(priorities)s::int2[],
-              %(deliveries)s::text[], %(payloads)s::bytea[])
-       AS u(id, name, priority, delivery, payload)
-ON CONFLICT (id) DO NOTHING
-RETURNING id, name, priority;
-
--- name: update_sequence_tries
-UPDATE hivejobs_chain_sequence s SET seq_try = u.seq_try
-  FROM unnest(%(starts)s::text[], %(seq_tries)s::int[]) AS u(start_key, seq_try)
- WHERE s.chain_id = %(id)s AND s.start_key = u.start_key;
-
--- name: commit_async
--- This transaction may commit without waiting for the WAL flush (see ChainStore.traverse).
-SELECT set_config('synchronous_commit', 'off', true);
-
--- name: update_chain
-UPDATE hivejobs_chain
-   SET state = %(state)s, wake_at = %(wake_at)s,
-       started_at = coalesce(started_at, CASE WHEN %(state)s <> 'pending' THEN now() END),
-       resumed_at = CASE WHEN %(resumed)s THEN now() ELSE resumed_at END,
-       finished_at = CASE WHEN %(state)s IN ('succeeded', 'failed', 'stopped') THEN now() END
- WHERE id = %(id)s;
 
 -- name: suspend_chain_tries
 -- A pool suspends chain tries on shutdown: unlike a plain job (requeued, R9) the try ends
@@ -183,23 +89,6 @@ UPDATE hivejobs_chain
    SET stop_requested = true, wake_at = now(),
        stop_by = coalesce(stop_by, now() + %(timeout_s)s * interval '1 second')
  WHERE id = %(id)s AND state IN ('pending', 'running', 'suspended')
-RETURNING id;
-
--- name: abandon_tries
--- Past the stop timeout: tries that ignored ctx.stopping end cancelled here, as spincycle
--- gives up on them. The handler may still run in its pool, but its completion is fenced out
--- (claim token, R3); the archive insert wakes the traverser, which reaps them as stopped.
-WITH done AS (
-    DELETE FROM hivejobs_job
-     WHERE id = ANY(%(ids)s::text[]) AND state IN ('queued', 'scheduled', 'running')
-    RETURNING *
-)
-INSERT INTO hivejobs_archive (id, name, state, priority, attempt, attempts, delivery, payload,
-                              created_at, run_at, started_at, finished_at, expires_at, error,
-                              claim_token)
-SELECT id, name, 'cancelled', priority, attempt, attempts, delivery, payload, created_at,
-       run_at, started_at, now(), expires_at, %(error)s, claim_token
-  FROM done
 RETURNING id;
 
 -- name: cancel_waiting_tries

@@ -18,7 +18,6 @@ import psycopg
 import psycopg.sql
 from psycopg_pool import ConnectionPool
 
-from hivejobs.config import redact_url, scrub, url_secrets, warn_plaintext_postgres
 from hivejobs.errors import ConfigError, ConnectionFailed
 from hivejobs.store.migrate import apply_migrations, check_schema
 from hivejobs.store.session_settings import (
@@ -30,6 +29,7 @@ from hivejobs.store.session_settings import (
     with_local_settings,
 )
 from hivejobs.store.sql import load_queries
+from hivejobs.urls import redact_url, scrub, url_secrets, warn_plaintext_postgres
 
 Conn = psycopg.Connection[Any]
 SCHEMA = load_queries("schema.sql")

@@ -19,7 +19,8 @@ import pytest
 import redis
 
 from hivejobs.client.app import App
-from hivejobs.config import DEFAULT_DATABASE_URL, DEFAULT_REDIS_URL, remember_secrets
+from hivejobs.config import DEFAULT_DATABASE_URL, DEFAULT_REDIS_URL, BackendSource
+from hivejobs.urls import remember_secrets
 
 _RUN = uuid.uuid4().hex[:8]
 
@@ -101,7 +102,7 @@ def hivejobs_isolate(
 ) -> Iterator[Callable[[App], App]]:
     """Point an app (your module's `app`) at this test's database and prefix; after the test
     its connections are closed and its own settings come back."""
-    saved: list[tuple[App, str, str, str, str]] = []
+    saved: list[tuple[App, str, str, str, BackendSource]] = []
 
     def isolate(app: App) -> App:
         s = app.settings

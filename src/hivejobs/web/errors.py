@@ -16,45 +16,22 @@ from litestar.openapi.datastructures import ResponseSpec
 from litestar.response import Redirect
 from loguru import logger
 
-from hivejobs.errors import (
-    BatchClosed,
-    BatchNotFound,
-    CallbackRefused,
-    ChainAlreadyFinished,
-    ChainInvalid,
-    ChainNotFound,
-    ConnectionFailed,
-    HivejobsError,
-    InvalidArgument,
-    JobAlreadyFinished,
-    JobIdConflict,
-    JobNotFinished,
-    JobNotFound,
-    PayloadInvalid,
-    PayloadTooLarge,
-    UnknownJobType,
-)
+from hivejobs.errors import ConnectionFailed, ErrorKind, HivejobsError
 from hivejobs.logs import error_fields
 from hivejobs.serialization import TOO_DEEP
 from hivejobs.web.schemas import ErrorOut
 
-STATUS_OF: list[tuple[type[HivejobsError], int]] = [
-    (UnknownJobType, 404),
-    (JobNotFound, 404),
-    (ChainNotFound, 404),
-    (BatchNotFound, 404),
-    (JobIdConflict, 409),
-    (JobNotFinished, 409),
-    (JobAlreadyFinished, 409),
-    (ChainAlreadyFinished, 409),
-    (CallbackRefused, 409),
-    (BatchClosed, 409),
-    (PayloadTooLarge, 413),
-    (PayloadInvalid, 422),
-    (InvalidArgument, 422),
-    (ChainInvalid, 422),
-    (ConnectionFailed, 503),
-]
+# Each kind of error (errors.ErrorKind) as the status that says it; "usage" and "failed"
+# answer 400.
+STATUS_OF: dict[ErrorKind, int] = {
+    "invalid": 422,
+    "unknown_type": 404,
+    "too_large": 413,
+    "id_conflict": 409,
+    "not_found": 404,
+    "state_conflict": 409,
+    "unavailable": 503,
+}
 DESCRIPTIONS = {
     200: "the existing job (same id, same type and payload)",
     201: "stored now",
@@ -97,10 +74,8 @@ def on_hivejobs_error(_: Request[Any, Any, Any], exc: Exception) -> Response[Any
         # every HTTP client.
         logger.warning("request failed: backend down", service=exc.service, error=str(exc))
         return _json(503, f"{exc.service} does not answer; retry later")
-    for cls, status in STATUS_OF:
-        if isinstance(exc, cls):
-            return _json(status, str(exc))
-    return _json(400, str(exc))
+    assert isinstance(exc, HivejobsError)
+    return _json(STATUS_OF.get(exc.kind, 400), str(exc))
 
 
 def on_validation(_: Request[Any, Any, Any], exc: Exception) -> Response[Any]:
