@@ -11,9 +11,8 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import TYPE_CHECKING
 
-from psycopg.rows import class_row
-
 from hivejobs.records import JobSummary
+from hivejobs.store.dashboard import summary_row
 from hivejobs.store.sql import load_queries
 
 if TYPE_CHECKING:
@@ -51,7 +50,7 @@ def list_jobs(
         "limit": limit,
     }
     with store.connection() as conn:
-        cur = conn.cursor(row_factory=class_row(JobSummary))
+        cur = conn.cursor(row_factory=summary_row)
         return cur.execute(ARCHIVE["list_jobs"], params).fetchall()
 
 

@@ -7,16 +7,20 @@ index range read whatever the archive holds (bench: `python -m hivejobs.bench.da
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Sequence
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import msgspec
-from psycopg.rows import class_row
+from psycopg.rows import RowMaker, class_row
 
-from hivejobs.records import ChainSummary
+from hivejobs.display import exception_line
+from hivejobs.records import ChainSummary, JobSummary
 from hivejobs.store.sql import load_queries
 
 if TYPE_CHECKING:
+    from psycopg.cursor import BaseCursor
+
     from hivejobs.store import Store
 
 QUERIES = load_queries("dashboard_queries.sql")
@@ -31,24 +35,6 @@ LIST_QUERY: dict[str, str] = {
 NEWEST_FIRST = frozenset({"failed", "finished"})
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 FAR_FUTURE = datetime(9999, 1, 1, tzinfo=UTC)
-
-
-class JobRow(msgspec.Struct, frozen=True, kw_only=True):
-    """A job as a dashboard or API list shows it; `sort_at` is its keyset position."""
-
-    id: str
-    name: str
-    state: str
-    attempt: int
-    attempts: int
-    priority: int
-    created_at: datetime
-    run_at: datetime
-    started_at: datetime | None
-    finished_at: datetime | None
-    error: str | None  # the head of the traceback (where it started)
-    error_tail: str | None  # its end, which holds the exception line
-    sort_at: datetime | None
 
 
 class ChainRow(ChainSummary, frozen=True, kw_only=True):
@@ -77,6 +63,20 @@ class LogRow(msgspec.Struct, frozen=True, kw_only=True):
     finished_at: datetime
     error: str | None
     total: int
+
+
+def summary_row(cursor: BaseCursor[Any, Any]) -> RowMaker[JobSummary]:
+    """A psycopg row factory: JobSummary from a query that selects its fields but
+    `error_line`, which comes from `error_tail` (the end of a long error, where the exception
+    line is) or, without that column, from the whole `error`."""
+    names = [c.name for c in cursor.description or ()]
+
+    def make(values: Sequence[Any]) -> JobSummary:
+        row = dict(zip(names, values, strict=True))
+        tail = row.pop("error_tail") if "error_tail" in row else row["error"]
+        return JobSummary(**row, error_line=exception_line(tail) if row["error"] else None)
+
+    return make
 
 
 # The tail of a try's error the chain page shows (the job's page has all of it).
@@ -118,16 +118,16 @@ class DashboardStore:
 
     def jobs(
         self, which: ListName, name: str | None, after: str | None, limit: int
-    ) -> tuple[list[JobRow], str | None]:
+    ) -> tuple[list[JobSummary], str | None]:
         """One page and the token of the next one (None: this was the last page)."""
         at, job_id = decode_cursor(after, which in NEWEST_FIRST)
         params = {"name": name, "after_at": at, "after_id": job_id, "limit": limit + 1}
         with self.store.connection() as conn:
-            cur = conn.cursor(row_factory=class_row(JobRow))
+            cur = conn.cursor(row_factory=summary_row)
             rows = cur.execute(QUERIES[LIST_QUERY[which]], params).fetchall()
         more = len(rows) > limit
         rows = rows[:limit]
-        nxt = encode_cursor(rows[-1].sort_at, rows[-1].id) if more and rows else None
+        nxt = encode_cursor(rows[-1].at, rows[-1].id) if more and rows else None
         return rows, nxt
 
     def chains(self, after: str | None, limit: int) -> tuple[list[ChainRow], str | None]:

@@ -19,7 +19,6 @@ from litestar.params import Parameter, QueryParameter
 from hivejobs.chains import Chain
 from hivejobs.chains.builder import ChainFile
 from hivejobs.client.app import App
-from hivejobs.display import exception_line
 from hivejobs.errors import ChainAlreadyFinished, HivejobsError, JobAlreadyFinished, JobNotFound
 from hivejobs.records import JobInfo
 from hivejobs.store.dashboard import DashboardStore, ListName
@@ -250,23 +249,7 @@ def list_jobs(
     limit: Limit = 50,
 ) -> JobPage:
     rows, nxt = DashboardStore(hj(state).store).jobs(list_state, job_type, after, limit)
-    items = [
-        JobListItem(
-            id=r.id,
-            name=r.name,
-            state=r.state,
-            attempt=r.attempt,
-            attempts=r.attempts,
-            priority=r.priority,
-            created_at=r.created_at,
-            run_at=r.run_at,
-            started_at=r.started_at,
-            finished_at=r.finished_at,
-            error=r.error,
-            error_line=exception_line(r.error_tail) if r.error else None,
-        )
-        for r in rows
-    ]
+    items = [msgspec.convert(r, JobListItem, from_attributes=True) for r in rows]
     return JobPage(jobs=items, next=nxt)
 
 

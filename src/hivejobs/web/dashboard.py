@@ -21,8 +21,8 @@ from litestar.response import Redirect
 from hivejobs.client.app import App
 from hivejobs.display import exception_line
 from hivejobs.errors import JobNotFound
-from hivejobs.records import ChainJobStatus
-from hivejobs.store.dashboard import DashboardStore, JobRow, ListName
+from hivejobs.records import ChainJobStatus, JobSummary
+from hivejobs.store.dashboard import DashboardStore, ListName
 from hivejobs.store.flow import FlowSettings, FlowStore
 from hivejobs.store.sequence import Hold, SequenceStore
 from hivejobs.web.auth import (
@@ -86,7 +86,7 @@ def _html(request: Request[Any, Any, Any], title: str, fragment: str, only: bool
     return Response(body, media_type=MediaType.HTML)
 
 
-def _job_rows(base: str, rows: list[JobRow], pick: bool) -> list[list[str]]:
+def _job_rows(base: str, rows: list[JobSummary], pick: bool) -> list[list[str]]:
     out = []
     for r in rows:
         cells = [f'<input type="checkbox" class="pick" value="{esc(r.id)}">'] if pick else []
@@ -96,15 +96,15 @@ def _job_rows(base: str, rows: list[JobRow], pick: bool) -> list[list[str]]:
             badge(r.state),
             f"{r.attempt}/{r.attempts}",
             esc(when(r.finished_at or r.started_at or r.run_at)),
-            f'<span class="muted error-line">{esc(exception_line(r.error_tail))}</span>'
-            if r.error
-            else "",
+            f'<span class="muted error-line">{esc(r.error_line)}</span>' if r.error else "",
         ]
         out.append(cells)
     return out
 
 
-def _job_list(base: str, path: str, rows: list[JobRow], nxt: str | None, **q: str | None) -> str:
+def _job_list(
+    base: str, path: str, rows: list[JobSummary], nxt: str | None, **q: str | None
+) -> str:
     bulk = (
         f'<button data-bulk="replay" data-url="{esc(base)}/v1/bulk">Replay selected</button>'
         f'<button data-bulk="cancel" data-url="{esc(base)}/v1/bulk">Cancel selected</button>'
