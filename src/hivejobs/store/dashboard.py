@@ -7,20 +7,17 @@ index range read whatever the archive holds (bench: `python -m hivejobs.bench.da
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Literal
 
 import msgspec
-from psycopg.rows import RowMaker, class_row
+from psycopg.rows import class_row, dict_row
 
 from hivejobs.display import exception_line
 from hivejobs.records import ChainSummary, JobSummary
 from hivejobs.store.sql import load_queries
 
 if TYPE_CHECKING:
-    from psycopg.cursor import BaseCursor
-
     from hivejobs.store import Store
 
 QUERIES = load_queries("dashboard_queries.sql")
@@ -65,18 +62,12 @@ class LogRow(msgspec.Struct, frozen=True, kw_only=True):
     total: int
 
 
-def summary_row(cursor: BaseCursor[Any, Any]) -> RowMaker[JobSummary]:
-    """A psycopg row factory: JobSummary from a query that selects its fields but
-    `error_line`, which comes from `error_tail` (the end of a long error, where the exception
-    line is) or, without that column, from the whole `error`."""
-    names = [c.name for c in cursor.description or ()]
-
-    def make(values: Sequence[Any]) -> JobSummary:
-        row = dict(zip(names, values, strict=True))
-        tail = row.pop("error_tail") if "error_tail" in row else row["error"]
-        return JobSummary(**row, error_line=exception_line(tail) if row["error"] else None)
-
-    return make
+def job_summary(row: dict[str, Any]) -> JobSummary:
+    """A row (dict_row) of a query that selects JobSummary's fields but `error_line`, which
+    comes from `error_tail` (the end of a long error, where the exception line is) or,
+    without that column, from the whole `error`."""
+    tail = row.pop("error_tail") if "error_tail" in row else row["error"]
+    return JobSummary(**row, error_line=exception_line(tail) if row["error"] else None)
 
 
 # The tail of a try's error the chain page shows (the job's page has all of it).
@@ -123,8 +114,8 @@ class DashboardStore:
         at, job_id = decode_cursor(after, which in NEWEST_FIRST)
         params = {"name": name, "after_at": at, "after_id": job_id, "limit": limit + 1}
         with self.store.connection() as conn:
-            cur = conn.cursor(row_factory=summary_row)
-            rows = cur.execute(QUERIES[LIST_QUERY[which]], params).fetchall()
+            cur = conn.cursor(row_factory=dict_row)
+            rows = [job_summary(r) for r in cur.execute(QUERIES[LIST_QUERY[which]], params)]
         more = len(rows) > limit
         rows = rows[:limit]
         nxt = encode_cursor(rows[-1].at, rows[-1].id) if more and rows else None

@@ -11,7 +11,7 @@ from typing import Annotated, Any
 
 from litestar import Request, get
 from litestar.datastructures import State
-from litestar.params import Parameter
+from litestar.params import FromPath, Parameter
 from litestar.response import Template
 
 from hivejobs.client.app import App
@@ -19,6 +19,7 @@ from hivejobs.records import BatchStatus
 from hivejobs.store.batches import BatchStore
 from hivejobs.web import render
 from hivejobs.web.errors import ERROR_RESPONSES
+from hivejobs.web.render import Fragment
 from hivejobs.web.threads import threaded
 
 BatchId = Annotated[str, Parameter(description="batch id", min_length=1, max_length=255)]
@@ -44,7 +45,9 @@ def get_batch(state: State, batch_id: BatchId, failures: Failures = 1000) -> Bat
 
 @get("/dashboard/batches", include_in_schema=False)
 @threaded
-def batches_page(request: Request[Any, Any, Any], state: State, fragment: bool = False) -> Template:
+def batches_page(
+    request: Request[Any, Any, Any], state: State, fragment: Fragment = False
+) -> Template:
     rows = BatchStore(_app(state).read_store).recent(RECENT)
     return render.page(request, "batches.html", "Batches", fragment, rows=rows)
 
@@ -52,7 +55,10 @@ def batches_page(request: Request[Any, Any, Any], state: State, fragment: bool =
 @get("/dashboard/batches/{batch_id:str}", include_in_schema=False)
 @threaded
 def batch_page(
-    request: Request[Any, Any, Any], state: State, batch_id: str, fragment: bool = False
+    request: Request[Any, Any, Any],
+    state: State,
+    batch_id: FromPath[str],
+    fragment: Fragment = False,
 ) -> Template:
     b = _app(state).batch_status(batch_id, 200)
     return render.page(request, "batch.html", f"Batch {batch_id}", fragment, b=b)

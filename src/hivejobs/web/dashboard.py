@@ -17,7 +17,7 @@ from typing import Annotated, Any
 from litestar import Request, get, post
 from litestar.datastructures import State
 from litestar.enums import RequestEncodingType
-from litestar.params import Body, Parameter, QueryParameter
+from litestar.params import Body, FromPath, Parameter, QueryParameter
 from litestar.response import Redirect, Template
 
 from hivejobs.client.app import App
@@ -37,7 +37,7 @@ from hivejobs.web.auth import (
 )
 from hivejobs.web.fair import fair_keys
 from hivejobs.web.fleet import job_type_rows, read_throughput
-from hivejobs.web.render import Chart
+from hivejobs.web.render import Chart, Fragment
 from hivejobs.web.schemas import JobTypeOut
 from hivejobs.web.threads import threaded
 
@@ -47,7 +47,6 @@ CHAIN_PAGE = 100
 DAG_MAX_JOBS = 200
 WINDOW_MIN = 60
 
-Fragment = Annotated[bool, QueryParameter(name="fragment")]
 After = Annotated[str | None, Parameter(max_length=600)]
 ChainPageNumber = Annotated[int, QueryParameter(ge=1, le=1_000_000)]
 SERVICES = (
@@ -97,7 +96,7 @@ def overview(request: Request[Any, Any, Any], state: State, fragment: Fragment =
 def type_jobs(
     request: Request[Any, Any, Any],
     state: State,
-    name: str,
+    name: FromPath[str],
     list_state: Annotated[ListName, QueryParameter(name="state")] = "queued",
     after: After = None,
     fragment: Fragment = False,
@@ -141,8 +140,8 @@ def failed(
 def job_page(
     request: Request[Any, Any, Any],
     state: State,
-    name: str,
-    job_id: str,
+    name: FromPath[str],
+    job_id: FromPath[str],
     fragment: Fragment = False,
 ) -> Template:
     app = _app(state)
@@ -167,7 +166,7 @@ def chains(
 def chain_page(
     request: Request[Any, Any, Any],
     state: State,
-    request_id: str,
+    request_id: FromPath[str],
     page: ChainPageNumber = 1,
     fragment: Fragment = False,
 ) -> Template:

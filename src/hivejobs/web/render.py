@@ -17,13 +17,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from importlib.resources import files
-from typing import Any
+from typing import Annotated, Any
 from urllib.parse import quote, urlencode
 
 import msgspec
 from jinja2 import Environment, PackageLoader, StrictUndefined, pass_context
 from jinja2.runtime import Context
 from litestar import Request
+from litestar.params import QueryParameter
 from litestar.plugins.jinja import JinjaTemplateEngine
 from litestar.response import Template
 from litestar.template.config import TemplateConfig
@@ -33,6 +34,8 @@ from hivejobs.chains.render import layers
 from hivejobs.display import exception_line, progress_text
 from hivejobs.records import TERMINAL_STATES, ChainJobStatus
 
+# `?fragment=1`: only the page's live part, which its script re-fetches and swaps in.
+Fragment = Annotated[bool, QueryParameter(name="fragment")]
 TEMPLATES = files("hivejobs.web") / "templates"
 SCRIPT = (TEMPLATES / "dashboard.js").read_text(encoding="utf-8")
 CSS = (TEMPLATES / "dashboard.css").read_text(encoding="utf-8")
