@@ -488,6 +488,14 @@ GUARDS: tuple[Guard, ...] = (
         "every public /healthz is a Postgres and a Redis round trip",
     ),
     Guard(
+        "dashboard-autoescape",
+        "src/hivejobs/web/render.py",
+        "        autoescape=True,\n",
+        "        autoescape=False,\n",
+        ("tests/web/test_dashboard_escaping.py",),
+        "markup in an error, a payload or a chain's name becomes elements on the dashboard",
+    ),
+    Guard(
         "chain-page-paginated",
         "src/hivejobs/web/dashboard.py",
         "    shown = status.jobs[(page - 1) * CHAIN_PAGE : page * CHAIN_PAGE]\n",

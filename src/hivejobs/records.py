@@ -286,13 +286,14 @@ class WorkerInfo(msgspec.Struct, frozen=True, kw_only=True):
     running: int
 
 
-class JobSummary(msgspec.Struct, frozen=True, kw_only=True):
-    """One job, live or archived, as `list_jobs` returns it (no payload, no result).
-    `at` orders the listing: finished_at for a finished job, created_at for a live one."""
+class JobSummaryFields(msgspec.Struct, Generic[StateT], frozen=True, kw_only=True):
+    """One job of a listing, live or archived, without payload or result (JobSummary; the
+    API's JobListItem). `error_line`: the exception line of the error (`ValueError: ...`,
+    display.exception_line), None when the job has no error."""
 
     id: str
     name: str
-    state: JobState
+    state: StateT
     attempt: int
     attempts: int
     priority: int
@@ -300,8 +301,18 @@ class JobSummary(msgspec.Struct, frozen=True, kw_only=True):
     run_at: datetime
     started_at: datetime | None
     finished_at: datetime | None
-    expires_at: datetime | None
     error: str | None
+    error_line: str | None
+
+
+class JobSummary(JobSummaryFields[JobState], frozen=True, kw_only=True):
+    """One job of a listing (see JobSummaryFields), as `list_jobs` and the dashboard's lists
+    return it. `at` is its place in the listing's order (keyset): finished_at for a finished
+    job; for a live one created_at in `list_jobs`, in the dashboard's lists the time its
+    state orders by (queued_at, run_at, started_at). `error` is whole in `list_jobs`, its
+    first 300 characters in the dashboard's lists."""
+
+    expires_at: datetime | None
     at: datetime
 
 

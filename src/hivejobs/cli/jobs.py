@@ -23,7 +23,7 @@ from hivejobs.cli.shared import (
 from hivejobs.cli.views import job_rows
 from hivejobs.client.app import App
 from hivejobs.client.listing import parse_span
-from hivejobs.display import escape, exception_line, progress_text
+from hivejobs.display import escape, progress_text
 from hivejobs.errors import PayloadInvalid, UsageError
 from hivejobs.serialization import decode_any
 
@@ -168,11 +168,7 @@ def _list_jobs(args: argparse.Namespace) -> int:
     )
     if args.json:
         # The HTTP API's page shape: the jobs and the cursor of the next page (null: the end).
-        jobs = [
-            {**msgspec.to_builtins(j), "error_line": exception_line(j.error) if j.error else None}
-            for j in page.jobs
-        ]
-        print_json({"jobs": jobs, "next": page.next})
+        print_json({"jobs": msgspec.to_builtins(page.jobs), "next": page.next})
         return ExitCode.OK
     print("\n".join(job_rows(page.jobs)))
     if page.next is not None:

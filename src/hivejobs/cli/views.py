@@ -38,7 +38,7 @@ def job_rows(jobs: Sequence[JobSummary]) -> list[str]:
             j.priority,
             _t(j.created_at),
             _t(j.finished_at),
-            exception_line(j.error)[:60],
+            (j.error_line or "")[:60],
         )
         for j in jobs
     ]

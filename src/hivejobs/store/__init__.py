@@ -4,9 +4,10 @@ Every statement lives in a .sql file beside the module that runs it, one per agg
 jobs (jobs.py), workers (workers.py), the coordinator lease (leases.py), leader-only upkeep
 (maintenance.py), chains (chains.py; the traverser's pass in traversal.py), callbacks,
 schedules, listings, and LISTEN/NOTIFY (notify.py). Imports nothing of ours but records,
-errors and config. Never decides policy (retries, delivery): callers pass outcomes, the store
-writes them with the guards that keep them safe (state and claim-token fences, the lease for
-leader-only writes).
+errors, config and the bottom helpers (serialization; display for a listed job's exception
+line). Never decides policy (retries, delivery): callers pass outcomes, the store writes them
+with the guards that keep them safe (state and claim-token fences, the lease for leader-only
+writes).
 
 Layer: beside broker/ (never imports it), under everything but the bottom modules.
 """

@@ -11,9 +11,10 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import TYPE_CHECKING
 
-from psycopg.rows import class_row
+from psycopg.rows import dict_row
 
 from hivejobs.records import JobSummary
+from hivejobs.store.dashboard import job_summary
 from hivejobs.store.sql import load_queries
 
 if TYPE_CHECKING:
@@ -51,8 +52,8 @@ def list_jobs(
         "limit": limit,
     }
     with store.connection() as conn:
-        cur = conn.cursor(row_factory=class_row(JobSummary))
-        return cur.execute(ARCHIVE["list_jobs"], params).fetchall()
+        cur = conn.cursor(row_factory=dict_row)
+        return [job_summary(r) for r in cur.execute(ARCHIVE["list_jobs"], params)]
 
 
 def nonzero_gauge_types(store: Store) -> set[str]:

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 from collections import defaultdict
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import msgspec
-from psycopg.rows import class_row
+from psycopg.rows import class_row, dict_row
 
-from hivejobs.records import ChainSummary
+from hivejobs.display import exception_line
+from hivejobs.records import ChainSummary, JobSummary
 from hivejobs.store.sql import load_queries
 
 if TYPE_CHECKING:
@@ -31,24 +32,6 @@ LIST_QUERY: dict[str, str] = {
 NEWEST_FIRST = frozenset({"failed", "finished"})
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 FAR_FUTURE = datetime(9999, 1, 1, tzinfo=UTC)
-
-
-class JobRow(msgspec.Struct, frozen=True, kw_only=True):
-    """A job as a dashboard or API list shows it; `sort_at` is its keyset position."""
-
-    id: str
-    name: str
-    state: str
-    attempt: int
-    attempts: int
-    priority: int
-    created_at: datetime
-    run_at: datetime
-    started_at: datetime | None
-    finished_at: datetime | None
-    error: str | None  # the head of the traceback (where it started)
-    error_tail: str | None  # its end, which holds the exception line
-    sort_at: datetime | None
 
 
 class ChainRow(ChainSummary, frozen=True, kw_only=True):
@@ -77,6 +60,14 @@ class LogRow(msgspec.Struct, frozen=True, kw_only=True):
     finished_at: datetime
     error: str | None
     total: int
+
+
+def job_summary(row: dict[str, Any]) -> JobSummary:
+    """A row (dict_row) of a query that selects JobSummary's fields but `error_line`, which
+    comes from `error_tail` (the end of a long error, where the exception line is) or,
+    without that column, from the whole `error`."""
+    tail = row.pop("error_tail") if "error_tail" in row else row["error"]
+    return JobSummary(**row, error_line=exception_line(tail) if row["error"] else None)
 
 
 # The tail of a try's error the chain page shows (the job's page has all of it).
@@ -118,16 +109,16 @@ class DashboardStore:
 
     def jobs(
         self, which: ListName, name: str | None, after: str | None, limit: int
-    ) -> tuple[list[JobRow], str | None]:
+    ) -> tuple[list[JobSummary], str | None]:
         """One page and the token of the next one (None: this was the last page)."""
         at, job_id = decode_cursor(after, which in NEWEST_FIRST)
         params = {"name": name, "after_at": at, "after_id": job_id, "limit": limit + 1}
         with self.store.connection() as conn:
-            cur = conn.cursor(row_factory=class_row(JobRow))
-            rows = cur.execute(QUERIES[LIST_QUERY[which]], params).fetchall()
+            cur = conn.cursor(row_factory=dict_row)
+            rows = [job_summary(r) for r in cur.execute(QUERIES[LIST_QUERY[which]], params)]
         more = len(rows) > limit
         rows = rows[:limit]
-        nxt = encode_cursor(rows[-1].sort_at, rows[-1].id) if more and rows else None
+        nxt = encode_cursor(rows[-1].at, rows[-1].id) if more and rows else None
         return rows, nxt
 
     def chains(self, after: str | None, limit: int) -> tuple[list[ChainRow], str | None]:

@@ -10,7 +10,7 @@ SELECT name, state, count(*)::int AS n FROM hivejobs_job GROUP BY name, state;
 -- Oldest first over hivejobs_job_queued (queued_at, id).
 SELECT id, name, state, attempt, attempts, priority, created_at, run_at, started_at,
        NULL::timestamptz AS finished_at, left(error, 300) AS error,
-       right(error, 4000) AS error_tail, queued_at AS sort_at
+       right(error, 4000) AS error_tail, expires_at, queued_at AS at
   FROM hivejobs_job
  WHERE state = 'queued' AND queued_at IS NOT NULL AND (%(name)s::text IS NULL OR name = %(name)s)
    AND (queued_at, id) > (%(after_at)s, %(after_id)s)
@@ -20,7 +20,7 @@ SELECT id, name, state, attempt, attempts, priority, created_at, run_at, started
 -- Soonest first over hivejobs_job_due (run_at).
 SELECT id, name, state, attempt, attempts, priority, created_at, run_at, started_at,
        NULL::timestamptz AS finished_at, left(error, 300) AS error,
-       right(error, 4000) AS error_tail, run_at AS sort_at
+       right(error, 4000) AS error_tail, expires_at, run_at AS at
   FROM hivejobs_job
  WHERE state = 'scheduled' AND (%(name)s::text IS NULL OR name = %(name)s)
    AND run_at >= %(after_at)s AND (run_at, id) > (%(after_at)s, %(after_id)s)
@@ -30,7 +30,7 @@ SELECT id, name, state, attempt, attempts, priority, created_at, run_at, started
 -- The running set is bounded by the fleet's concurrency (plus jobs awaiting a callback).
 SELECT id, name, state, attempt, attempts, priority, created_at, run_at, started_at,
        NULL::timestamptz AS finished_at, left(error, 300) AS error,
-       right(error, 4000) AS error_tail, started_at AS sort_at
+       right(error, 4000) AS error_tail, expires_at, started_at AS at
   FROM hivejobs_job
  WHERE state = 'running' AND (%(name)s::text IS NULL OR name = %(name)s)
    AND (started_at, id) > (%(after_at)s, %(after_id)s)
@@ -40,7 +40,7 @@ SELECT id, name, state, attempt, attempts, priority, created_at, run_at, started
 -- Newest first over hivejobs_archive_failed (finished_at, id) WHERE state = 'failed'.
 SELECT id, name, state, attempt, attempts, priority, created_at, run_at, started_at,
        finished_at, left(error, 300) AS error, right(error, 4000) AS error_tail,
-       finished_at AS sort_at
+       expires_at, finished_at AS at
   FROM hivejobs_archive
  WHERE state = 'failed' AND (%(name)s::text IS NULL OR name = %(name)s)
    AND (finished_at, id) < (%(after_at)s, %(after_id)s)
@@ -51,7 +51,7 @@ SELECT id, name, state, attempt, attempts, priority, created_at, run_at, started
 -- backward index scan, the row comparison breaks ties by id.
 SELECT id, name, state, attempt, attempts, priority, created_at, run_at, started_at,
        finished_at, left(error, 300) AS error, right(error, 4000) AS error_tail,
-       finished_at AS sort_at
+       expires_at, finished_at AS at
   FROM hivejobs_archive
  WHERE finished_at <= %(after_at)s AND (%(name)s::text IS NULL OR name = %(name)s)
    AND (finished_at, id) < (%(after_at)s, %(after_id)s)

@@ -14,12 +14,11 @@ import msgspec
 from litestar import Request, Response, delete, get, post, put
 from litestar.datastructures import State
 from litestar.exceptions import NotAuthorizedException
-from litestar.params import Parameter, QueryParameter
+from litestar.params import JSONBody, Parameter, QueryParameter
 
 from hivejobs.chains import Chain
 from hivejobs.chains.builder import ChainFile
 from hivejobs.client.app import App
-from hivejobs.display import exception_line
 from hivejobs.errors import ChainAlreadyFinished, HivejobsError, JobAlreadyFinished, JobNotFound
 from hivejobs.records import JobInfo
 from hivejobs.store.dashboard import DashboardStore, ListName
@@ -84,7 +83,9 @@ def _job_of_type(app: App, name: str, job_id: str) -> JobInfo:
     "holds the same type and payload; 409 when it holds another.",
     responses=ERROR_RESPONSES(201, 404, 409, 413, 422),
 )
-async def put_job(state: State, name: Name, job_id: JobId, data: EnqueueBody) -> Response[JobOut]:
+async def put_job(
+    state: State, name: Name, job_id: JobId, data: JSONBody[EnqueueBody]
+) -> Response[JobOut]:
     # Async with the work in a thread: a sync handler returning a Response on a path with
     # several methods came back unawaited from Litestar 2.x's thread wrapper.
     info, created = await asyncio.to_thread(_put_job, hj(state), name, job_id, data)
@@ -119,7 +120,7 @@ def _put_job(app: App, name: str, job_id: str, data: EnqueueBody) -> tuple[JobIn
     responses=ERROR_RESPONSES(404, 413, 422),
 )
 @threaded
-def post_job(state: State, name: Name, data: EnqueueBody) -> JobOut:
+def post_job(state: State, name: Name, data: JSONBody[EnqueueBody]) -> JobOut:
     app = hj(state)
     job_id = app.enqueue(
         name,
@@ -141,7 +142,7 @@ def post_job(state: State, name: Name, data: EnqueueBody) -> JobOut:
     responses=ERROR_RESPONSES(404, 413, 422),
 )
 @threaded
-def post_batch(state: State, name: Name, data: BatchBody) -> BatchOut:
+def post_batch(state: State, name: Name, data: JSONBody[BatchBody]) -> BatchOut:
     ids = hj(state).enqueue_many(
         name, data.data, priority=data.priority, delay=data.delay, expires_at=data.expires_at
     )
@@ -212,7 +213,11 @@ def replay_job(state: State, name: Name, job_id: JobId) -> JobOut:
     responses=ERROR_RESPONSES(404, 409, 422),
 )
 async def post_callback(
-    request: Request[Any, Any, Any], state: State, name: Name, job_id: JobId, data: CallbackBody
+    request: Request[Any, Any, Any],
+    state: State,
+    name: Name,
+    job_id: JobId,
+    data: JSONBody[CallbackBody],
 ) -> JobOut:
     tokens: Tokens = state.tokens
     if not tokens.signature_ok(name, await request.body(), request.headers.get(SIGNATURE_HEADER)):
@@ -250,23 +255,7 @@ def list_jobs(
     limit: Limit = 50,
 ) -> JobPage:
     rows, nxt = DashboardStore(hj(state).connections.store).jobs(list_state, job_type, after, limit)
-    items = [
-        JobListItem(
-            id=r.id,
-            name=r.name,
-            state=r.state,
-            attempt=r.attempt,
-            attempts=r.attempts,
-            priority=r.priority,
-            created_at=r.created_at,
-            run_at=r.run_at,
-            started_at=r.started_at,
-            finished_at=r.finished_at,
-            error=r.error,
-            error_line=exception_line(r.error_tail) if r.error else None,
-        )
-        for r in rows
-    ]
+    items = [msgspec.convert(r, JobListItem, from_attributes=True) for r in rows]
     return JobPage(jobs=items, next=nxt)
 
 
@@ -279,7 +268,7 @@ def list_jobs(
     responses=ERROR_RESPONSES(422),
 )
 @threaded
-def bulk(state: State, data: BulkBody) -> BulkOut:
+def bulk(state: State, data: JSONBody[BulkBody]) -> BulkOut:
     app = hj(state)
     results: list[BulkItem] = []
     for job_id in data.ids:
@@ -305,7 +294,7 @@ def bulk(state: State, data: BulkBody) -> BulkOut:
     responses=ERROR_RESPONSES(413, 422),
 )
 @threaded
-def post_chain(state: State, data: ChainFile) -> ChainCreated:
+def post_chain(state: State, data: JSONBody[ChainFile]) -> ChainCreated:
     chain = Chain.from_json(msgspec.json.encode(data))
     return ChainCreated(id=hj(state).run_chain(chain))
 

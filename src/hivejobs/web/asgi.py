@@ -43,6 +43,7 @@ from hivejobs.web import (
     fleet,
     flow,
     inputs,
+    render,
     sequence,
     shield,
 )
@@ -209,6 +210,7 @@ def create_app(
         state=state,
         on_shutdown=[on_shutdown],
         before_send=[security_headers],
+        template_config=render.template_config(),
         openapi_config=OpenAPIConfig(
             title="hivejobs",
             version="1",

@@ -1,6 +1,6 @@
 """The HTTP API's view of a fair type's keys (`fair_by`, broker/fair.py): each key with live
 jobs and its queued, running and scheduled counts, as `hivejobs jobs --type NAME --by-key`
-prints them, and the same table on the dashboard's type page (keys_section). Reads only; the
+prints them, and the same table on the dashboard's type page (fair_keys). Reads only; the
 rules live behind App.fair_keys.
 
 No `from __future__ import annotations`: see web/threads.py.
@@ -19,7 +19,6 @@ from hivejobs.store.fair import KeyCount
 from hivejobs.store.sequence import KeyState
 from hivejobs.web.api import Name, hj
 from hivejobs.web.errors import ERROR_RESPONSES
-from hivejobs.web.render import esc, table
 from hivejobs.web.threads import threaded
 
 DASHBOARD_KEYS = 20  # the busiest keys a type page shows
@@ -70,21 +69,16 @@ def job_type_keys(
     return TypeKeysOut(name=name, fair_by=fair.field if fair is not None else "", keys=keys)
 
 
-def keys_section(app: App, name: str) -> str:
-    """The dashboard's type page: a fair type's busiest keys with their live jobs ('' for a
-    type without fair_by, or one this process cannot look up)."""
+def fair_keys(app: App, name: str) -> tuple[str | None, list[KeyCount]]:
+    """The dashboard's type page: a fair type's field and its busiest keys with their live
+    jobs (None and [] for a type without fair_by, or one this process cannot look up)."""
     try:
         fair = app.job_type(name).fair
     except HivejobsError:
-        return ""
+        return None, []
     if fair is None:
-        return ""
-    rows = app.fair_keys(name, DASHBOARD_KEYS)
-    cells = [[esc(r.key), str(r.queued), str(r.running), str(r.scheduled)] for r in rows]
-    return (
-        f'<h2 id="fair-keys">Keys of {esc(fair.field)} (fair dispatch), busiest first</h2>'
-        + table(["key", "queued", "running", "scheduled"], cells, empty="no live jobs")
-    )
+        return None, []
+    return fair.field, app.fair_keys(name, DASHBOARD_KEYS)
 
 
 HANDLERS: list[Any] = [job_type_keys]

@@ -11,6 +11,7 @@ from typing import Any
 import msgspec
 from litestar import delete, get, post, put
 from litestar.datastructures import State
+from litestar.params import JSONBody
 
 from hivejobs.client.app import App
 from hivejobs.web.api import ADMIN, Name, hj
@@ -86,7 +87,7 @@ def resume_job_type(state: State, name: Name) -> FlowChangeOut:
     responses=ERROR_RESPONSES(404, 422),
 )
 @threaded
-def scale_job_type(state: State, name: Name, data: ScaleBody) -> TypeFlowOut:
+def scale_job_type(state: State, name: Name, data: JSONBody[ScaleBody]) -> TypeFlowOut:
     app = hj(state)
     app.scale(name, data.concurrency)
     return flow_out(app, name)

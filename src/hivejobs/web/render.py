@@ -1,23 +1,44 @@
-"""HTML pieces of the dashboard: the page shell, tables, the throughput chart and the chain DAG
-(inline SVG). Every value we did not write goes through `esc`; no template engine, no build.
+"""The dashboard's HTML: Jinja2 templates (web/templates/, shipped as package data) rendered
+with autoescape on, so every value we did not write (type names, keys, errors, payloads) is
+escaped by the engine, not by hand. Litestar renders them (`template_config`); handlers pass
+records and numbers, the templates decide the markup. This module gives the templates their
+filters (times, durations, colours, JSON) and the geometry of the two SVG drawings (the
+throughput chart and the chain DAG), which the templates only draw.
 
-The page's script re-fetches the page with `?fragment=1` every two seconds and swaps the live
-part in (server-rendered HTML, live without reloads), keeping the boxes the user ticked; the
-buttons call the JSON API with the login cookie.
+The page's script (templates/dashboard.js) re-fetches the page with `?fragment=1` every two
+seconds and swaps the live part in (server-rendered HTML, live without reloads), keeping the
+boxes the user ticked; the buttons call the JSON API with the login cookie. It is inlined
+byte for byte: the CSP allows it by its hash (shield.py).
 """
 
 from __future__ import annotations
 
-import html
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
+from importlib.resources import files
+from typing import Annotated, Any
 from urllib.parse import quote, urlencode
 
 import msgspec
+from jinja2 import Environment, PackageLoader, StrictUndefined, pass_context
+from jinja2.runtime import Context
+from litestar import Request
+from litestar.params import QueryParameter
+from litestar.plugins.jinja import JinjaTemplateEngine
+from litestar.response import Template
+from litestar.template.config import TemplateConfig
+from markupsafe import Markup
 
 from hivejobs.chains.render import layers
-from hivejobs.display import progress_text
-from hivejobs.records import TERMINAL_STATES, ChainJobStatus, JobEvent
+from hivejobs.display import exception_line, progress_text
+from hivejobs.records import TERMINAL_STATES, ChainJobStatus
+
+# `?fragment=1`: only the page's live part, which its script re-fetches and swaps in.
+Fragment = Annotated[bool, QueryParameter(name="fragment")]
+TEMPLATES = files("hivejobs.web") / "templates"
+SCRIPT = (TEMPLATES / "dashboard.js").read_text(encoding="utf-8")
+CSS = (TEMPLATES / "dashboard.css").read_text(encoding="utf-8")
 
 STATE_COLOURS = {
     "pending": "#9aa5b1",
@@ -32,75 +53,13 @@ STATE_COLOURS = {
     "expired": "#7b8794",
     "paused": "#c05621",  # a job type paused fleet-wide, not a job state
 }
-
-CSS = """
-body{font:14px system-ui,sans-serif;margin:0;color:#1f2933;background:#f5f7fa}
-nav{background:#1f2933;padding:10px 16px}nav form{display:inline;float:right}
-nav button{margin:0;padding:1px 8px}nav a{color:#e4e7eb;margin-right:18px;text-decoration:none}
-main{padding:16px}table{border-collapse:collapse;background:#fff;width:100%;margin:8px 0}
-td,th{border-bottom:1px solid #e4e7eb;padding:5px 8px;text-align:left;vertical-align:top}
-th{background:#f0f4f8}.state{display:inline-block;padding:1px 6px;border-radius:8px;color:#fff}
-pre{background:#fff;border:1px solid #e4e7eb;padding:8px;overflow:auto;max-height:420px}
-button{margin:4px 6px 4px 0;padding:4px 10px;cursor:pointer}.muted{color:#7b8794}
-#flash{color:#2e9e57;min-height:1.2em}dl{display:grid;grid-template-columns:160px auto}
-dt{color:#52606d}svg text{font:12px system-ui,sans-serif}
-"""
-
-SCRIPT = """
-const live = document.getElementById('live');
-function checked(){return [...live.querySelectorAll('input.pick:checked')].map(e=>e.value);}
-async function refresh(){
-  const keep = new Set(checked());
-  const u = new URL(location.href); u.searchParams.set('fragment','1');
-  try {
-    const r = await fetch(u, {credentials:'same-origin'});
-    if (r.ok) { live.innerHTML = await r.text();
-      live.querySelectorAll('input.pick').forEach(e=>{e.checked = keep.has(e.value);});
-      follow(); }
-  } catch (e) {}
-}
-async function act(method, url, body){
-  const r = await fetch(url, {method, credentials:'same-origin',
-    headers:{'content-type':'application/json'}, body: body ? JSON.stringify(body) : undefined});
-  let data = {}; try { data = await r.json(); } catch (e) {}
-  document.getElementById('flash').textContent =
-    r.ok ? (data.id && method==='POST' ? 'done: ' + data.id : 'done') : (data.error || r.status);
-  await refresh(); return data;
-}
-document.addEventListener('click', ev => {
-  const b = ev.target.closest('button[data-url]'); if (!b) return;
-  if (b.dataset.bulk) {
-    const ids = checked(); if (!ids.length) return;
-    act('POST', b.dataset.url, {action: b.dataset.bulk, ids});
-  } else { act(b.dataset.method || 'POST', b.dataset.url); }
-});
-setInterval(refresh, 2000);
-// A job page's progress bar follows the job's server-sent events; the latest event is
-// drawn again after each refresh (the stored progress may be a second behind it).
-let events = null, latest = null;
-function drawProgress(){
-  const bar = document.getElementById('progress-bar');
-  const text = document.getElementById('progress-text');
-  if (!latest || !bar) return;
-  if (latest.total) { bar.max = latest.total; bar.value = latest.done; }
-  const done = latest.done || 0, total = latest.total;
-  const pct = total ? ' (' + Math.round(100 * done / total) + '%)' : '';
-  text.textContent = (total == null ? String(done) : done + '/' + total + pct) +
-    (latest.note ? ' ' + latest.note : '');
-}
-function follow(){
-  const box = document.getElementById('progress');
-  if (events || !box || !box.dataset.events) { drawProgress(); return; }
-  events = new EventSource(box.dataset.events);
-  events.addEventListener('progress', m => { latest = JSON.parse(m.data); drawProgress(); });
-  events.addEventListener('end', () => { events.close(); refresh(); });
-}
-follow();
-"""
-
-
-def esc(value: object) -> str:
-    return html.escape("" if value is None else str(value), quote=True)
+NAV = (
+    ("/dashboard", "Job types"),
+    ("/dashboard/failed", "Failed jobs"),
+    ("/dashboard/chains", "Chains"),
+    ("/dashboard/batches", "Batches"),
+    ("/dashboard/workers", "Workers"),
+)
 
 
 def when(moment: datetime | None) -> str:
@@ -115,15 +74,8 @@ def seconds(start: datetime | None, end: datetime | None) -> str:
     return f"{(end - start).total_seconds():.3f} s"
 
 
-def badge(state: str) -> str:
-    colour = STATE_COLOURS.get(state, "#52606d")
-    return f'<span class="state" style="background:{colour}">{esc(state)}</span>'
-
-
-def link(base: str, path: str, text: object, **query: str | None) -> str:
-    params = {k: v for k, v in query.items() if v is not None}
-    url = base + path + ("?" + urlencode(params) if params else "")
-    return f'<a href="{esc(url)}">{esc(text)}</a>'
+def colour(state: str) -> str:
+    return STATE_COLOURS.get(state, "#52606d")
 
 
 def seg(value: str) -> str:
@@ -131,47 +83,44 @@ def seg(value: str) -> str:
     return quote(value, safe="")
 
 
-def page(base: str, title: str, fragment: str, live: bool = True) -> str:
-    """A whole page; `live` pages re-fetch their fragment every two seconds."""
-    nav = "".join(
-        link(base, p, t)
-        for p, t in (
-            ("/dashboard", "Job types"),
-            ("/dashboard/failed", "Failed jobs"),
-            ("/dashboard/chains", "Chains"),
-            ("/dashboard/batches", "Batches"),
-            ("/dashboard/workers", "Workers"),
-        )
-    )
-    signout = (
-        f'<form method="post" action="{esc(base)}/dashboard/logout" class="signout">'
-        '<button id="signout">Sign out</button></form>'
-    )
-    return (
-        f"<!doctype html><html><head><meta charset=utf-8><title>{esc(title)} - hivejobs</title>"
-        f"<style>{CSS}</style></head><body><nav>{nav}{signout}</nav><main><h2>{esc(title)}</h2>"
-        f'<div id="flash"></div><div id="live">{fragment}</div></main>'
-        + (f"<script>{SCRIPT}</script>" if live else "")
-        + "</body></html>"
-    )
-
-
-def table(headers: Sequence[str], rows: Iterable[Sequence[str]], empty: str = "none") -> str:
-    head = "".join(f"<th>{esc(h)}</th>" for h in headers)
-    body = "".join("<tr>" + "".join(f"<td>{c}</td>" for c in row) + "</tr>" for row in rows)
-    if not body:
-        body = f'<tr><td colspan="{len(headers)}" class="muted">{esc(empty)}</td></tr>'
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+@pass_context
+def url(context: Context, path: str, *segments: str, **query: object) -> str:
+    """`path` under where the dashboard is mounted (the context's `base`), then each of
+    `segments` quoted as one path segment, then the query (None values left out)."""
+    params = {k: str(v) for k, v in query.items() if v is not None}
+    out = str(context["base"]) + path + "".join("/" + seg(s) for s in segments)
+    return out + ("?" + urlencode(params) if params else "")
 
 
 def pretty(value: object) -> str:
+    """A JSON value indented (a payload, a result), or its repr when it is not JSON."""
     try:
-        return esc(msgspec.json.format(msgspec.json.encode(value), indent=2).decode())
+        return msgspec.json.format(msgspec.json.encode(value), indent=2).decode()
     except (TypeError, msgspec.EncodeError):
-        return esc(repr(value))
+        return repr(value)
 
 
-def sparkline(succeeded: Sequence[int], failed: Sequence[int], width: int = 180) -> str:
+@dataclass(frozen=True)
+class Bar:
+    """One minute of the chart: its succeeded bar and the failed one stacked on it."""
+
+    x: str
+    width: str
+    ok_y: str
+    ok_h: str
+    failed_y: str
+    failed_h: str
+
+
+@dataclass(frozen=True)
+class Chart:
+    width: int
+    bars: list[Bar]
+    label: str
+    scale: str
+
+
+def chart(succeeded: Sequence[int], failed: Sequence[int], width: int = 180) -> Chart:
     """Jobs finished per minute: green bars, failed stacked in red on top."""
     totals = [s + f for s, f in zip(succeeded, failed, strict=True)]
     peak = max(totals + [1])
@@ -179,25 +128,42 @@ def sparkline(succeeded: Sequence[int], failed: Sequence[int], width: int = 180)
     bars = []
     for i, (s, f) in enumerate(zip(succeeded, failed, strict=True)):
         hs, hf = 28 * s / peak, 28 * f / peak
-        x = i * step
-        bars.append(
-            f'<rect x="{x:.1f}" y="{30 - hs:.1f}" width="{step * 0.8:.1f}" height="{hs:.1f}" '
-            f'fill="#2e9e57"/><rect x="{x:.1f}" y="{30 - hs - hf:.1f}" width="{step * 0.8:.1f}" '
-            f'height="{hf:.1f}" fill="#d64545"/>'
-        )
+        x, w = f"{i * step:.1f}", f"{step * 0.8:.1f}"
+        bars.append(Bar(x, w, f"{30 - hs:.1f}", f"{hs:.1f}", f"{30 - hs - hf:.1f}", f"{hf:.1f}"))
     label = f"peak {peak}/min" if peak > 1 or any(totals) else "idle"
     # The scale and the time range in words: bars alone say neither.
     scale = f"{len(totals)} min ago to now, top = {peak}/min" if any(totals) else "idle"
-    return (
-        f'<svg class="chart" width="{width}" height="32" role="img" aria-label="{label}">'
-        f"<title>{label}</title>{''.join(bars)}</svg>"
-        f'<br><span class="muted chart-scale">{scale}</span>'
-    )
+    return Chart(width, bars, label, scale)
 
 
-def dag(base: str, jobs: Sequence[ChainJobStatus]) -> str:
-    """The chain as layers (a job's layer is the longest path from a root), each job a box
-    coloured by state with its key, type and status text; edges from `after` to the job."""
+@dataclass(frozen=True)
+class Node:
+    job: ChainJobStatus
+    x: int
+    y: int
+
+
+@dataclass(frozen=True)
+class Edge:
+    x1: float
+    y1: float
+    x2: float
+    y2: float
+
+
+@dataclass(frozen=True)
+class Dag:
+    width: int
+    height: int
+    box_w: int
+    box_h: int
+    nodes: list[Node]
+    edges: list[Edge]
+
+
+def dag_layout(jobs: Sequence[ChainJobStatus]) -> Dag:
+    """The chain as layers (a job's layer is the longest path from a root), one column per
+    layer; edges from each of a job's `after` to the job."""
     columns = {n: [j.key for j in layer] for n, layer in enumerate(layers(jobs))}
     w, h, gx, gy = 170, 46, 60, 18
     pos = {
@@ -207,50 +173,74 @@ def dag(base: str, jobs: Sequence[ChainJobStatus]) -> str:
     }
     width = 40 + (max(columns, default=0) + 1) * (w + gx)
     height = 40 + max((len(k) for k in columns.values()), default=1) * (h + gy)
-    edges = []
-    for j in jobs:
-        x2, y2 = pos[j.key]
-        for a in j.after:
-            if a in pos:
-                x1, y1 = pos[a]
-                edges.append(
-                    f'<line x1="{x1 + w}" y1="{y1 + h / 2}" x2="{x2}" y2="{y2 + h / 2}" '
-                    'stroke="#9aa5b1" marker-end="url(#arrow)"/>'
-                )
-    nodes = []
-    for j in jobs:
-        x, y = pos[j.key]
-        colour = STATE_COLOURS.get(j.state, "#52606d")
-        status = j.status or j.state
-        # A job added at run time (ctx.chain.add): dashed, and says by whom.
-        added, dash = "", ""
-        if j.added_by:
-            added = f' data-added-by="{esc(j.added_by)}"'
-            dash = ' stroke="#1f2933" stroke-dasharray="4 3"'
-        nodes.append(
-            f'<g class="node" data-key="{esc(j.key)}" data-state="{esc(j.state)}"{added}>'
-            f'<rect x="{x}" y="{y}" width="{w}" height="{h}" rx="6" fill="{colour}"{dash}/>'
-            f'<text x="{x + 8}" y="{y + 18}" fill="#fff">{esc(j.key[:22])} ({esc(j.type[:14])})'
-            f'</text><text x="{x + 8}" y="{y + 36}" fill="#fff">{esc(status[:26])}</text></g>'
-        )
-    return (
-        f'<svg class="dag" width="{width}" height="{height}" role="img" aria-label="chain DAG">'
-        '<defs><marker id="arrow" viewBox="0 0 10 10" refX="10" refY="5" markerWidth="6" '
-        'markerHeight="6" orient="auto"><path d="M0,0 L10,5 L0,10 z" fill="#9aa5b1"/></marker>'
-        f"</defs>{''.join(edges)}{''.join(nodes)}</svg>"
+    edges = [
+        Edge(pos[a][0] + w, pos[a][1] + h / 2, pos[j.key][0], pos[j.key][1] + h / 2)
+        for j in jobs
+        for a in j.after
+        if a in pos
+    ]
+    nodes = [Node(j, *pos[j.key]) for j in jobs]
+    return Dag(width, height, w, h, nodes, edges)
+
+
+def environment() -> Environment:
+    """The dashboard's Jinja environment. Autoescape is on for every template: this is the
+    one place that escapes what the pages show."""
+    env = Environment(
+        loader=PackageLoader("hivejobs.web", "templates"),
+        autoescape=True,
+        undefined=StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    env.filters.update(
+        when=when,
+        seconds=seconds,
+        colour=colour,
+        pretty=pretty,
+        progress_text=progress_text,
+        exception_line=exception_line,
+    )
+    env.globals.update(
+        url=url,
+        chart=chart,
+        dag_layout=dag_layout,
+        NAV=NAV,
+        TERMINAL_STATES=TERMINAL_STATES,
+        # Ours, inlined verbatim (the CSP names the script's hash).
+        script=Markup(SCRIPT),
+        css=Markup(CSS),
+    )
+    return env
+
+
+ENVIRONMENT = environment()
+
+
+def template_config() -> TemplateConfig[JinjaTemplateEngine]:
+    return TemplateConfig(instance=JinjaTemplateEngine.from_environment(ENVIRONMENT))
+
+
+def base(request: Request[Any, Any, Any]) -> str:
+    """Where the dashboard is mounted: the ASGI root_path, else create_app's base_path."""
+    root = str(request.scope.get("root_path", "")) or str(request.app.state.base_path)
+    return root.rstrip("/")
+
+
+def page(
+    request: Request[Any, Any, Any], template: str, title: str, fragment: bool, **context: Any
+) -> Template:
+    """Page `template` of templates/: whole, or only its live part (`?fragment=1`), which the
+    page's script swaps in."""
+    layout = "fragment.html" if fragment else "page.html"
+    context.setdefault("live", True)
+    return Template(
+        template_name=template,
+        context={"base": base(request), "title": title, "layout": layout, **context},
     )
 
 
-def progress_bar(job_url: str, state: str, progress: JobEvent | None) -> str:
-    """The job page's progress: the last stored report, and while the job is live the URL
-    of its events, which the page's script follows (`job_url` is escaped already)."""
-    if progress is None and state in TERMINAL_STATES:
-        return ""
-    done, total = (progress.done or 0, progress.total) if progress else (0, None)
-    value = f' max="{total:g}" value="{done:g}"' if total else ""
-    live = "" if state in TERMINAL_STATES else f' data-events="{job_url}/events"'
-    text = progress_text(progress) if progress else "no progress reported yet"
-    return (
-        f'<div id="progress"{live}><progress id="progress-bar"{value}></progress> '
-        f'<span id="progress-text">{esc(text)}</span></div>'
-    )
+def dag(jobs: Sequence[ChainJobStatus]) -> str:
+    """The chain's DAG as the chain page draws it (the `dag` macro of macros.html)."""
+    macros: Any = ENVIRONMENT.get_template("macros.html").module
+    return str(macros.dag(jobs))

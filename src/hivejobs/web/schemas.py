@@ -26,6 +26,7 @@ from hivejobs.records import (
     ChainSummaryFields,
     JobFields,
     JobLogFields,
+    JobSummaryFields,
     LeaseInfo,
     TypeFlow,
     WorkerInfo,
@@ -99,19 +100,11 @@ class BulkOut(msgspec.Struct, kw_only=True):
     results: list[BulkItem]
 
 
-class JobListItem(msgspec.Struct, kw_only=True):
-    id: str
-    name: str
+class JobListItem(JobSummaryFields[str], frozen=True, kw_only=True):
+    """records.JobSummary without its listing position and expiry, its state as a plain
+    string; `error` is the head of the last error (up to 300 characters)."""
+
     state: str
-    attempt: int
-    attempts: int
-    priority: int
-    created_at: datetime
-    run_at: datetime
-    started_at: datetime | None
-    finished_at: datetime | None
-    error: str | None  # the head of the last error (up to 300 characters)
-    error_line: str | None  # the exception line (`ValueError: ...`), null when no error
 
 
 class JobPage(msgspec.Struct, kw_only=True):

@@ -11,6 +11,7 @@ from typing import Any
 import msgspec
 from litestar import post
 from litestar.datastructures import State
+from litestar.params import JSONBody
 
 from hivejobs.web.api import ADMIN, Name, hj
 from hivejobs.web.errors import ERROR_RESPONSES
@@ -39,7 +40,7 @@ class ReleaseOut(msgspec.Struct, frozen=True, kw_only=True):
     responses=ERROR_RESPONSES(404, 422),
 )
 @threaded
-def release_job_type_key(state: State, name: Name, data: ReleaseBody) -> ReleaseOut:
+def release_job_type_key(state: State, name: Name, data: JSONBody[ReleaseBody]) -> ReleaseOut:
     held_by = hj(state).release_key(name, data.key)
     return ReleaseOut(released=held_by is not None, held_by=held_by)
 
