@@ -24,9 +24,10 @@ Postgres (the truth: `keys_of`) each live id's key and priority, and distributes
 per-key lists in one script; then it pops round-robin across keys in another. Both scripts are
 atomic, so a key is in the ring whenever it has ids (a key whose lists emptied is dropped on
 its next turn). Everything here may be lost: ids popped by a process that dies, a ring or
-list evicted or flushed. The reconciler finds the ids no list holds (`list_heads`) and pushes
-them to the inbox again; a key list without a ring entry (ring lost) is seen as lost too, and
-its ids' new copies put the key back in the ring. Never decides who may run: the claim does.
+list evicted or flushed. The reconciler finds the ids no list holds, reading the lists of
+the keys of the type's oldest queued rows (`key_heads`), and pushes them to the inbox again; a
+key list without a ring entry (ring lost) is seen as lost too, and its ids' new copies put the
+key back in the ring. Never decides who may run: the claim does.
 """
 
 from __future__ import annotations
