@@ -193,6 +193,15 @@ class QueuedEntry(NamedTuple):
     queued_at: datetime
 
 
+class KeyedQueued(NamedTuple):
+    """A fair type's queued row, its key (fair_by's value) and whether the grace is past."""
+
+    id: str
+    queued_at: datetime
+    key: str
+    past_grace: bool
+
+
 class OldestQueued(NamedTuple):
     """A queue's oldest queued row: when, and whether that is longer ago than the grace."""
 

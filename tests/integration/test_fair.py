@@ -11,7 +11,7 @@ import pytest
 
 from hivejobs import App
 from hivejobs.broker.fair import FairQueue, list_prefix, ring_key
-from hivejobs.coordinator.reconciler import Reconciler
+from hivejobs.coordinator.reconciler import FAIR_PAGE, Reconciler
 from hivejobs.errors import InvalidJobType, PayloadInvalid
 from hivejobs.store.fair import FairStore
 from tests.harness import sql, wait_until
@@ -155,6 +155,58 @@ def test_a_lost_ring_is_repaired_from_postgres(
     popped = [i for p in pop_all(app, 10) for i in p]
     assert set(popped) == set(ids)
     assert len(popped) == 9
+
+
+def test_a_lost_id_is_found_by_its_own_key_while_an_older_backlog_waits(
+    make_app: Callable[..., App], database_url: str
+) -> None:
+    """Each key's list is in queue order, so the rule holds key by key: B's id that no list
+    holds is found though A's older backlog still waits ahead of it; A's held ids are not
+    pushed again."""
+    app = fair_app(make_app)
+    a = enqueue(app, "a", 5)
+    lost, *b = enqueue(app, "b", 3)
+    queue, store = queue_of(app)
+    assert queue.sort(store.keys_of) == 8
+    app.broker.redis.lrem(f"{list_prefix(app.broker.prefix, 'billing')}0:b", 0, lost)
+    ages = [(a, "1 minute"), ([lost], "30 seconds"), (b, "10 seconds")]
+    for ids, age in ages:
+        sql(
+            database_url,
+            "UPDATE hivejobs_job SET queued_at = now() - %s::interval WHERE id = ANY(%s)",
+            (age, ids),
+        )
+    reconciler = Reconciler(app.store, app.broker)
+    assert reconciler.run_once(leader(app)).pushed == 1
+    assert sorted(i for p in pop_all(app, 10) for i in p) == sorted([*a, lost, *b])
+
+
+def test_ids_waiting_unsorted_in_the_inbox_are_held(
+    make_app: Callable[..., App], database_url: str
+) -> None:
+    """Ids enqueued one by one wait in the inbox until a pool sorts them: in no key's list
+    yet, but not lost."""
+    app = fair_app(make_app)
+    ids = enqueue(app, "a", 3) + enqueue(app, "b", 3)
+    sql(database_url, "UPDATE hivejobs_job SET queued_at = now() - interval '1 minute'")
+    assert Reconciler(app.store, app.broker).run_once(leader(app)).pushed == 0
+    assert sorted(i for p in pop_all(app, 10) for i in p) == sorted(ids)
+
+
+def test_a_lost_ring_of_many_keys_is_repaired_in_one_pass(
+    make_app: Callable[..., App], database_url: str
+) -> None:
+    """A pass reads a page of the oldest rows, and the next page while a whole page was lost:
+    with the ring gone, every key's ids are pushed again at once, not a page per pass."""
+    app = fair_app(make_app)
+    keys = 3 * FAIR_PAGE
+    ids = app.enqueue_many("billing", [{"customer": f"k{i}"} for i in range(keys)])
+    app.broker.redis.delete(ring_key(app.broker.prefix, "billing"))
+    sql(database_url, "UPDATE hivejobs_job SET queued_at = now() - interval '1 minute'")
+    reconciler = Reconciler(app.store, app.broker)
+    assert reconciler.run_once(leader(app)).pushed == keys
+    assert reconciler.run_once(leader(app)).pushed == 0
+    assert set(i for p in pop_all(app, 50) for i in p) == set(ids)
 
 
 def test_a_pool_waiting_on_an_empty_type_wakes_for_jobs_placed_by_enqueue_many(

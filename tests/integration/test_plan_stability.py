@@ -269,6 +269,23 @@ def hot_statements(ld: Loaded) -> list[tuple[str, str, dict[str, Any], int]]:
         # The reconciler's look for ids Redis lost: an entry per queue, the heads by key.
         ("oldest_queued", QUERIES["oldest_queued"], {"grace_s": 2.0}, 3),
         ("queued_at_of", QUERIES["queued_at_of"], {"ids": ld.next_queued}, n),
+        # A fair type's queue judged key by key: a page of its oldest rows with their keys,
+        # and the lost ones re-stamped by primary key.
+        (
+            "oldest_queued_keyed",
+            QUERIES["oldest_queued_keyed"],
+            {
+                "name": "noop",
+                "priority": 0,
+                "field": "customer",
+                "grace_s": 2.0,
+                "after_at": datetime(1970, 1, 1, tzinfo=UTC),
+                "after_id": "",
+                "limit": n,
+            },
+            n,
+        ),
+        ("restamp_queued", QUERIES["restamp_queued"], {"ids": ld.next_queued}, n),
         (
             "queued_page",
             QUERIES["queued_page"],

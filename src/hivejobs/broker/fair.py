@@ -24,9 +24,10 @@ Postgres (the truth: `keys_of`) each live id's key and priority, and distributes
 per-key lists in one script; then it pops round-robin across keys in another. Both scripts are
 atomic, so a key is in the ring whenever it has ids (a key whose lists emptied is dropped on
 its next turn). Everything here may be lost: ids popped by a process that dies, a ring or
-list evicted or flushed. The reconciler finds the ids no list holds (`list_heads`) and pushes
-them to the inbox again; a key list without a ring entry (ring lost) is seen as lost too, and
-its ids' new copies put the key back in the ring. Never decides who may run: the claim does.
+list evicted or flushed. The reconciler finds the ids no list holds, reading the lists of
+the keys of the type's oldest queued rows (`key_heads`), and pushes them to the inbox again; a
+key list without a ring entry (ring lost) is seen as lost too, and its ids' new copies put the
+key back in the ring. Never decides who may run: the claim does.
 """
 
 from __future__ import annotations
@@ -95,12 +96,7 @@ for i = 3, #ARGV, 2 do
   credits = true
 end
 local out = {0}
-for i = 4, #KEYS do
-  if redis.call('LLEN', KEYS[i]) > 0 then
-    out[1] = 1
-    break
-  end
-end
+if redis.call('EXISTS', unpack(KEYS, 4)) > 0 then out[1] = 1 end
 local used = redis.call('SMEMBERS', prios)
 table.sort(used)
 local top = redis.call('ZRANGE', ring, -1, -1, 'WITHSCORES')
@@ -361,50 +357,35 @@ def place(broker: Broker, name: str, rows: list[tuple[str, int, str]]) -> None:
         )
 
 
-def list_heads(
-    broker: Broker, queues: Iterable[tuple[str, int]], count: int
-) -> dict[tuple[str, int], list[list[str]]]:
-    """The first `count` ids of every per-key list that a pop can reach (its key in the
-    type's ring, its priority noted), for each (type, priority): with the inbox's head, the
-    ids Redis still holds begin there. A list no pop reaches holds nothing that counts: its
-    ids are pushed again, and their new copies make it reachable."""
-    queues = list(queues)
-    names = sorted({n for n, _ in queues})
+def key_heads(
+    broker: Broker, name: str, priority: int, keys: Iterable[str], count: int
+) -> dict[str, list[str]]:
+    """The first `count` ids of these keys' lists at one priority (the reconciler's look at
+    the keys of the oldest queued rows: one pipeline, whatever the number of keys in the
+    ring). Only lists a pop can reach answer (the key in the ring, the priority noted): a list
+    no pop reaches holds nothing that counts; its ids are pushed again, and their new copies
+    make it reachable. A key left out of the answer holds nothing reachable (an empty list, a
+    list off the ring, a key Redis refuses)."""
+    keys = list(keys)
+    lists = list_prefix(broker.prefix, name)
+    ring = ring_key(broker.prefix, name)
     with broker.redis.pipeline(transaction=False) as pipe:
-        for name in names:
-            pipe.zrange(ring_key(broker.prefix, name), 0, -1)
-            pipe.smembers(priorities_key(broker.prefix, name))
+        pipe.sismember(priorities_key(broker.prefix, name), str(priority))
+        for key in keys:
+            pipe.zscore(ring, key)
+            pipe.lrange(f"{lists}{priority}:{key}", 0, count - 1)
         replies = pipe.execute(raise_on_error=False)
-    keys: dict[str, list[str]] = {}
-    used: dict[str, set[int]] = {}
-    for i, name in enumerate(names):
-        ring, prios = replies[2 * i], replies[2 * i + 1]
-        if not isinstance(ring, Exception) and not isinstance(prios, Exception):
-            keys[name] = [k.decode(errors="replace") for k in ring]
-            used[name] = {int(p) for p in prios if p.isdigit()}
-    wanted = [(q, k) for q in queues if q[1] in used.get(q[0], ()) for k in keys.get(q[0], [])]
-    if not wanted:
+    noted = replies[0]
+    if isinstance(noted, Exception) or not noted:
         return {}
-    with broker.redis.pipeline(transaction=False) as pipe:
-        for (name, priority), key in wanted:
-            pipe.lrange(f"{list_prefix(broker.prefix, name)}{priority}:{key}", 0, count - 1)
-        replies = pipe.execute(raise_on_error=False)
-    heads: dict[tuple[str, int], list[list[str]]] = {}
-    for (queue, _), reply in zip(wanted, replies, strict=True):
-        if isinstance(reply, Exception) or not reply:
+    heads: dict[str, list[str]] = {}
+    for i, key in enumerate(keys):
+        score, ids = replies[1 + 2 * i], replies[2 + 2 * i]
+        if isinstance(score, Exception) or score is None:
             continue
-        heads.setdefault(queue, []).append(_ids(reply))
+        if not isinstance(ids, Exception) and ids:
+            heads[key] = _ids(ids)
     return heads
-
-
-def fair_active(broker: Broker, names: Iterable[str]) -> set[str]:
-    """The types among `names` whose ring holds keys (one pipelined EXISTS each)."""
-    names = sorted(names)
-    with broker.redis.pipeline(transaction=False) as pipe:
-        for name in names:
-            pipe.exists(ring_key(broker.prefix, name))
-        replies = pipe.execute(raise_on_error=False)
-    return {n for n, r in zip(names, replies, strict=True) if r == 1}
 
 
 def active_keys(broker: Broker, name: str) -> int:

@@ -14,13 +14,16 @@ count of every queued row it replaced took 7 ms at 20,000 queued, and it re-push
 oldest ids, which were still in Redis, whenever ids popped and not yet claimed made the
 count look short).
 
-A fair type (`fair_by`, broker/fair.py) holds its ids in per-key lists too: its ids in Redis
-begin at the oldest head of all its lists, read every FAIR_EVERY_S (a lookup per key).
+A fair type (`fair_by`, broker/fair.py) holds its ids in per-key lists too, each in queue
+order: the same rule holds per key. Its queue is judged only when its oldest row is past the
+grace, and then from its oldest queued rows alone: each row's key is read from its payload,
+only those keys' lists are read, and a row older than its own key's head (and than the
+inbox's) by the grace was lost. A pass costs a page of rows and a list head per row, however
+many keys the ring holds; it reads further only while a whole page was lost (a lost ring).
 """
 
 from __future__ import annotations
 
-import time
 import uuid
 from collections.abc import Iterable, Mapping
 from datetime import datetime, timedelta
@@ -29,10 +32,10 @@ import msgspec
 from loguru import logger
 
 from hivejobs.broker import Broker, KeyRefused
-from hivejobs.broker.fair import fair_active, list_heads
+from hivejobs.broker.fair import key_heads
 from hivejobs.failpoints import failpoint
 from hivejobs.logs import error_fields
-from hivejobs.records import Lease, Push
+from hivejobs.records import KeyedQueued, Lease, Push
 from hivejobs.store import Store
 
 BATCH = 10_000
@@ -40,10 +43,13 @@ BATCH = 10_000
 # cancelled meanwhile (a duplicate push) tells nothing; a head of only such ids is judged at
 # a later pass, once a pool has popped them.
 HEAD_IDS = 16
-# The same for each per-key list of a fair type (broker/fair.py), fewer: there may be 10,000
-# such lists, and each id read is a primary-key lookup at every pass.
+# The same for the list of each key of a fair type's oldest rows (broker/fair.py), fewer: each
+# id read is a primary-key lookup, and a page of rows may name as many keys.
 FAIR_HEAD_IDS = 2
-FAIR_EVERY_S = 5.0
+# A fair queue's oldest rows judged per page: each names a key whose list is read.
+FAIR_PAGE = 64
+# A fair queue to judge key by key: its type's fair_by field, its inbox head's queued_at.
+FairQueue = tuple[str, datetime | None]
 MSG_KEY_REFUSED = "Redis refused a queue key (only its own list waits)"
 MSG_KEY_ACCEPTED = "Redis key accepted again"
 MSG_FLUSHED = "Redis had no boot marker (flushed or restarted): restored queues"
@@ -59,8 +65,7 @@ class ReconcileResult(msgspec.Struct):
 
 class Reconciler:
     """Owns `refused`: the keys Redis refused at the last pass, so that a bad key is logged
-    when it goes bad and when it heals, not at every pass; and `_fair_due`, when the per-key
-    lists of fair types are next read."""
+    when it goes bad and when it heals, not at every pass."""
 
     name = "reconcile"
 
@@ -71,13 +76,13 @@ class Reconciler:
         self.grace_s = grace_s
         self.interval_s = interval_s
         self.refused: set[str] = set()
-        self._fair_due = 0.0  # monotonic time of the next read of every per-key list's head
 
     def run_once(self, lease: Lease) -> ReconcileResult:
         if not self.broker.boot_marker_present():
             return ReconcileResult(True, self._restore_all())
         pushed = 0
-        for queue, before in self._lagging().items():
+        lagging, fair = self._lagging()
+        for queue, before in lagging.items():
             stale = self.store.stale_queued_if_leader(
                 lease, queue, self.grace_s, BATCH, before=before
             )
@@ -85,45 +90,80 @@ class Reconciler:
                 break  # the lease is lost: the next leader reconciles
             if stale:
                 pushed += self._push(stale)
+        for queue, (field, inbox_at) in fair.items():
+            repushed = self._repair_fair(lease, queue, field, inbox_at)
+            if repushed is None:
+                break  # the lease is lost
+            pushed += repushed
         if pushed:
             logger.info("re-pushed queued jobs missing from Redis", jobs=pushed)
         return ReconcileResult(False, pushed)
 
-    def _lagging(self) -> dict[tuple[str, int], datetime | None]:
+    def _lagging(
+        self,
+    ) -> tuple[dict[tuple[str, int], datetime | None], dict[tuple[str, int], FairQueue]]:
         """The queues with ids Redis lost, and the queued_at of their list's head (None: the
-        list is empty). An id popped and not yet claimed is still queued and older than the
-        head: it counts as lost only when older by more than the grace, and if it is pushed
-        again anyway its claim fences the copy out (a duplicate id, never a second run)."""
+        list is empty); and the fair queues to judge key by key (_repair_fair), with their
+        field and their inbox head's queued_at. An id popped and not yet claimed is still
+        queued and older than the head: it counts as lost only when older by more than the
+        grace, and if it is pushed again anyway its claim fences the copy out (a duplicate id,
+        never a second run)."""
         oldest = {(o.name, o.priority): o for o in self.store.oldest_queued(self.grace_s)}
         if not oldest:
-            return {}
+            return {}, {}
         heads, refused = self.broker.queue_heads(oldest, HEAD_IDS)
         self._note_refused(refused, answered=heads)
-        # A fair type's ids also wait in per-key lists (broker/fair.py): the ids Redis holds
-        # begin at the oldest of all its lists' heads (each list is in queue order). Reading
-        # them all costs a lookup per key, so it is done every FAIR_EVERY_S; in between, a
-        # type whose ring is in use is not judged (its repair waits that much longer).
-        active = fair_active(self.broker, {name for name, _ in heads})
-        fair: dict[tuple[str, int], list[list[str]]] = {}
-        if active and time.monotonic() >= self._fair_due:
-            fair = list_heads(self.broker, [q for q in heads if q[0] in active], FAIR_HEAD_IDS)
-            self._fair_due = time.monotonic() + FAIR_EVERY_S
-        elif active:
-            heads = {q: ids for q, ids in heads.items() if q[0] not in active}
-        lists = {q: [h for h in [ids, *fair.get(q, [])] if h] for q, ids in heads.items()}
-        queued_at = self.store.queued_at_of([i for hs in lists.values() for h in hs for i in h])
+        fields = self.store.fair_fields()
+        queued_at = self.store.queued_at_of([i for ids in heads.values() for i in ids])
         grace = timedelta(seconds=self.grace_s)
         lagging: dict[tuple[str, int], datetime | None] = {}
-        for queue, held in lists.items():  # a refused key is not there: only its list waits
-            if not held:
+        fair: dict[tuple[str, int], FairQueue] = {}
+        for queue, ids in heads.items():  # a refused key is not there: only its list waits
+            head_at = _head_at(ids, queued_at)
+            if queue[0] in fields:
+                # Its ids wait in per-key lists too: judged from its oldest rows, past the
+                # grace only (a younger one cannot be lost yet); an inbox whose head holds
+                # only ids no longer queued is judged at a later pass, as a list is.
+                if oldest[queue].past_grace and (head_at is not None or not ids):
+                    fair[queue] = (fields[queue[0]], head_at)
+            elif not ids:
                 if oldest[queue].past_grace:
                     lagging[queue] = None
-                continue
-            known = [at for ids in held if (at := _head_at(ids, queued_at)) is not None]
-            head_at = min(known, default=None)
-            if head_at is not None and oldest[queue].queued_at < head_at - grace:
+            elif head_at is not None and oldest[queue].queued_at < head_at - grace:
                 lagging[queue] = head_at
-        return lagging
+        return lagging, fair
+
+    def _repair_fair(
+        self, lease: Lease, queue: tuple[str, int], field: str, inbox_at: datetime | None
+    ) -> int | None:
+        """Push again the oldest rows of a fair queue that no list holds (lost_rows), a page at
+        a time; the next page only while a whole page was lost (a lost ring or many lost
+        lists), up to BATCH rows a pass. A held row ends the look: rows behind it are judged
+        once the keys ahead of them are served, where their turn would have come. None: the
+        lease is lost."""
+        name, priority = queue
+        grace = timedelta(seconds=self.grace_s)
+        after: tuple[datetime, str] | None = None
+        pushed = read = 0
+        while read < BATCH:
+            page = self.store.oldest_queued_keyed(queue, field, self.grace_s, after, FAIR_PAGE)
+            rows = [r for r in page if r.past_grace]
+            if not rows:
+                break
+            read += len(rows)
+            heads = key_heads(self.broker, name, priority, {r.key for r in rows}, FAIR_HEAD_IDS)
+            at = self.store.queued_at_of([i for ids in heads.values() for i in ids])
+            held = {key: _head_at(ids, at) for key, ids in heads.items()}
+            lost = lost_rows(rows, inbox_at, held, grace)
+            if lost:
+                pushes = self.store.restamp_queued_if_leader(lease, lost)
+                if pushes is None:
+                    return None
+                pushed += self._push(pushes)
+            if len(lost) < len(rows) or len(rows) < FAIR_PAGE:
+                break
+            after = (rows[-1].queued_at, rows[-1].id)
+        return pushed
 
     def _lengths(self, names: set[str]) -> dict[tuple[str, int], int]:
         lengths, refused = self.broker.queue_lengths(names)
@@ -190,6 +230,29 @@ class Reconciler:
             # popped between the two reads above and pushed again (its claim fences it).
             logger.info(MSG_FIRST_START, jobs=pushed)
         return pushed
+
+
+def lost_rows(
+    rows: Iterable[KeyedQueued],
+    inbox_at: datetime | None,
+    held: Mapping[str, datetime | None],
+    grace: timedelta,
+) -> list[str]:
+    """The ids of a fair queue's rows (past the grace) that no list can hold: each list is in
+    queue order, so a row queued earlier than a list's head by more than the grace is not in
+    it. `inbox_at`: the queued_at of the inbox's head (None: empty); `held`: key -> the
+    queued_at of its list's head, for the keys whose list a pop can reach (None: its head
+    holds only ids no longer queued, judged at a later pass); a key left out holds nothing."""
+    lost: list[str] = []
+    for row in rows:
+        if inbox_at is not None and row.queued_at >= inbox_at - grace:
+            continue  # maybe still in the inbox, not yet sorted
+        if row.key in held:
+            head_at = held[row.key]
+            if head_at is None or row.queued_at >= head_at - grace:
+                continue
+        lost.append(row.id)
+    return lost
 
 
 def _head_at(ids: list[str], queued_at: Mapping[str, datetime]) -> datetime | None:

@@ -16,7 +16,7 @@ from datetime import datetime
 import psycopg.sql
 from psycopg.rows import class_row
 
-from hivejobs.records import Lease, OldestQueued, Push, QueuedEntry
+from hivejobs.records import KeyedQueued, Lease, OldestQueued, Push, QueuedEntry
 from hivejobs.store.db import Conn, connect
 from hivejobs.store.leases import Leases
 from hivejobs.store.sql import load_queries
@@ -68,6 +68,15 @@ class Maintenance(Leases):
         with self.leader_transaction(lease) as conn:
             return None if conn is None else _pushes(conn, "stale_queued", params)
 
+    def restamp_queued_if_leader(self, lease: Lease, ids: Sequence[str]) -> list[Push] | None:
+        """These ids, those still queued, re-stamped queued now for a push again, in the
+        order given (a key's ids keep their order through the inbox)."""
+        with self.leader_transaction(lease) as conn:
+            if conn is None:
+                return None
+            pushes = {p.id: p for p in _pushes(conn, "restamp_queued", {"ids": list(ids)})}
+        return [pushes[i] for i in ids if i in pushes]
+
     # -- hivejobs.testing (no coordinator runs there) ------------------------------------
 
     def promote_due_unleased(self, limit: int) -> list[Push]:
@@ -95,6 +104,34 @@ class Maintenance(Leases):
         with self.connection() as conn:
             rows = conn.execute(UPKEEP["queued_at_of"], {"ids": ids}).fetchall()
         return {str(r[0]): r[1] for r in rows if r[1] is not None}
+
+    def fair_fields(self) -> dict[str, str]:
+        """Fair type -> its fair_by payload field, as its workers declared it."""
+        with self.connection() as conn:
+            return {str(r[0]): str(r[1]) for r in conn.execute(UPKEEP["fair_fields"])}
+
+    def oldest_queued_keyed(
+        self,
+        queue: tuple[str, int],
+        field: str,
+        grace_s: float,
+        after: tuple[datetime, str] | None,
+        limit: int,
+    ) -> list[KeyedQueued]:
+        """A fair queue's oldest queued rows after `after` (queued_at, id), with their keys."""
+        after_at, after_id = after or (EPOCH, "")
+        params = {
+            "name": queue[0],
+            "priority": queue[1],
+            "field": field,
+            "grace_s": grace_s,
+            "after_at": after_at,
+            "after_id": after_id,
+            "limit": limit,
+        }
+        with self.connection() as conn:
+            cur = conn.cursor(row_factory=class_row(KeyedQueued))
+            return cur.execute(UPKEEP["oldest_queued_keyed"], params).fetchall()
 
     def queued_counts(self) -> dict[tuple[str, int], int]:
         """Queued jobs per (type, priority): one entry per Redis list."""

@@ -118,6 +118,34 @@ SELECT name, priority, queued_at, queued_at < now() - %(grace_s)s * interval '1 
 -- read the queue).
 SELECT id, queued_at FROM hivejobs_job WHERE id = ANY(%(ids)s::text[]) AND state = 'queued';
 
+-- name: fair_fields
+-- The fair types (fair_by, migration 0016) and their payload fields: the reconciler judges
+-- their queues key by key.
+SELECT name, fair_by FROM hivejobs_job_type WHERE fair_by IS NOT NULL;
+
+-- name: oldest_queued_keyed
+-- A fair type's oldest queued ids of one queue after (queued_at, id), each with its key (as
+-- fair.sql reads it) and whether it was queued longer ago than the grace: the reconciler reads
+-- the lists of these keys alone. A keyset page as queued_page (the grace is a column, not a
+-- bound: a bound made the planner guess few rows and sort them).
+SELECT id, queued_at, coalesce(convert_from(payload, 'UTF8')::jsonb ->> %(field)s, '') AS key,
+       queued_at < now() - %(grace_s)s * interval '1 second' AS past_grace
+  FROM hivejobs_job
+ WHERE state = 'queued' AND queued_at IS NOT NULL
+   AND name = %(name)s AND priority = %(priority)s
+   AND (queued_at, id) > (%(after_at)s, %(after_id)s)
+ ORDER BY queued_at, id LIMIT %(limit)s;
+
+-- name: restamp_queued
+-- Ids the reconciler found in no Redis list, still queued, re-stamped queued now as
+-- stale_queued does, for their push. A row parked by its sequence meanwhile (queued_at NULL)
+-- stays parked; said so that it does not imply the queued index's predicate (as flow.sql's
+-- claim): the primary key stays the only index a plan can use.
+UPDATE hivejobs_job SET queued_at = now()
+ WHERE id = ANY(%(ids)s::text[]) AND state = 'queued'
+   AND (seq_key IS NULL OR queued_at IS NOT NULL)
+RETURNING id, name, priority;
+
 -- name: queued_counts
 -- A count reads every queued row; `queued_at IS NOT NULL` lets it read just those, through
 -- the queued index, when the rest of the table is bigger (migration 0004).
