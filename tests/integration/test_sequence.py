@@ -20,6 +20,7 @@ from hivejobs.errors import ChainInvalid, InvalidJobType, PayloadInvalid
 from hivejobs.flow import Flow
 from hivejobs.records import ClaimedJob, Completion, Outcome
 from hivejobs.store import new_worker_id
+from hivejobs.worker.completer import Completer
 from tests.harness import sql, wait_until
 
 
@@ -148,6 +149,29 @@ def test_a_cancelled_or_expired_next_job_hands_the_key_on(
     finish(app, job, "succeeded")
     assert queued_at_set(database_url, third)
     assert [j.id for j in claim(app, [third])] == [third]
+
+
+def test_the_completion_that_ends_a_key_pushes_the_job_it_handed_the_key_to(
+    make_app: Callable[..., App], database_url: str
+) -> None:
+    """The completer pushes the job the hand-over unparked in its own transaction (no NOTIFY
+    needed); not a next job that was never parked (pushed at enqueue, still in Redis), nor
+    one behind a hold."""
+    app = make(make_app())
+    a, b, c = enqueue_line(app, "a", 2), enqueue_line(app, "b", 2), enqueue_line(app, "c", 2)
+    jobs = {j.id: j for j in claim(app, [a[0], a[1], b[0], c[0], c[1]])}  # b[1] not popped
+    assert not queued_at_set(database_url, a[1]) and not queued_at_set(database_url, c[1])
+    app.flush()
+    app.broker.redis.delete(*app.broker.redis.keys(app.broker.queue_keys_glob("step")))
+    completer = Completer(app.store, app.broker)
+    for job_id, outcome in ((a[0], "succeeded"), (b[0], "succeeded"), (c[0], "failed")):
+        job = jobs[job_id]
+        completer.submit(Completion(id=job.id, claim_token=job.claim_token, outcome=outcome))
+    completer.start()  # after the submits: they form one batch
+    assert completer.flush(30.0)
+    assert app.broker.pop("step", 10).ids == [a[1]]
+    assert sorted(j.id for j in claim(app, [a[1], b[1], c[1]])) == sorted([a[1], b[1]])
+    assert not queued_at_set(database_url, c[1])  # held by c[0]
 
 
 def test_the_guard_holds_without_the_park_and_the_hand_over(

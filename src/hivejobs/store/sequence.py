@@ -15,7 +15,7 @@ import msgspec
 import psycopg
 from psycopg.rows import class_row
 
-from hivejobs.records import ClaimedJob, NewJob
+from hivejobs.records import ClaimedJob, NewJob, Requeued
 from hivejobs.store.sql import load_queries
 
 if TYPE_CHECKING:
@@ -54,6 +54,37 @@ def claim_in_sequence(conn: Conn, ids: list[str], worker_id: str, name: str) -> 
             rest = [i for i in ids if i not in claimed]
             conn.execute(SEQ["park_waiting"], {"ids": rest, "name": name})
         return jobs
+
+
+class Archived(msgspec.Struct, frozen=True):
+    """A row the completer archived: its key (None: not sequenced) and its transaction's
+    now(), the queued_at the hand-over trigger gave the key's next job."""
+
+    id: str
+    name: str
+    seq_key: str | None
+    at: datetime
+
+
+def handed_over(conn: Conn, archived: Sequence[Archived]) -> list[Requeued]:
+    """The jobs the hand-over trigger unparked when `archived` left the live table, as
+    queued Requeued rows for the completer to push (none when nothing was sequenced: no
+    round trip then)."""
+    keyed = [a for a in archived if a.seq_key is not None]
+    if not keyed:
+        return []
+    params = {
+        "names": [a.name for a in keyed],
+        "keys": [a.seq_key for a in keyed],
+        "at": keyed[0].at,
+    }
+    try:
+        cur = conn.cursor(row_factory=class_row(Requeued))
+        return cur.execute(SEQ["handed_over_at"], params).fetchall()
+    except psycopg.OperationalError:
+        # The batch is committed: retrying it would find its claims ended and push nothing.
+        # The unparked jobs are queued in Postgres, so the reconciler pushes them (seconds).
+        return []
 
 
 def sequenced_insert(job: NewJob, params: dict[str, Any]) -> tuple[str, dict[str, Any]] | None:

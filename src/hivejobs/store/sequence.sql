@@ -193,3 +193,18 @@ SELECT k.name, k.seq_key
 -- name: handed_over
 -- After hand_over: the job it unparked, for the repair to push at once.
 SELECT id, name, priority FROM hivejobs_job WHERE id = %(id)s AND state = 'queued';
+
+-- name: handed_over_at
+-- After a completion batch archived sequenced jobs (their keys given): the next job of each
+-- key that the hand-over trigger unparked in that batch's transaction, whose queued_at it set
+-- to that transaction's now() (`at`), for the completer to push at once: a hand-over then
+-- waits for no NOTIFY (none reaches a coordinator behind a transaction-mode pooler without
+-- a listen URL). A next job with another queued_at was dispatched already (pushed at
+-- enqueue and not yet popped): pushing it again would only add a duplicate. One index step
+-- per key (hivejobs_job_seq).
+SELECT n.id, n.name, n.priority, n.state
+  FROM unnest(%(names)s::text[], %(keys)s::text[]) AS k(name, key),
+       LATERAL (SELECT j.id, j.name, j.priority, j.state, j.queued_at FROM hivejobs_job j
+                 WHERE j.name = k.name AND j.seq_key = k.key
+                 ORDER BY j.seq LIMIT 1) n
+ WHERE n.state = 'queued' AND n.queued_at = %(at)s;
