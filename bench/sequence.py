@@ -16,6 +16,7 @@ push and the next pop and claim).
 from __future__ import annotations
 
 import argparse
+import json
 import random
 import signal
 import statistics
@@ -100,11 +101,19 @@ def baseline(keys: int, per_key: int, seed: int) -> dict[str, object]:
         sc.close()
 
 
-def run(keys: int, per_key: int, chaos: bool, kill_every_s: float, seed: int) -> dict[str, object]:
-    sc = Scenario("sequence-chaos" if chaos else "sequence-calm")
+def run(
+    keys: int,
+    per_key: int,
+    chaos: bool,
+    kill_every_s: float,
+    seed: int,
+    name: str | None = None,
+    **env: str,
+) -> dict[str, object]:
+    sc = Scenario(name or ("sequence-chaos" if chaos else "sequence-calm"))
     try:
         for _ in range(2):
-            sc.instance("", app_spec=APP, HJ_SEQ_BASELINE="1")
+            sc.instance("", app_spec=APP, HJ_SEQ_BASELINE="1", **env)
         lines = enqueue(sc, "ordered", keys, per_key, seed)
         started = time.monotonic()
         dead: dict[int, int] = {}
@@ -156,7 +165,29 @@ def main() -> None:
     parser.add_argument("--kill-every", type=float, default=5.0)
     parser.add_argument("--seed", type=int, default=34)
     parser.add_argument("--out", type=Path)
+    parser.add_argument(
+        "--handover",
+        choices=("listen", "no-listen"),
+        help="only the calm sequenced run, with the coordinator's LISTEN session or as behind"
+        " a transaction-mode pooler without a listen URL (HIVEJOBS_PGBOUNCER=1: no NOTIFY"
+        " reaches it); one JSON line",
+    )
+    parser.add_argument(
+        "--src",
+        type=Path,
+        default=ROOT / "src",
+        help="the hivejobs tree the instances run (another checkout's src: A/B runs)",
+    )
     args = parser.parse_args()
+    if args.handover is not None:
+        env = {"PYTHONPATH": f"{args.src}:{ROOT}"}
+        if args.handover == "no-listen":
+            env["HIVEJOBS_PGBOUNCER"] = "1"
+        row = run(
+            args.keys, args.per_key, False, 0.0, args.seed, f"handover-{args.handover}", **env
+        )
+        print(json.dumps({"src": str(args.src), **row}))
+        return
     rows = [baseline(args.keys, args.per_key, args.seed)]
     rows += [
         run(args.keys, args.per_key, chaos, args.kill_every, args.seed) for chaos in (False, True)

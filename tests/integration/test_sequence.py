@@ -15,6 +15,7 @@ import psycopg
 import pytest
 
 from hivejobs import App
+from hivejobs.coordinator.gauges import Gauges
 from hivejobs.coordinator.sequencer import Sequencer
 from hivejobs.errors import ChainInvalid, InvalidJobType, PayloadInvalid
 from hivejobs.flow import Flow
@@ -333,3 +334,34 @@ def test_the_sequencer_hands_over_a_key_left_parked_and_only_such_keys(
     assert not queued_at_set(database_url, running[1])
     assert not queued_at_set(database_url, held[1])
     assert Sequencer(app.store, app.broker).run_once() == 0
+
+
+def test_the_queue_depth_gauge_counts_jobs_parked_behind_their_key(
+    make_app: Callable[..., App], database_url: str
+) -> None:
+    app = make(make_app())
+    line = enqueue_line(app, "a", 3)
+    claim(app, line)  # the first runs, two are parked (out of Redis)
+    assert Gauges(app.store).run_once() == {"queued": 2, "running": 1}
+    gauge = "SELECT value FROM hivejobs_gauge WHERE name = 'queued' AND queue = 'step'"
+    assert sql(database_url, gauge) == [(2,)]
+
+
+def test_a_pools_completion_hands_over_without_a_notify_other_endings_with_one(
+    make_app: Callable[..., App], database_url: str
+) -> None:
+    """The completer pushes what its batch's hand-over unparked, so the trigger sends no
+    NOTIFY for it (the coordinator would push it a second time); a hand-over on another
+    path (here a release) still sends one. Notifications arrive in commit order, so the
+    release's coming alone proves the completion's never came."""
+    app = make(make_app())
+    a, b = enqueue_line(app, "a", 2), enqueue_line(app, "b", 2)
+    jobs = {j.id: j for j in claim(app, [a[0], a[1], b[0], b[1]])}
+    with psycopg.connect(database_url, autocommit=True) as listener:
+        listener.execute("LISTEN hivejobs_dispatch")
+        finish(app, jobs[a[0]], "succeeded")
+        assert queued_at_set(database_url, a[1])
+        finish(app, jobs[b[0]], "failed")  # holds b
+        assert app.release_key("step", '"b"') == b[0]
+        notes = list(listener.notifies(timeout=30, stop_after=1))
+    assert [n.payload.split("\t")[-1] for n in notes] == [b[1]]

@@ -109,7 +109,10 @@ RETURNING j.id;
 -- element-by-element dumping was the pool's largest cost per completion batch.
 -- Each archived row comes back with its sequence key (NULL: not sequenced) and the
 -- transaction's now(): the hand-over trigger stamps the key's next job with that queued_at,
--- by which the completer finds the jobs to push (handed_over in sequence.sql).
+-- by which the completer finds the jobs to push (handed_over_at in sequence.sql). A
+-- sequenced row also sets hivejobs.hand_over_push for the transaction, so the trigger sends
+-- no NOTIFY for what the completer pushes (migration 0023); an unsequenced batch only reads
+-- `seq_key IS NULL`.
 WITH c AS (
     SELECT * FROM json_to_recordset(%(rows)s::json)
            AS c(id text, token bigint, final_state text, final_error text, final_result text)
@@ -129,7 +132,8 @@ WITH c AS (
            now(), expires_at, coalesce(final_error, error), final_result, claim_token
       FROM done
 )
-SELECT id, name, seq_key, now() AS at FROM done;
+SELECT id, name, seq_key, now() AS at FROM done
+ WHERE seq_key IS NULL OR set_config('hivejobs.hand_over_push', 'pool', true) = 'pool';
 
 -- name: requeue_if_running
 -- Retry (attempt stays counted) or suspension (uncount = 1: a graceful stop is not an

@@ -154,11 +154,28 @@ class SequenceStore:
                     pushes.append((str(pushed[0]), str(pushed[1]), int(pushed[2])))
         return pushes
 
+    def prune_idle(self, retention_s: float, limit: int = 1000) -> int:
+        """Delete the counters of keys with no live job and no hold, last used more than
+        `retention_s` ago, at most `limit`; returns how many. Locks first, then looks again
+        with a new snapshot (lock_idle, delete_idle): see sequence.sql."""
+        params: dict[str, Any] = {"retention_s": retention_s, "limit": limit}
+        with self.store.connection() as conn, conn.transaction():
+            idle = conn.execute(SEQ["lock_idle"], params).fetchall()
+            if not idle:
+                return 0
+            params |= {"names": [r[0] for r in idle], "keys": [r[1] for r in idle]}
+            return len(conn.execute(SEQ["delete_idle"], params).fetchall())
+
     def holds(self, name: str, limit: int = 20) -> list[Hold]:
         """The type's held keys, oldest first (the dashboard's notice)."""
         with self.store.connection() as conn:
             cur = conn.cursor(row_factory=class_row(Hold))
             return cur.execute(SEQ["holds"], {"name": name, "limit": limit}).fetchall()
+
+    def parked_counts(self) -> dict[str, int]:
+        """Queued jobs waiting for their key (parked, out of Redis), per type."""
+        with self.store.connection() as conn:
+            return dict(conn.execute(SEQ["parked_counts"]).fetchall())
 
     def held_counts(self) -> dict[str, int]:
         """Held keys per type (the hold table holds only held keys: a small read)."""
