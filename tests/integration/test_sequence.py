@@ -271,8 +271,9 @@ def test_bad_input_is_refused_before_anything_is_stored(
 
     chain = Chain("c")
     chain.job("step", {"account": "a"})
-    with pytest.raises(ChainInvalid, match="sequence_by"):
+    with pytest.raises(ChainInvalid, match="has sequence_by, which a chain step cannot have"):
         app.run_chain(chain)
+    assert sql(database_url, "SELECT count(*) FROM hivejobs_chain")[0][0] == 0
 
 
 def test_with_limit_by_and_pause_through_the_pools_flow(

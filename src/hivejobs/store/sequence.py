@@ -1,8 +1,9 @@
-"""Sequence statements (sequence.sql; schema and hand-over trigger in migration 0017).
+"""Sequence statements (sequence.sql; schema and hand-over trigger in migrations 0017, 0023).
 
 Part of store/: decides nothing. sequence.py says what a sequence guarantees; this module
 numbers a key's jobs at enqueue, claims a sequenced type's jobs under their keys' locks with
-the guard that keeps one job of a key running, in order, and reads and releases holds.
+the guard that keeps one job of a key running, in order, finds the jobs a completion batch
+handed its keys to, reads and releases holds, and prunes idle keys' counters.
 """
 
 from __future__ import annotations
