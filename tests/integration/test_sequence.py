@@ -165,7 +165,8 @@ def test_the_completion_that_ends_a_key_pushes_the_job_it_handed_the_key_to(
     app.flush()
     app.broker.redis.delete(*app.broker.redis.keys(app.broker.queue_keys_glob("step")))
     completer = Completer(app.store, app.broker)
-    for job_id, outcome in ((a[0], "succeeded"), (b[0], "succeeded"), (c[0], "failed")):
+    ends: list[tuple[str, Outcome]] = [(a[0], "succeeded"), (b[0], "succeeded"), (c[0], "failed")]
+    for job_id, outcome in ends:
         job = jobs[job_id]
         completer.submit(Completion(id=job.id, claim_token=job.claim_token, outcome=outcome))
     completer.start()  # after the submits: they form one batch
