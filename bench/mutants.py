@@ -53,6 +53,8 @@ SEQ_PRUNE = "tests/integration/test_sequence_prune.py"
 # The idle-counter prune: its two statements (lock_idle, delete_idle) each check the key;
 # a guard removes the check from both, the text between them included.
 SEQ_PRUNE_SQL = (
+    "SELECT s.name, s.key FROM hivejobs_sequence s\n"
+    " WHERE s.used_at < now() - %(retention_s)s * interval '1 second'\n"
     "   AND NOT EXISTS (SELECT 1 FROM hivejobs_job j WHERE j.name = s.name AND j.seq_key = s.key)\n"
     "   AND NOT EXISTS (SELECT 1 FROM hivejobs_sequence_hold h\n"
     "                    WHERE h.name = s.name AND h.key = s.key)\n"
@@ -693,8 +695,10 @@ GUARDS: tuple[Guard, ...] = (
     Guard(
         "seq-prune-retention",
         "src/hivejobs/store/sequence.sql",
-        " WHERE s.used_at < now() - %(retention_s)s * interval '1 second'\n   AND NOT EXISTS",
-        " WHERE NOT EXISTS",
+        SEQ_PRUNE_SQL,
+        SEQ_PRUNE_SQL.replace(
+            " WHERE s.used_at < now() - %(retention_s)s * interval '1 second'\n   AND", " WHERE"
+        ).replace("   AND s.used_at < now() - %(retention_s)s * interval '1 second'\n", ""),
         (SEQ_PRUNE + "::test_only_idle_keys_lose_their_counter",),
         "a key's counter goes before its retention",
     ),
