@@ -48,6 +48,34 @@ CALLBACK_ROLE = "tests/web/test_callback_role.py"
 DEBOUNCE = "tests/integration/test_debounce.py"
 FAIR = "tests/integration/test_fair.py"
 HARDENING = "tests/web/test_hardening.py"
+SEQ = "tests/integration/test_sequence.py"
+SEQ_PRUNE = "tests/integration/test_sequence_prune.py"
+# The idle-counter prune: its two statements (lock_idle, delete_idle) each check the key;
+# a guard removes the check from both, the text between them included.
+SEQ_PRUNE_SQL = (
+    "SELECT s.name, s.key FROM hivejobs_sequence s\n"
+    " WHERE s.used_at < now() - %(retention_s)s * interval '1 second'\n"
+    "   AND NOT EXISTS (SELECT 1 FROM hivejobs_job j WHERE j.name = s.name AND j.seq_key = s.key)\n"
+    "   AND NOT EXISTS (SELECT 1 FROM hivejobs_sequence_hold h\n"
+    "                    WHERE h.name = s.name AND h.key = s.key)\n"
+    " LIMIT %(limit)s\n"
+    "   FOR UPDATE OF s SKIP LOCKED;\n"
+    "\n"
+    "-- name: delete_idle\n"
+    "-- The second statement, in lock_idle's transaction, under its row locks: a new snapshot, so\n"
+    "-- it sees every job an enqueuer numbered before we took the row (lock_idle's own snapshot\n"
+    "-- may be older than that enqueuer's commit), and deletes the row only if the key still has\n"
+    "-- no live job and no hold. A key's number restarts only when nothing of the key is live: no\n"
+    "-- job can then be numbered before one still waiting.\n"
+    "DELETE FROM hivejobs_sequence s\n"
+    " USING unnest(%(names)s::text[], %(keys)s::text[]) AS k(name, key)\n"
+    " WHERE s.name = k.name AND s.key = k.key\n"
+    "   AND s.used_at < now() - %(retention_s)s * interval '1 second'\n"
+    "   AND NOT EXISTS (SELECT 1 FROM hivejobs_job j WHERE j.name = s.name AND j.seq_key = s.key)\n"
+    "   AND NOT EXISTS (SELECT 1 FROM hivejobs_sequence_hold h\n"
+    "                    WHERE h.name = s.name AND h.key = s.key)\n"
+    "RETURNING s.key;"
+)
 
 
 @dataclass(frozen=True)
@@ -644,6 +672,104 @@ GUARDS: tuple[Guard, ...] = (
         "            pass",
         (FAIR + "::test_a_payload_without_a_usable_key_is_refused_and_nothing_stored",),
         "a payload without the fair_by field is stored (under the '' key)",
+    ),
+    # -- sequences per key ---------------------------------------------------------------
+    Guard(
+        "seq-claim-running",
+        "src/hivejobs/store/sequence.sql",
+        "        AND NOT EXISTS (SELECT 1 FROM hivejobs_job r\n"
+        "                         WHERE r.name = j.name AND r.seq_key = j.seq_key\n"
+        "                           AND r.state = 'running')\n",
+        "",
+        (SEQ + "::test_a_job_numbered_first_still_waits_for_the_running_one",),
+        "a key's job starts while another of the key runs",
+    ),
+    Guard(
+        "seq-claim-earlier",
+        "src/hivejobs/store/sequence.sql",
+        "        AND NOT EXISTS (SELECT 1 FROM hivejobs_job b\n"
+        "                         WHERE b.name = j.name AND b.seq_key = j.seq_key"
+        " AND b.seq < j.seq)))",
+        "        AND true))",
+        (SEQ + "::test_a_later_job_never_starts_while_an_earlier_one_is_live",),
+        "a key's later job starts while an earlier one waits: out of order",
+    ),
+    Guard(
+        "seq-completer-push",
+        "src/hivejobs/store/jobs.py",
+        "            requeued += handed_over(conn, archived)\n",
+        "            pass\n",
+        (SEQ + "::test_the_completion_that_ends_a_key_pushes_the_job_it_handed_the_key_to",),
+        "a hand-over waits for a NOTIFY (none behind a pooler without a listen URL: seconds)",
+    ),
+    Guard(
+        "seq-completer-push-exact",
+        "src/hivejobs/store/sequence.sql",
+        " WHERE n.state = 'queued' AND n.queued_at = %(at)s;",
+        " WHERE n.state = 'queued';",
+        (SEQ + "::test_the_completion_that_ends_a_key_pushes_the_job_it_handed_the_key_to",),
+        "a next job still in Redis is pushed again at every hand-over (a duplicate each)",
+    ),
+    Guard(
+        "seq-completer-no-notify",
+        "src/hivejobs/store/jobs.sql",
+        " WHERE seq_key IS NULL OR set_config('hivejobs.hand_over_push', 'pool', true) = 'pool';",
+        ";",
+        (SEQ + "::test_a_pools_completion_hands_over_without_a_notify_other_endings_with_one",),
+        "every completer hand-over is pushed twice (its push and the NOTIFY's)",
+    ),
+    Guard(
+        "seq-gauge-parked",
+        "src/hivejobs/coordinator/gauges.py",
+        "        queued = dict(self._parked)\n",
+        "        queued: dict[str, int] = {}\n",
+        (SEQ + "::test_the_queue_depth_gauge_counts_jobs_parked_behind_their_key",),
+        "the queue-depth gauge misses the jobs parked behind their keys",
+    ),
+    Guard(
+        "seq-prune-skip-locked",
+        "src/hivejobs/store/sequence.sql",
+        "   FOR UPDATE OF s SKIP LOCKED;",
+        "   FOR UPDATE OF s;",
+        (SEQ_PRUNE + "::test_an_enqueue_holding_the_counter_keeps_it_and_the_key_numbers_on",),
+        "the pruner waits on a caller's open transaction that enqueues",
+    ),
+    Guard(
+        "seq-prune-live",
+        "src/hivejobs/store/sequence.sql",
+        SEQ_PRUNE_SQL,
+        SEQ_PRUNE_SQL.replace(
+            "   AND NOT EXISTS (SELECT 1 FROM hivejobs_job j WHERE j.name = s.name"
+            " AND j.seq_key = s.key)\n",
+            "",
+        ),
+        (
+            SEQ_PRUNE + "::test_only_idle_keys_lose_their_counter",
+            SEQ_PRUNE + "::test_an_enqueue_holding_the_counter_keeps_it_and_the_key_numbers_on",
+        ),
+        "a key with live jobs loses its counter: its next job numbers before them",
+    ),
+    Guard(
+        "seq-prune-hold",
+        "src/hivejobs/store/sequence.sql",
+        SEQ_PRUNE_SQL,
+        SEQ_PRUNE_SQL.replace(
+            "   AND NOT EXISTS (SELECT 1 FROM hivejobs_sequence_hold h\n"
+            "                    WHERE h.name = s.name AND h.key = s.key)\n",
+            "",
+        ),
+        (SEQ_PRUNE + "::test_only_idle_keys_lose_their_counter",),
+        "a held key loses its counter while its hold waits for an operator",
+    ),
+    Guard(
+        "seq-prune-retention",
+        "src/hivejobs/store/sequence.sql",
+        SEQ_PRUNE_SQL,
+        SEQ_PRUNE_SQL.replace(
+            " WHERE s.used_at < now() - %(retention_s)s * interval '1 second'\n   AND", " WHERE"
+        ).replace("   AND s.used_at < now() - %(retention_s)s * interval '1 second'\n", ""),
+        (SEQ_PRUNE + "::test_only_idle_keys_lose_their_counter",),
+        "a key's counter goes before its retention",
     ),
 )
 

@@ -162,7 +162,8 @@ class Push(NamedTuple):
 
 
 class Requeued(NamedTuple):
-    """A claim put back by Store.finish: `state` 'queued' (push its id) or 'scheduled'."""
+    """A job Store.finish left waiting, `state` 'queued' (push its id) or 'scheduled': a
+    claim put back (retry, suspension), or the next job of a sequence key the batch ended."""
 
     id: str
     name: str

@@ -11,9 +11,11 @@ At most one job of a key runs at a time, in enqueue order. Where each part is de
   whatever Redis delivers (duplicates, reorders, a flush) and however many pools race;
 - dispatch: a job refused because its key is busy is parked (queued_at NULL: not in Redis,
   not seen by the reconciler, not put back); when a sequenced job leaves the live table
-  (archived in any state), a trigger (migration 0017) takes the key's lock and unparks the
-  key's next job with a dispatch NOTIFY, or records the hold. A lost NOTIFY or a flushed
-  Redis is repaired by the reconciler, which sees the unparked job as any queued job;
+  (archived in any state), a trigger (migrations 0017, 0023) takes the key's lock and
+  unparks the key's next job, or records the hold. A pool's completion batch pushes the
+  jobs its hand-overs unparked right after its commit (store/sequence.py handed_over); any
+  other ending dispatches them with a NOTIFY. A lost push or NOTIFY, or a flushed Redis, is
+  repaired by the reconciler, which sees the unparked job as any queued job;
 - failures: a failed attempt with attempts left keeps the job live (queued or scheduled for
   its retry), so it stays the key's next job and the key waits for it. A job failed for good
   holds the key with on_failure="hold" (until `App.replay` of that job, which then runs

@@ -15,11 +15,13 @@ import psycopg
 import pytest
 
 from hivejobs import App
+from hivejobs.coordinator.gauges import Gauges
 from hivejobs.coordinator.sequencer import Sequencer
 from hivejobs.errors import ChainInvalid, InvalidJobType, PayloadInvalid
 from hivejobs.flow import Flow
 from hivejobs.records import ClaimedJob, Completion, Outcome
 from hivejobs.store import new_worker_id
+from hivejobs.worker.completer import Completer
 from tests.harness import sql, wait_until
 
 
@@ -152,6 +154,30 @@ def test_a_cancelled_or_expired_next_job_hands_the_key_on(
     assert [j.id for j in claim(app, [third])] == [third]
 
 
+def test_the_completion_that_ends_a_key_pushes_the_job_it_handed_the_key_to(
+    make_app: Callable[..., App], database_url: str
+) -> None:
+    """The completer pushes the job the hand-over unparked in its own transaction (no NOTIFY
+    needed); not a next job that was never parked (pushed at enqueue, still in Redis), nor
+    one behind a hold."""
+    app = make(make_app())
+    a, b, c = enqueue_line(app, "a", 2), enqueue_line(app, "b", 2), enqueue_line(app, "c", 2)
+    jobs = {j.id: j for j in claim(app, [a[0], a[1], b[0], c[0], c[1]])}  # b[1] not popped
+    assert not queued_at_set(database_url, a[1]) and not queued_at_set(database_url, c[1])
+    app.flush()
+    app.connections.broker.redis.delete(*app.connections.broker.redis.keys(app.connections.broker.queue_keys_glob("step")))
+    completer = Completer(app.connections.store, app.connections.broker)
+    ends: list[tuple[str, Outcome]] = [(a[0], "succeeded"), (b[0], "succeeded"), (c[0], "failed")]
+    for job_id, outcome in ends:
+        job = jobs[job_id]
+        completer.submit(Completion(id=job.id, claim_token=job.claim_token, outcome=outcome))
+    completer.start()  # after the submits: they form one batch
+    assert completer.flush(30.0)
+    assert app.connections.broker.pop("step", 10).ids == [a[1]]
+    assert sorted(j.id for j in claim(app, [a[1], b[1], c[1]])) == sorted([a[1], b[1]])
+    assert not queued_at_set(database_url, c[1])  # held by c[0]
+
+
 def test_the_guard_holds_without_the_park_and_the_hand_over(
     make_app: Callable[..., App], database_url: str
 ) -> None:
@@ -248,8 +274,9 @@ def test_bad_input_is_refused_before_anything_is_stored(
 
     chain = Chain("c")
     chain.job("step", {"account": "a"})
-    with pytest.raises(ChainInvalid, match="sequence_by"):
+    with pytest.raises(ChainInvalid, match="has sequence_by, which a chain step cannot have"):
         app.run_chain(chain)
+    assert sql(database_url, "SELECT count(*) FROM hivejobs_chain")[0][0] == 0
 
 
 def test_with_limit_by_and_pause_through_the_pools_flow(
@@ -313,3 +340,34 @@ def test_the_sequencer_hands_over_a_key_left_parked_and_only_such_keys(
     assert not queued_at_set(database_url, running[1])
     assert not queued_at_set(database_url, held[1])
     assert Sequencer(app.connections.store, app.connections.broker).run_once() == 0
+
+
+def test_the_queue_depth_gauge_counts_jobs_parked_behind_their_key(
+    make_app: Callable[..., App], database_url: str
+) -> None:
+    app = make(make_app())
+    line = enqueue_line(app, "a", 3)
+    claim(app, line)  # the first runs, two are parked (out of Redis)
+    assert Gauges(app.connections.store).run_once() == {"queued": 2, "running": 1}
+    gauge = "SELECT value FROM hivejobs_gauge WHERE name = 'queued' AND queue = 'step'"
+    assert sql(database_url, gauge) == [(2,)]
+
+
+def test_a_pools_completion_hands_over_without_a_notify_other_endings_with_one(
+    make_app: Callable[..., App], database_url: str
+) -> None:
+    """The completer pushes what its batch's hand-over unparked, so the trigger sends no
+    NOTIFY for it (the coordinator would push it a second time); a hand-over on another
+    path (here a release) still sends one. Notifications arrive in commit order, so the
+    release's coming alone proves the completion's never came."""
+    app = make(make_app())
+    a, b = enqueue_line(app, "a", 2), enqueue_line(app, "b", 2)
+    jobs = {j.id: j for j in claim(app, [a[0], a[1], b[0], b[1]])}
+    with psycopg.connect(database_url, autocommit=True) as listener:
+        listener.execute("LISTEN hivejobs_dispatch")
+        finish(app, jobs[a[0]], "succeeded")
+        assert queued_at_set(database_url, a[1])
+        finish(app, jobs[b[0]], "failed")  # holds b
+        assert app.release_key("step", '"b"') == b[0]
+        notes = list(listener.notifies(timeout=30, stop_after=1))
+    assert [n.payload.split("\t")[-1] for n in notes] == [b[1]]

@@ -110,8 +110,8 @@ def _cpu_s(env: BenchEnvironment) -> dict[str, float]:
     except psutil.Error:
         pass
     parts["postgres"] = sum(backend_cpu_s(env).values())
-    info = env.app.broker.redis.info("cpu")
-    redis_pid = env.app.broker.redis.info("server").get("process_id")
+    info = env.app.connections.broker.redis.info("cpu")
+    redis_pid = env.app.connections.broker.redis.info("server").get("process_id")
     if redis_pid and psutil.pid_exists(int(redis_pid)):
         parts["redis"] = float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
     parts["all"] = sum(parts.values())

@@ -29,10 +29,13 @@ def job_row(spec: JobSpec, seq: str | None, job_type: JobTypeLookup) -> dict[str
     except (UnknownJobType, PayloadInvalid, PayloadTooLarge) as exc:
         raise ChainInvalid(f"job {key!r}: {exc}") from None
     if jt.sequence is not None:
-        # A chain's tries are inserted by the traverser, outside the key's numbering.
+        # The two orders would fight: a chain retries a step with a new job per try, which a
+        # key held by the failed try (on_failure="hold") would never start; and a try would
+        # take its key's number only when the chain reaches it (docs/howto/sequences.md).
         raise ChainInvalid(
             f"job {key!r}: job type {jt.name!r} has sequence_by, which a chain step cannot "
-            "have (the chain orders its own steps): enqueue it on its own"
+            "have (a chain's retry of a step would wait behind the key its failed try "
+            "holds): enqueue the sequenced job from a step's handler"
         )
     if jt.delivery == "at_most_once" and spec.tries != 1:
         raise ChainInvalid(

@@ -1,5 +1,6 @@
 """Gauges (leader only): queue depth per type and jobs in flight, in hivejobs_gauge; and a
-warning when queued jobs have no live worker of their type."""
+warning when queued jobs have no live worker of their type. The depth counts every queued
+job: dispatched ones and sequenced ones parked behind their key (sequence.py)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from loguru import logger
 from hivejobs.records import Lease
 from hivejobs.store import Store
 from hivejobs.store.archive import nonzero_gauge_types
+from hivejobs.store.sequence import SequenceStore
 
 # The queue depth is a count of every queued row (7 ms at 20,000 queued under load, 50 ms
 # at 200,000): after counting N rows, the next count waits N / ROWS_PER_SECOND_OF_AGE s when
@@ -38,6 +40,8 @@ class Gauges:
         self.interval_s = interval_s
         self.in_flight: int | None = None  # queued + running at the last pass
         self._queued: dict[tuple[str, int], int] = {}
+        self._parked: dict[str, int] = {}  # counted with _queued
+        self.sequences = SequenceStore(store)
         self._count_due = 0.0
         self._logged: dict[str, object] | None = None
         # A pool whose heartbeat is older than this is dead (the Rescuer's bound).
@@ -51,8 +55,9 @@ class Gauges:
     def run_once(self, lease: Lease | None = None) -> dict[str, int]:
         """Measure and store the gauges; `lease` is not needed (they are measurements, and
         a follower's late write is overwritten by the leader's next pass)."""
-        queued: dict[str, int] = {}
-        for (name, _), n in self._queued_counts().items():
+        dispatched = self._queued_counts()
+        queued = dict(self._parked)
+        for (name, _), n in dispatched.items():
             queued[name] = queued.get(name, 0) + n
         running = self.store.running_counts()
         # A type whose jobs all ended is in neither count: zero its gauges, or they would
@@ -93,5 +98,7 @@ class Gauges:
         now = time.monotonic()
         if now >= self._count_due:
             self._queued = self.store.queued_counts()
-            self._count_due = now + sum(self._queued.values()) / ROWS_PER_SECOND_OF_AGE
+            self._parked = self.sequences.parked_counts()
+            rows = sum(self._queued.values()) + sum(self._parked.values())
+            self._count_due = now + rows / ROWS_PER_SECOND_OF_AGE
         return self._queued

@@ -3,6 +3,11 @@
 capped retention at 167 jobs/s sustained). Each batch also drops passed unique windows and
 the limit_by token buckets that have refilled to full (store/archive.py prune_archive).
 
+Once the archive is caught up, and at most every SEQUENCE_PRUNE_EVERY_S, it also drops the
+counters of sequence keys (hivejobs_sequence) with no live job and no hold that no enqueue
+used for the retention: the next job of such a key numbers from 1 again, which orders nothing
+differently since nothing of the key is live (store/sequence.sql lock_idle, delete_idle).
+
 Runs only while this coordinator holds the lease; never touches live jobs (hivejobs_job).
 """
 
@@ -21,10 +26,15 @@ from hivejobs.records import Lease
 from hivejobs.store import Store
 from hivejobs.store.archive import PRUNE_BATCH, prune_archive
 from hivejobs.store.batches import prune_batches
+from hivejobs.store.sequence import SequenceStore
 
 # A pass runs until the archive is caught up: a short interval only matters when a pass
 # ended early (lease lost, or the max_run_s cap while far behind).
 PRUNE_EVERY_S = 10.0
+# The idle-counter search reads the whole hivejobs_sequence table (one row per key with a
+# recent enqueue): rarely, since an idle row costs only its few bytes meanwhile.
+SEQUENCE_PRUNE_EVERY_S = 600.0
+SEQUENCE_PRUNE_BATCH = 1000
 
 
 class PruneResult(msgspec.Struct):
@@ -33,6 +43,7 @@ class PruneResult(msgspec.Struct):
     deleted: int = 0
     seconds: float = 0.0
     caught_up: bool = True
+    idle_keys: int = 0  # sequence counters dropped
 
 
 class Pruner:
@@ -51,11 +62,13 @@ class Pruner:
         still_leading: Callable[[Lease], bool] = lambda lease: True,
     ) -> None:
         self.store = store
+        self.sequences = SequenceStore(store)
         self.retention_s = retention_s
         self.max_run_s = max_run_s
         self.still_leading = still_leading
         self.last: PruneResult | None = None
         self._thread: threading.Thread | None = None
+        self._sequences_due = 0.0  # monotonic time of the next idle-counter search
 
     def run_once(self, lease: Lease) -> bool:
         """Start a pruning pass in the background unless one runs; True if started."""
@@ -72,9 +85,23 @@ class Pruner:
             if n < PRUNE_BATCH:
                 # Complete batches go with the archive's retention (their jobs' rows).
                 deleted += prune_batches(self.store, self.retention_s)
-                return PruneResult(deleted, time.monotonic() - began, True)
+                keys = self.prune_idle_keys(still_leader)
+                return PruneResult(deleted, time.monotonic() - began, True, keys)
             if not still_leader() or time.monotonic() - began > self.max_run_s:
                 return PruneResult(deleted, time.monotonic() - began, False)
+
+    def prune_idle_keys(self, still_leader: Callable[[], bool]) -> int:
+        """Drop idle sequence counters in batches, when due (SEQUENCE_PRUNE_EVERY_S)."""
+        now = time.monotonic()
+        if now < self._sequences_due:
+            return 0
+        self._sequences_due = now + SEQUENCE_PRUNE_EVERY_S
+        dropped = 0
+        while True:
+            n = self.sequences.prune_idle(self.retention_s, SEQUENCE_PRUNE_BATCH)
+            dropped += n
+            if n < SEQUENCE_PRUNE_BATCH or not still_leader():
+                return dropped
 
     def start(self, still_leader: Callable[[], bool]) -> bool:
         """Start a pruning pass in the background unless one runs; True if started."""
@@ -96,10 +123,11 @@ class Pruner:
         except psycopg.Error as exc:
             logger.warning("archive prune failed; retried later", **error_fields(exc))
             return
-        if result.deleted:
+        if result.deleted or result.idle_keys:
             logger.info(
                 "pruned the archive",
                 rows=result.deleted,
+                idle_sequence_keys=result.idle_keys,
                 rows_per_s=round(result.deleted / max(result.seconds, 1e-3)),
                 caught_up=result.caught_up,
             )

@@ -41,7 +41,7 @@ from hivejobs.store.enqueue import (
     owns_transaction,
     queued_pushes,
 )
-from hivejobs.store.sequence import claim_in_sequence, number_copied
+from hivejobs.store.sequence import Archived, claim_in_sequence, handed_over, number_copied
 from hivejobs.store.sql import load_queries, run_plan
 
 JOBS = load_queries("jobs.sql")
@@ -117,7 +117,8 @@ class Jobs(Database):
         """Write one batch of finished claims in one transaction (group commit).
 
         Returns how many rows the fences let through, and the jobs put back in the queue or
-        schedule; the caller pushes the ids of those queued to Redis.
+        schedule, with the next jobs of the sequence keys the batch ended (handed over by the
+        trigger); the caller pushes the ids of those queued to Redis.
         """
         archive = [c for c in done if c.outcome in ("succeeded", "failed", "cancelled")]
         requeue = [c for c in done if c.outcome in ("retry", "suspend")]
@@ -132,11 +133,12 @@ class Jobs(Database):
             if awaiting:
                 written += await_callbacks(conn, awaiting)
             if archive:
-                rows = conn.execute(
+                ended = conn.cursor(row_factory=class_row(Archived))
+                archived = ended.execute(
                     JOBS["archive_finished_if_running"],
                     {"ids": [c.id for c in archive], "rows": archive_rows(archive)},
                 ).fetchall()
-                written += len(rows)
+                written += len(archived)
             if requeue:
                 if suspends:
                     # Chain tries end here (their chain is suspended); plain jobs requeue.
@@ -153,6 +155,9 @@ class Jobs(Database):
                     },
                 ).fetchall()
                 written += len(requeued)
+        if archive:
+            # After the commit, so that a job is pushed only once it may be claimed.
+            requeued += handed_over(conn, archived)
         return written, requeued
 
     def release_unstarted(self, ids: list[str], worker_id: str) -> list[Push]:

@@ -107,6 +107,12 @@ RETURNING j.id;
 -- The per-row values come as one JSON array of objects (`rows`, absent keys are NULL,
 -- results base64): one parameter for the client to build instead of five arrays, whose
 -- element-by-element dumping was the pool's largest cost per completion batch.
+-- Each archived row comes back with its sequence key (NULL: not sequenced) and the
+-- transaction's now(): the hand-over trigger stamps the key's next job with that queued_at,
+-- by which the completer finds the jobs to push (handed_over_at in sequence.sql). A
+-- sequenced row also sets hivejobs.hand_over_push for the transaction, so the trigger sends
+-- no NOTIFY for what the completer pushes (migration 0023); an unsequenced batch only reads
+-- `seq_key IS NULL`.
 WITH c AS (
     SELECT * FROM json_to_recordset(%(rows)s::json)
            AS c(id text, token bigint, final_state text, final_error text, final_result text)
@@ -115,17 +121,19 @@ WITH c AS (
      WHERE j.id = ANY(%(ids)s::text[])
        AND j.id = c.id AND j.state = 'running' AND j.claim_token = c.token
     RETURNING j.*, c.final_state, c.final_error, decode(c.final_result, 'base64') AS final_result
+), kept AS (
+    INSERT INTO hivejobs_archive (id, name, state, priority, attempt, attempts, delivery,
+                                  payload, created_at, run_at, started_at, finished_at,
+                                  expires_at, error, result, claim_token)
+    SELECT id, name,
+           CASE WHEN cancel_requested AND final_state <> 'succeeded' THEN 'cancelled'
+                ELSE final_state END,
+           priority, attempt, attempts, delivery, payload, created_at, run_at, started_at,
+           now(), expires_at, coalesce(final_error, error), final_result, claim_token
+      FROM done
 )
-INSERT INTO hivejobs_archive (id, name, state, priority, attempt, attempts, delivery, payload,
-                              created_at, run_at, started_at, finished_at, expires_at, error,
-                              result, claim_token)
-SELECT id, name,
-       CASE WHEN cancel_requested AND final_state <> 'succeeded' THEN 'cancelled'
-            ELSE final_state END,
-       priority, attempt, attempts, delivery, payload, created_at, run_at, started_at, now(),
-       expires_at, coalesce(final_error, error), final_result, claim_token
-  FROM done
-RETURNING id;
+SELECT id, name, seq_key, now() AS at FROM done
+ WHERE seq_key IS NULL OR set_config('hivejobs.hand_over_push', 'pool', true) = 'pool';
 
 -- name: requeue_if_running
 -- Retry (attempt stays counted) or suspension (uncount = 1: a graceful stop is not an

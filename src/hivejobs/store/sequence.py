@@ -1,8 +1,9 @@
-"""Sequence statements (sequence.sql; schema and hand-over trigger in migration 0017).
+"""Sequence statements (sequence.sql; schema and hand-over trigger in migrations 0017, 0023).
 
 Part of store/: decides nothing. sequence.py says what a sequence guarantees; this module
 numbers a key's jobs at enqueue, claims a sequenced type's jobs under their keys' locks with
-the guard that keeps one job of a key running, in order, and reads and releases holds.
+the guard that keeps one job of a key running, in order, finds the jobs a completion batch
+handed its keys to, reads and releases holds, and prunes idle keys' counters.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import msgspec
 import psycopg
 from psycopg.rows import class_row
 
-from hivejobs.records import ClaimedJob, NewJob
+from hivejobs.records import ClaimedJob, NewJob, Requeued
 from hivejobs.store.sql import load_queries
 
 if TYPE_CHECKING:
@@ -54,6 +55,37 @@ def claim_in_sequence(conn: Conn, ids: list[str], worker_id: str, name: str) -> 
             rest = [i for i in ids if i not in claimed]
             conn.execute(SEQ["park_waiting"], {"ids": rest, "name": name})
         return jobs
+
+
+class Archived(msgspec.Struct, frozen=True):
+    """A row the completer archived: its key (None: not sequenced) and its transaction's
+    now(), the queued_at the hand-over trigger gave the key's next job."""
+
+    id: str
+    name: str
+    seq_key: str | None
+    at: datetime
+
+
+def handed_over(conn: Conn, archived: Sequence[Archived]) -> list[Requeued]:
+    """The jobs the hand-over trigger unparked when `archived` left the live table, as
+    queued Requeued rows for the completer to push (none when nothing was sequenced: no
+    round trip then)."""
+    keyed = [a for a in archived if a.seq_key is not None]
+    if not keyed:
+        return []
+    params = {
+        "names": [a.name for a in keyed],
+        "keys": [a.seq_key for a in keyed],
+        "at": keyed[0].at,
+    }
+    try:
+        cur = conn.cursor(row_factory=class_row(Requeued))
+        return cur.execute(SEQ["handed_over_at"], params).fetchall()
+    except psycopg.OperationalError:
+        # The batch is committed: retrying it would find its claims ended and push nothing.
+        # The unparked jobs are queued in Postgres, so the reconciler pushes them (seconds).
+        return []
 
 
 def sequenced_insert(job: NewJob, params: dict[str, Any]) -> tuple[str, dict[str, Any]] | None:
@@ -123,11 +155,28 @@ class SequenceStore:
                     pushes.append((str(pushed[0]), str(pushed[1]), int(pushed[2])))
         return pushes
 
+    def prune_idle(self, retention_s: float, limit: int = 1000) -> int:
+        """Delete the counters of keys with no live job and no hold, last used more than
+        `retention_s` ago, at most `limit`; returns how many. Locks first, then looks again
+        with a new snapshot (lock_idle, delete_idle): see sequence.sql."""
+        params: dict[str, Any] = {"retention_s": retention_s, "limit": limit}
+        with self.store.connection() as conn, conn.transaction():
+            idle = conn.execute(SEQ["lock_idle"], params).fetchall()
+            if not idle:
+                return 0
+            params |= {"names": [r[0] for r in idle], "keys": [r[1] for r in idle]}
+            return len(conn.execute(SEQ["delete_idle"], params).fetchall())
+
     def holds(self, name: str, limit: int = 20) -> list[Hold]:
         """The type's held keys, oldest first (the dashboard's notice)."""
         with self.store.connection() as conn:
             cur = conn.cursor(row_factory=class_row(Hold))
             return cur.execute(SEQ["holds"], {"name": name, "limit": limit}).fetchall()
+
+    def parked_counts(self) -> dict[str, int]:
+        """Queued jobs waiting for their key (parked, out of Redis), per type."""
+        with self.store.connection() as conn:
+            return dict(conn.execute(SEQ["parked_counts"]).fetchall())
 
     def held_counts(self) -> dict[str, int]:
         """Held keys per type (the hold table holds only held keys: a small read)."""

@@ -7,7 +7,8 @@
 -- that exists already (ON CONFLICT) leaves a gap, which orders nothing differently.
 WITH s AS (
     INSERT INTO hivejobs_sequence (name, key, last_seq) VALUES (%(name)s, %(seq_key)s, 1)
-    ON CONFLICT (name, key) DO UPDATE SET last_seq = hivejobs_sequence.last_seq + 1
+    ON CONFLICT (name, key) DO UPDATE SET last_seq = hivejobs_sequence.last_seq + 1,
+                                          used_at = now()
     RETURNING last_seq
 ), v AS (
     SELECT coalesce(%(run_at)s::timestamptz,
@@ -36,7 +37,8 @@ WITH j AS (
 ), s AS (
     INSERT INTO hivejobs_sequence (name, key, last_seq)
     SELECT %(name)s, key, n FROM n ORDER BY key
-    ON CONFLICT (name, key) DO UPDATE SET last_seq = hivejobs_sequence.last_seq + EXCLUDED.last_seq
+    ON CONFLICT (name, key) DO UPDATE SET last_seq = hivejobs_sequence.last_seq + EXCLUDED.last_seq,
+                                          used_at = now()
     RETURNING key, last_seq
 ), r AS (
     SELECT j.id, j.key,
@@ -193,3 +195,55 @@ SELECT k.name, k.seq_key
 -- name: handed_over
 -- After hand_over: the job it unparked, for the repair to push at once.
 SELECT id, name, priority FROM hivejobs_job WHERE id = %(id)s AND state = 'queued';
+
+-- name: handed_over_at
+-- After a completion batch archived sequenced jobs (their keys given): the next job of each
+-- key that the hand-over trigger unparked in that batch's transaction, whose queued_at it set
+-- to that transaction's now() (`at`), for the completer to push at once: a hand-over then
+-- waits for no NOTIFY (none reaches a coordinator behind a transaction-mode pooler without
+-- a listen URL). A next job with another queued_at was dispatched already (pushed at
+-- enqueue and not yet popped): pushing it again would only add a duplicate. One index step
+-- per key (hivejobs_job_seq).
+SELECT n.id, n.name, n.priority, n.state
+  FROM unnest(%(names)s::text[], %(keys)s::text[]) AS k(name, key),
+       LATERAL (SELECT j.id, j.name, j.priority, j.state, j.queued_at FROM hivejobs_job j
+                 WHERE j.name = k.name AND j.seq_key = k.key
+                 ORDER BY j.seq LIMIT 1) n
+ WHERE n.state = 'queued' AND n.queued_at = %(at)s;
+
+-- name: lock_idle
+-- The first statement of the prune of idle counters (prune_idle): rows of keys with no live
+-- job and no hold, last used more than the retention ago, locked. SKIP LOCKED passes over a
+-- row an enqueuer holds (it numbers a job of the key until its commit: the key is not idle);
+-- an enqueuer that comes after waits for our lock. No index on used_at (see migration 0023):
+-- a read of the table, at most once per SEQUENCE_PRUNE_EVERY_S (coordinator/pruner.py).
+SELECT s.name, s.key FROM hivejobs_sequence s
+ WHERE s.used_at < now() - %(retention_s)s * interval '1 second'
+   AND NOT EXISTS (SELECT 1 FROM hivejobs_job j WHERE j.name = s.name AND j.seq_key = s.key)
+   AND NOT EXISTS (SELECT 1 FROM hivejobs_sequence_hold h
+                    WHERE h.name = s.name AND h.key = s.key)
+ LIMIT %(limit)s
+   FOR UPDATE OF s SKIP LOCKED;
+
+-- name: delete_idle
+-- The second statement, in lock_idle's transaction, under its row locks: a new snapshot, so
+-- it sees every job an enqueuer numbered before we took the row (lock_idle's own snapshot
+-- may be older than that enqueuer's commit), and deletes the row only if the key still has
+-- no live job and no hold. A key's number restarts only when nothing of the key is live: no
+-- job can then be numbered before one still waiting.
+DELETE FROM hivejobs_sequence s
+ USING unnest(%(names)s::text[], %(keys)s::text[]) AS k(name, key)
+ WHERE s.name = k.name AND s.key = k.key
+   AND s.used_at < now() - %(retention_s)s * interval '1 second'
+   AND NOT EXISTS (SELECT 1 FROM hivejobs_job j WHERE j.name = s.name AND j.seq_key = s.key)
+   AND NOT EXISTS (SELECT 1 FROM hivejobs_sequence_hold h
+                    WHERE h.name = s.name AND h.key = s.key)
+RETURNING s.key;
+
+-- name: parked_counts
+-- Queued jobs parked behind their key (out of Redis), per type, for the queue-depth gauge
+-- (queued_counts in maintenance.sql counts the dispatched ones). Reads the sequenced live
+-- rows through hivejobs_job_seq.
+SELECT name, count(*)::int FROM hivejobs_job
+ WHERE seq_key IS NOT NULL AND state = 'queued' AND queued_at IS NULL
+ GROUP BY name;
