@@ -3,14 +3,19 @@ the quarantine's turn, what a stop hands back, and the stop state's exit code.""
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import threading
+from typing import cast
 
 import pytest
 
 from hivejobs.batching import Batcher, coalesce_window
+from hivejobs.client.app import App
 from hivejobs.records import ClaimedJob, Delivery
+from hivejobs.worker.async_handlers import new_loop
 from hivejobs.worker.completer import COALESCE_GAP_S, COALESCE_MAX_S, COALESCE_TO
+from hivejobs.worker.context import JobContext
 from hivejobs.worker.executor import interrupted
 from hivejobs.worker.exits import ChildExit
 from hivejobs.worker.shutdown import Stop, StopReason
@@ -203,3 +208,34 @@ def test_only_a_reload_request_exits_with_reload() -> None:
     stop.request(StopReason.RELOAD)
     stop.signal()  # a SIGTERM after a restart request still reloads
     assert stop.exit_code == ChildExit.RELOAD
+
+
+def test_runs_settled_together_drop_the_results_the_shutdown_answered_for() -> None:
+    slots = Slots(threading.Event(), 4, room_open=lambda: True)
+    slots.hand_over([job("a"), job("b"), job("c")])
+    claimed = [job("a"), job("b"), job("c")]
+    entries = [slots.started(c, JobContext(c, cast(App, None))) for c in claimed]
+    with slots.cond:
+        entries[1].abandoned = True  # suspended by the shutdown: its own result is dropped
+    assert slots.finished_many(entries) == [True, False, True]
+    assert slots.running == {}
+    slots.release(3)
+    assert slots.reserved == 0
+
+
+def test_the_pool_loop_is_uvloop_where_installed_unless_turned_off(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    uvloop = pytest.importorskip("uvloop")
+    loop = new_loop()
+    try:
+        assert isinstance(loop, uvloop.Loop)
+    finally:
+        loop.close()
+    monkeypatch.setenv("HIVEJOBS_UVLOOP", "0")
+    loop = new_loop()
+    try:
+        assert not isinstance(loop, uvloop.Loop)
+        assert isinstance(loop, asyncio.BaseEventLoop)
+    finally:
+        loop.close()

@@ -91,6 +91,13 @@ class Completer:
             self.on_submit(completion)
         self._batcher.submit(completion)
 
+    def submit_many(self, completions: list[Completion]) -> None:
+        """submit() for each, with one hand-off to the writer."""
+        if self.on_submit is not None:
+            for completion in completions:
+                self.on_submit(completion)
+        self._batcher.submit_many(completions)
+
     def idle(self) -> bool:
         return self._batcher.idle()
 

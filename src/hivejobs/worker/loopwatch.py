@@ -2,10 +2,11 @@
 blocking call, a long computation) stalls every task of the process, so it is reported,
 once per job type, with where it held it.
 
-A watcher thread asks the loop to answer (a callback from the loop's next turn) while tasks
-run; a loop that has not answered within the threshold is held by whatever runs on its
-thread, which the watcher reads from the thread's stack (sys._current_frames()) and blames
-on the handler whose frame is on it. A loop merely late (the process was not scheduled, a
+While tasks run, the loop stamps the time on itself every quarter of the threshold (a timer
+of its own: no wake-up crosses threads) and a watcher thread reads the stamp as often; a
+stamp older than the threshold means the loop is held by whatever runs on its thread, which
+the watcher reads from the thread's stack (sys._current_frames()) and blames on the handler
+whose frame is on it. A loop merely late (the process was not scheduled, a
 burst of short steps) shows no handler frame there and is not reported. Never touches the
 loop's tasks, and nothing the pool's liveness needs: the heartbeat has its own thread.
 """
@@ -60,8 +61,11 @@ def blame(frame: FrameType | None, codes: Mapping[CodeType, str]) -> tuple[str, 
 
 
 class LoopWatch:
-    """Owns the watcher thread and `reported` (the job types already reported; the watcher
-    thread alone writes it). `busy` says whether any task runs: an idle loop is not asked."""
+    """Owns the watcher thread, `reported` (the job types already reported; the watcher
+    thread alone writes it), the loop's stamp (`_stamp`, a float written on the loop's
+    thread, read by the watcher) and whether the loop's timer runs (`_ticking`: set by the
+    watcher when it starts the timer, cleared on the loop's thread when the timer stops).
+    `busy` says whether any task runs: an idle loop is not woken."""
 
     def __init__(
         self,
@@ -78,6 +82,9 @@ class LoopWatch:
         self.threshold_s = threshold_s
         self.reported: set[str] = set()
         self.log = logger.bind(pool=",".join(sorted(set(handlers))))
+        self._gap_s = threshold_s / 4
+        self._stamp = time.monotonic()
+        self._ticking = False
         self._stopped = threading.Event()
         self._thread = threading.Thread(
             target=fatal_on_error(self._run), name="loop-watch", daemon=True
@@ -89,22 +96,32 @@ class LoopWatch:
     def stop(self) -> None:
         self._stopped.set()
 
-    def _run(self) -> None:
-        # A hold of threshold + this gap is always seen; shorter ones may be.
-        gap_s = self.threshold_s / 4
-        while not self._stopped.is_set():
-            if not self.busy():
-                self._stopped.wait(self.threshold_s)
-                continue
-            answered = threading.Event()
-            asked = time.monotonic()
-            self.loop.call_soon_threadsafe(answered.set)
-            if not answered.wait(self.threshold_s):
-                self._held(answered, asked, gap_s)
-            self._stopped.wait(gap_s)
+    def _tick(self) -> None:
+        """On the loop's thread: stamp the time, again in a quarter threshold while busy."""
+        self._stamp = time.monotonic()
+        if self.busy() and not self._stopped.is_set():
+            self.loop.call_later(self._gap_s, self._tick)
+        else:
+            self._ticking = False
 
-    def _held(self, answered: threading.Event, asked: float, gap_s: float) -> None:
-        """The loop has not answered in time: look at its thread until it does."""
+    def _run(self) -> None:
+        # A hold of threshold + two gaps is always seen; shorter ones may be.
+        while not self._stopped.wait(self._gap_s):
+            if not self.busy():
+                continue
+            if not self._ticking:
+                # The timer stopped while the loop was idle (or never ran): start it, and
+                # count a hold from now.
+                self._ticking = True
+                self._stamp = time.monotonic()
+                self.loop.call_soon_threadsafe(self._tick)
+                continue
+            stamp = self._stamp
+            if time.monotonic() - stamp > self.threshold_s:
+                self._held(stamp)
+
+    def _held(self, stamp: float) -> None:
+        """The loop has not stamped in time: look at its thread until it does."""
         while not self._stopped.is_set():
             frame = sys._current_frames().get(self.loop_thread.ident or -1)
             found = blame(frame, self.codes)
@@ -112,7 +129,7 @@ class LoopWatch:
             if found is not None and found[0] not in self.reported:
                 name, stack = found
                 self.reported.add(name)
-                held_ms = round((time.monotonic() - asked) * 1000)
+                held_ms = round((time.monotonic() - stamp) * 1000)
                 self.log.warning(MSG_BLOCKED, held_ms=held_ms, job_type=name, where=stack)
-            if answered.wait(gap_s):
+            if self._stopped.wait(self._gap_s) or self._stamp != stamp:
                 return

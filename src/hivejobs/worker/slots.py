@@ -103,9 +103,9 @@ class Slots:
             if job is not None:
                 return job
 
-    def release(self) -> None:
-        """The slot of a job from next_nowait() is free."""
-        self._release()
+    def release(self, count: int = 1) -> None:
+        """The slots of `count` jobs from next_nowait() are free."""
+        self._release(count)
 
     def drain(self) -> Iterator[ClaimedJob]:
         """Jobs handed over that no runner took; each slot is released after the caller's
@@ -128,13 +128,13 @@ class Slots:
         for _ in range(runners):
             self._work.put(None)
 
-    def _release(self) -> None:
+    def _release(self, count: int = 1) -> None:
         """Free a slot; wake the waiters on `cond` only when one of them can act on it: the
         fetcher once it may claim (not for every finished job while the jobs claimed ahead
         still wait: that would be one wasted thread wake-up per job), a suspect waiting for its
         neighbours to end, or the shutdown waiting for the running ones."""
         with self.cond:
-            self.reserved -= 1
+            self.reserved -= count
             if self.wanted():
                 self.cond.notify_all()
 
@@ -156,6 +156,13 @@ class Slots:
         with self.cond:
             self.running.pop(entry.job.id, None)
             return not entry.abandoned
+
+    def finished_many(self, entries: list[Running]) -> list[bool]:
+        """finished() for each of `entries`, under one lock."""
+        with self.cond:
+            for entry in entries:
+                self.running.pop(entry.job.id, None)
+            return [not entry.abandoned for entry in entries]
 
     def abandon_running(self) -> list[Running]:
         """Take over every attempt still running (the shutdown suspends them)."""

@@ -2,11 +2,15 @@
 event loop, at most `concurrency` at once, with no thread per job.
 
 The fetcher hands claims over (Slots.hand_over) and wakes the loop once per hand-over; the
-loop starts a task for each waiting claim while fewer than `concurrency` run, and a task's
-end starts the next. A stop request (shutdown, cancel, timeout) reaches the handler as the
-cancellation of its task (executor.execute_async); its Completion goes from the loop to the
-completer's queue directly. A suspect (a job whose process died under it) must wait until
-it runs alone, which blocks: it gets a thread of its own, as a `def` handler's job would.
+loop starts a task for each waiting claim while fewer than `concurrency` run. The tasks that
+end within one turn of the loop are settled together in the next (_settle): their runs
+forgotten, their Completions handed to the completer and their slots freed, each with one
+lock taken for all of them, and the tasks their slots make room for started: short jobs cost
+one hand-off to the completer's thread and one wake-up of the fetcher per turn, not per
+job. A stop request (shutdown, cancel, timeout) reaches the handler as the cancellation of
+its task (executor.execute_async). A suspect (a job whose process died under it) must wait
+until it runs alone, which blocks: it gets a thread of its own, as a `def` handler's job
+would.
 
 Never blocks the loop on purpose (a chain try's captured output is written from a worker
 thread), never runs a job the slots say may not start, and never submits a result the
@@ -32,12 +36,17 @@ from hivejobs.worker.context import JobContext
 from hivejobs.worker.executor import execute_async
 from hivejobs.worker.exits import ChildExit, fatal_on_error
 from hivejobs.worker.runner import Runners
+from hivejobs.worker.slots import Running
 
 
 class Tasks:
-    """Owns the tasks of one async lane: `_running` (tasks started and not ended) and
-    `_tasks` (a reference to each, so none is collected while it runs), both touched on the
-    loop's thread only, so they need no lock. Shares the lane's slots (their own lock) and
+    """Owns the tasks of one async lane: `_running` (tasks started and not yet settled),
+    `_tasks` (a reference to each, so none is collected while it runs) and `_ended` (the
+    attempts ended since the last _settle, each its run and Completion, or None for a claim
+    handed back), all touched on the loop's thread only, so they need no lock. A slot
+    is freed only once its Completion is with the completer (in _settle, in that order): the
+    shutdown, which waits for the runs to end and then for the completer, never sees an
+    attempt ended whose Completion is nowhere. Shares the lane's slots (their own lock) and
     borrows the lane's Runners for what is not the loop's: a suspect's thread, the hand-back
     of a claim that may not start, a chain try's output. Keeps `_running <= concurrency`
     except while a scale-down lets the running ones end."""
@@ -49,6 +58,7 @@ class Tasks:
         self.loop, self.loop_thread = process_loop()
         self._running = 0
         self._tasks: set[asyncio.Task[None]] = set()
+        self._ended: list[tuple[Running, Completion] | None] = []
         self.log = logger.bind(pool=self.jt.name)
 
     @property
@@ -95,19 +105,6 @@ class Tasks:
             self._running += 1
             task = self.loop.create_task(self._attempt(job))
             self._tasks.add(task)
-            task.add_done_callback(self._ended)
-
-    def _ended(self, task: asyncio.Task[None]) -> None:
-        self._tasks.discard(task)
-        self._running -= 1
-        if not task.cancelled() and task.exception() is None:
-            self._pump()
-            return
-        # A bug in our own bookkeeping (the handler's errors are its attempt's): the claim
-        # would stay unfinished while the heartbeat says all is well. As fatal_on_error.
-        error = task.exception() if not task.cancelled() else asyncio.CancelledError()
-        logger.opt(exception=error).critical("pool task crashed: exiting the process")
-        os._exit(ChildExit.THREAD_CRASHED)
 
     def _suspect(self, job: ClaimedJob) -> None:
         try:
@@ -119,13 +116,47 @@ class Tasks:
     async def _attempt(self, job: ClaimedJob) -> None:
         try:
             if self.slots.may_start():
-                await self._run_started(job)
+                self._end(await self._run_started(job))
             else:
                 self.runners.hand_back(job)
+                self._end(None)
+        except BaseException as exc:
+            # A bug in our own bookkeeping (the handler's errors are its attempt's): the
+            # claim would stay unfinished while the heartbeat says all is well. As
+            # fatal_on_error.
+            logger.opt(exception=exc).critical("pool task crashed: exiting the process")
+            os._exit(ChildExit.THREAD_CRASHED)
         finally:
-            self.slots.release()
+            task = asyncio.current_task()
+            if task is not None:
+                self._tasks.discard(task)
 
-    async def _run_started(self, job: ClaimedJob) -> None:
+    def _end(self, ended: tuple[Running, Completion] | None) -> None:
+        """An attempt ended (None: its claim was handed back): settled in the loop's next
+        turn, with the others that end before it."""
+        if not self._ended:
+            self.loop.call_soon(self._settle)
+        self._ended.append(ended)
+
+    def _settle(self) -> None:
+        try:
+            ended, self._ended = self._ended, []
+            runs = [e for e in ended if e is not None]
+            wanted = self.slots.finished_many([entry for entry, _ in runs])
+            # Not for one the watchdog or the shutdown answered for meanwhile (abandoned).
+            completions = [c for (_, c), keep in zip(runs, wanted, strict=True) if keep]
+            for _ in completions:
+                failpoint("pool.before_completion_commit")
+            if completions:
+                self.runners.completer.submit_many(completions)
+            self.slots.release(len(ended))
+            self._running -= len(ended)
+            self._pump()
+        except BaseException as exc:  # as in _attempt: our bookkeeping, never a handler's
+            logger.opt(exception=exc).critical("pool task crashed: exiting the process")
+            os._exit(ChildExit.THREAD_CRASHED)
+
+    async def _run_started(self, job: ClaimedJob) -> tuple[Running, Completion]:
         runners = self.runners
         ctx = JobContext(job, runners.app, runners.chains, runners.events)
         entry = self.slots.started(job, ctx)
@@ -139,9 +170,7 @@ class Tasks:
         if runners.events.reported(job.id):  # its last progress stored before its end is
             await asyncio.to_thread(runners.events.finish, job.id)
         runners.metrics.observe("run", job.name, time.monotonic() - began)
-        if self.slots.finished(entry):
-            failpoint("pool.before_completion_commit")
-            runners.completer.submit(completion)
+        return entry, completion
 
     async def _execute(self, job: ClaimedJob, ctx: JobContext) -> Completion:
         runners = self.runners
