@@ -34,6 +34,8 @@ from hivejobs import App
 
 __all__ = [
     "fleet_app",
+    "HANDLER_KINDS",
+    "handler_env",
     "ROOT",
     "REDIS_URL",
     "FAST_SETTINGS",
@@ -63,3 +65,13 @@ def fleet_app(make_app: Callable[..., App], url: str, types: list[str], **kw: ob
     app = make_app(**kw)
     app.types.clear()
     return app
+
+
+# The two kinds of handler whose semantics must be the same: a test of a behaviour that
+# depends on how a handler runs is parametrised over both (the test apps read HJ_ASYNC).
+HANDLER_KINDS = ("def", "async")
+
+
+def handler_env(kind: str) -> dict[str, str]:
+    """The test apps' environment for handlers of `kind` ("def" or "async")."""
+    return {"HJ_ASYNC": "1"} if kind == "async" else {}
