@@ -5,8 +5,8 @@ stop mid-chain; then faults (RELIABILITY S3 chain part, S14): SIGTERM of the ins
 a chain's long jobs suspends the chain (interrupted tries stopped, not counted) and a second
 instance resumes it; kill -9 of the leader's coordinator mid-traversal loses nothing. Waits
 poll Postgres with a deadline; the ledger proves no try ran twice. The tests that depend on
-how a handler runs (results upstream, failures, a stop) run with `def` and `async def`
-handlers alike (chainapp's HJ_ASYNC).
+how a handler runs (results upstream, failures, a stop, a SIGTERM) run with `def` and
+`async def` handlers alike (chainapp's HJ_ASYNC).
 """
 
 from __future__ import annotations
@@ -227,13 +227,15 @@ def _ppid(pid: int) -> int:
         return -1
 
 
+@KINDS
 def test_sigterm_suspends_chain_and_another_instance_resumes_it(
     chain_app: App,
     chain_instance: Callable[..., Instance],
     ledger_dir: Path,
     database_url: str,
+    kind: str,
 ) -> None:
-    a = chain_instance()
+    a = chain_instance(handler_env(kind))
     chain = Chain("rolling-restart")
     first = chain.job("step", {}, key="first")
     # The long jobs wait at a gate opened only once A has exited: A's tries are always
@@ -254,7 +256,7 @@ def test_sigterm_suspends_chain_and_another_instance_resumes_it(
         ),
         what="the long jobs running on instance A",
     )
-    b = chain_instance()
+    b = chain_instance(handler_env(kind))
     types = len(chain_app.types)  # a pool per job type of the chain app
     wait_until(lambda: len(pools_of(database_url, b.pid)) == types, what="instance B's pools")
     a.signal_group(signal.SIGTERM)
@@ -290,7 +292,15 @@ def test_sigterm_suspends_chain_and_another_instance_resumes_it(
         if p[0] == "start" and p[1].endswith(":2") and p[1].split(":")[1] != "first"
     ]
     assert len(resumed) == 3 and all(int(p[3]) in b_pools for p in resumed)
+    # A's tries ended through the stop (an `async def` handler's as its task's cancellation).
+    interrupted = [
+        p[1].split(":")[1]
+        for p in read_ledger(ledger_dir)
+        if p[0] == "end" and p[3] == "interrupted"
+    ]
+    assert sorted(interrupted) == [f"long{i}" for i in range(3)]
     assert_no_try_twice(ledger_dir)
+    assert_ran_as(ledger_dir, kind)
     assert sql(database_url, "SELECT count(*) FROM hivejobs_job")[0][0] == 0
 
 
