@@ -338,6 +338,18 @@ GUARDS: tuple[Guard, ...] = (
         (DEBOUNCE + "::test_a_started_or_cancelled_job_opens_a_new_window",),
         "the pruner drops the key of a waiting job: the next enqueue stores a second one",
     ),
+    # -- the pool process --------------------------------------------------------------------
+    Guard(
+        "memory-cap",
+        "src/hivejobs/worker/memory.py",
+        "return self.seen_mb > self.max_rss_mb",
+        "return False",
+        (
+            "tests/process/test_memory_cap.py"
+            "::test_a_pool_over_its_memory_cap_is_recycled_without_losing_jobs[async]",
+        ),
+        "a pool of async def handlers grows past max_rss_mb and is never recycled",
+    ),
     # -- the executor's outcome mapping ------------------------------------------------------
     Guard(
         "backoff-per-attempt",
@@ -357,6 +369,17 @@ GUARDS: tuple[Guard, ...] = (
             "[Retry without a delay]",
         ),
         "Retry() without a delay waits the first attempt's delay every time",
+    ),
+    Guard(
+        "retry-delay",
+        "src/hivejobs/worker/executor.py",
+        "delay = exc.delay if exc.delay is not None else jt.backoff.delay_s(job.attempt)",
+        "delay = jt.backoff.delay_s(job.attempt)",
+        (
+            "tests/process/test_job_operations.py"
+            "::test_fail_retry_and_errors_end_attempts_as_the_handler_says[async]",
+        ),
+        "Retry(delay=...) from an async def handler in a real pool waits the backoff instead",
     ),
     Guard(
         "attempts-left",

@@ -6,7 +6,10 @@ Cross-process waits poll a condition with a deadline (wait_until); never a fixed
 
 from __future__ import annotations
 
+import asyncio
+import functools
 from collections.abc import Callable
+from typing import Any
 
 from bench.harness import (
     FAST_SETTINGS,
@@ -34,6 +37,9 @@ from hivejobs import App
 
 __all__ = [
     "fleet_app",
+    "HANDLER_KINDS",
+    "handler_env",
+    "of_kind",
     "ROOT",
     "REDIS_URL",
     "FAST_SETTINGS",
@@ -63,3 +69,32 @@ def fleet_app(make_app: Callable[..., App], url: str, types: list[str], **kw: ob
     app = make_app(**kw)
     app.types.clear()
     return app
+
+
+# The two kinds of handler whose semantics must be the same: a test of a behaviour that
+# depends on how a handler runs is parametrised over both (the test apps read HJ_ASYNC).
+HANDLER_KINDS = ("def", "async")
+
+
+def handler_env(kind: str) -> dict[str, str]:
+    """The test apps' environment for handlers of `kind` ("def" or "async")."""
+    return {"HJ_ASYNC": "1"} if kind == "async" else {}
+
+
+def of_kind(kind: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """A decorator for in-process tests: the `def` handler itself, or for "async" an `async
+    def` handler that yields to its loop once and then runs the same body (with the same
+    annotations: the payload's type)."""
+
+    def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
+        if kind == "def":
+            return fn
+
+        @functools.wraps(fn)  # its name, and its annotations resolved in its own module
+        async def twin(ctx: Any, payload: Any) -> Any:
+            await asyncio.sleep(0)
+            return fn(ctx, payload)
+
+        return twin
+
+    return wrap

@@ -5,11 +5,14 @@ Chain job types (stop timeout, job log output, data from further up) and plain o
 replay, restart of one pool, listings). Handlers write ledger lines as the other test apps
 do: `start <job id> <attempt> <pid>` and `end <job id> <attempt> <outcome> <pid>`.
 `coop` and `stubborn` hold at the test's gate `gate` (tests/apps/gate.py) when the payload
-names one, instead of working `s` seconds.
+names one, instead of working `s` seconds. `planned` ends each attempt as its payload's plan
+says (Retry, an error, Fail or a result); HJ_ASYNC=1 registers it and `final` with `async def`
+handlers, and `planned` notes the kind it ran as: `start <job id> <attempt> <pid> <ns> <kind>`.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import sys
 import time
@@ -17,11 +20,12 @@ from typing import Any
 
 import msgspec
 
-from hivejobs import App, Fail, Interrupted, JobContext, NotAnAncestor
+from hivejobs import App, Backoff, Fail, Interrupted, JobContext, NotAnAncestor, Retry
 from tests.apps.gate import wait_at_gate
-from tests.apps.ledger import note
+from tests.apps.ledger import handler_kind, note
 
 app = App()
+ASYNC = os.environ.get("HJ_ASYNC") == "1"
 
 
 class DeployArgs(msgspec.Struct):
@@ -127,12 +131,44 @@ def reader(ctx: JobContext, payload: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-@app.job("final", concurrency=2, attempts=5)
 def final(ctx: JobContext, payload: dict[str, Any]) -> None:
     """Fails for good on its first attempt although it has five (rickover's retryable)."""
     start(ctx)
     end(ctx, "fail")
     raise Fail(f"card declined: {payload.get('card', '?')}")
+
+
+async def afinal(ctx: JobContext, payload: dict[str, Any]) -> None:
+    await asyncio.sleep(0)
+    final(ctx, payload)
+
+
+app.job("final", concurrency=2, attempts=5)(afinal if ASYNC else final)
+
+
+def planned(ctx: JobContext, payload: dict[str, Any]) -> str:
+    """Ends attempt n as payload["plan"][n - 1] says: "retry:S" (Retry S s later), "raise"
+    (a ValueError), "fail" (Fail) or "ok" (a result)."""
+    note("start", ctx.job_id, ctx.attempt, os.getpid(), time.monotonic_ns(), handler_kind())
+    action = str(payload["plan"][ctx.attempt - 1])
+    end(ctx, action)
+    if action.startswith("retry:"):
+        raise Retry(delay=float(action.split(":")[1]), reason="not yet")
+    if action == "raise":
+        raise ValueError(f"raised on attempt {ctx.attempt}")
+    if action == "fail":
+        raise Fail(f"given up on attempt {ctx.attempt}")
+    return f"ok on attempt {ctx.attempt}"
+
+
+async def aplanned(ctx: JobContext, payload: dict[str, Any]) -> str:
+    await asyncio.sleep(0.01)
+    return planned(ctx, payload)
+
+
+app.job("planned", concurrency=4, attempts=3, backoff=Backoff(base_s=0.1))(
+    aplanned if ASYNC else planned
+)
 
 
 @app.job("quick", concurrency=2, retention=float(os.environ.get("HJ_RETENTION_QUICK", 0)) or None)

@@ -8,6 +8,8 @@ handler at the test's gate (tests/apps/gate.py) instead of its `ms` or `s`.
 HJ_GLOBAL sets `limited`'s global_concurrency, HJ_RATE and HJ_BURST `rated`'s rate;
 HJ_LIMIT_BY=1 registers `per_customer` (2 running per payload "customer"); HJ_RATE_BY (a
 rate, "5/s") registers `rated_customer`: 2 running and that rate per customer, burst 2.
+HJ_ASYNC=1 registers `per_customer`, `rated_customer` and `hog` with `async def` handlers
+(the same lines, the kind last: "begin <id> <pid> <ns> <def|async>").
 """
 
 from __future__ import annotations
@@ -19,22 +21,37 @@ import time
 from typing import Any
 
 from hivejobs import App, Fail, JobContext
-from tests.apps.gate import wait_at_gate
-from tests.apps.ledger import note
+from tests.apps.gate import await_gate, wait_at_gate
+from tests.apps.ledger import handler_kind, note
 
 app = App()
+ASYNC = os.environ.get("HJ_ASYNC") == "1"
 
 
 def _timed(ctx: JobContext, payload: dict[str, Any]) -> object:
-    note("begin", ctx.job_id, os.getpid(), time.monotonic_ns())
+    note("begin", ctx.job_id, os.getpid(), time.monotonic_ns(), handler_kind())
     if "gate" in payload:
         wait_at_gate(str(payload["gate"]))
     else:
         time.sleep(float(payload.get("ms", 50)) / 1000)
+    return _timed_end(ctx, payload)
+
+
+def _timed_end(ctx: JobContext, payload: dict[str, Any]) -> object:
     note("end", ctx.job_id, os.getpid(), time.monotonic_ns())
     if payload.get("fail"):
         raise Fail("asked to fail")
     return payload.get("echo")
+
+
+async def _atimed(ctx: JobContext, payload: dict[str, Any]) -> object:
+    """_timed() as an `async def` handler: the waits awaited on the pool's loop."""
+    note("begin", ctx.job_id, os.getpid(), time.monotonic_ns(), handler_kind())
+    if "gate" in payload:
+        await await_gate(str(payload["gate"]))
+    else:
+        await asyncio.sleep(float(payload.get("ms", 50)) / 1000)
+    return _timed_end(ctx, payload)
 
 
 app.job("limited", concurrency=8, global_concurrency=int(os.environ.get("HJ_GLOBAL", "3")))(_timed)
@@ -46,7 +63,9 @@ app.job(
 )(_timed)
 app.job("plain", concurrency=4)(_timed)
 if os.environ.get("HJ_LIMIT_BY"):  # only where a test runs it: one pool process fewer elsewhere
-    app.job("per_customer", concurrency=8, global_concurrency=2, limit_by="customer")(_timed)
+    app.job("per_customer", concurrency=8, global_concurrency=2, limit_by="customer")(
+        _atimed if ASYNC else _timed
+    )
 if rate_by := os.environ.get("HJ_RATE_BY"):
     app.job(
         "rated_customer",
@@ -55,7 +74,7 @@ if rate_by := os.environ.get("HJ_RATE_BY"):
         rate=rate_by,
         burst=2,
         limit_by="customer",
-    )(_timed)
+    )(_atimed if ASYNC else _timed)
 
 
 async def _awaits(ctx: JobContext, payload: dict[str, Any]) -> str:
@@ -86,10 +105,19 @@ HOARD: list[bytes] = []  # what `hog` jobs leak, on purpose, until the pool is r
 
 
 def _hog(ctx: JobContext, payload: dict[str, float]) -> None:
-    note("begin", ctx.job_id, os.getpid(), time.monotonic_ns())
+    note("begin", ctx.job_id, os.getpid(), time.monotonic_ns(), handler_kind())
     HOARD.append(b"\x01" * (int(payload.get("mb", 40)) << 20))  # touched: resident
     time.sleep(0.3)  # the pool looks at its memory once a second: let it look between jobs
     note("end", ctx.job_id, os.getpid(), time.monotonic_ns())
 
 
-app.job("hog", concurrency=1, max_rss_mb=float(os.environ.get("HJ_MAX_RSS", "250")))(_hog)
+async def _ahog(ctx: JobContext, payload: dict[str, float]) -> None:
+    note("begin", ctx.job_id, os.getpid(), time.monotonic_ns(), handler_kind())
+    HOARD.append(b"\x01" * (int(payload.get("mb", 40)) << 20))  # touched: resident
+    await asyncio.sleep(0.3)  # as _hog's sleep, awaited
+    note("end", ctx.job_id, os.getpid(), time.monotonic_ns())
+
+
+app.job("hog", concurrency=1, max_rss_mb=float(os.environ.get("HJ_MAX_RSS", "250")))(
+    _ahog if ASYNC else _hog
+)

@@ -6,6 +6,7 @@ kill -9, and the ledger is readable while Postgres or Redis are down.
 
 from __future__ import annotations
 
+import asyncio
 import os
 
 LEDGER = os.environ.get("HJ_LEDGER", "/tmp")
@@ -18,3 +19,13 @@ def note(*fields: object) -> None:
         os.write(fd, line.encode())
     finally:
         os.close(fd)
+
+
+def handler_kind() -> str:
+    """ "async" when called on a running event loop (an `async def` handler's task), else
+    "def": the ledger's proof of how the pool ran a handler."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return "def"
+    return "async"

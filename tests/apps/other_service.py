@@ -1,6 +1,6 @@
-"""The other service of the callback test: it receives work from `remote` jobs (their handler
-appends the attempt to $HJ_LEDGER/handed.<job id>) and reports each attempt's outcome over
-HTTP, as rickover's callers do.
+"""The other service of the callback test: it receives work from `remote` and `aremote` jobs
+(their handler appends "<attempt> <job type> <kind>" to $HJ_LEDGER/handed.<job id>) and
+reports each attempt's outcome over HTTP, as rickover's callers do.
 
 The job's payload plans the answers, one per attempt: "succeed", "fail_retry" (failed,
 retryable), "fail" (failed for good) or "ignore" (no callback: the timeout must catch it).
@@ -26,15 +26,16 @@ def main(url: str, folder: Path, token: str) -> None:
     while True:
         for handed in folder.glob("handed.*"):
             job_id = handed.name.split(".", 1)[1]
-            attempts = [int(x) for x in handed.read_text().split()]
-            for attempt in attempts:
+            lines = [line.split() for line in handed.read_text().splitlines()]
+            for attempt, job_type in ((int(p[0]), p[1]) for p in lines if len(p) == 3):
                 if attempt <= answered.get(job_id, 0):
                     continue
                 answered[job_id] = attempt
-                plan = client.get(f"/v1/jobs/remote/{job_id}").json()["payload"]["plan"]
+                url = f"/v1/jobs/{job_type}/{job_id}"
+                plan = client.get(url).json()["payload"]["plan"]
                 action = plan[attempt - 1] if attempt <= len(plan) else "succeed"
                 wrong = client.post(
-                    f"/v1/jobs/remote/{job_id}",
+                    url,
                     json={"status": "succeeded", "attempt": attempt + 5},
                 ).status_code
                 status = 0
@@ -44,7 +45,7 @@ def main(url: str, folder: Path, token: str) -> None:
                         "attempt": attempt,
                         "retryable": action == "fail_retry",
                     }
-                    status = client.post(f"/v1/jobs/remote/{job_id}", json=body).status_code
+                    status = client.post(url, json=body).status_code
                 with open(folder / f"answers.{job_id}", "a") as fh:
                     fh.write(f"{attempt} {action} {wrong} {status}\n")
         time.sleep(0.05)

@@ -9,8 +9,8 @@ count how many ran at once. A payload {"gate": NAME} holds the handler at the te
 (tests/apps/gate.py) until it opens, or until the attempt is asked to stop: then it ends
 Interrupted (suspended at a shutdown). HJ_MANY=N registers instead N types m0..m(N-1), in
 pool HJ_MANY_POOL (none when empty): the footprint measurement's app. HJ_MAX_RSS=MB
-registers instead `hog` (leaks payload["mb"] MiB per job) and `one` in pool "capped" with
-that max_rss_mb.
+registers instead `hog` (leaks payload["mb"] MiB per job), `one` and `two` in pool "capped"
+with that max_rss_mb.
 """
 
 from __future__ import annotations
@@ -72,6 +72,7 @@ if os.environ.get("HJ_MAX_RSS"):
     cap = float(os.environ["HJ_MAX_RSS"])
     app.job("hog", concurrency=1, pool="capped", max_rss_mb=cap)(hog)
     app.job("one", concurrency=1, pool="capped", max_rss_mb=cap)(one)
+    app.job("two", concurrency=2, pool="capped", max_rss_mb=cap)(two)
 elif MANY:
     pool = os.environ.get("HJ_MANY_POOL") or None
     for i in range(MANY):

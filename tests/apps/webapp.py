@@ -2,11 +2,13 @@
 
 echo: typed payload (a wrong field type is a 422); boom: always fails with a traceback;
 hold: runs until cancelled or `HJ_HOLD_S` passes; remote: a callback type (rickover) whose
-handler records the attempt it handed over in $HJ_LEDGER/handed.<job id>.
+handler records the attempt it handed over in $HJ_LEDGER/handed.<job id>, a line
+"<attempt> <job type> <def|async>"; HJ_AREMOTE=1 adds `aremote`, its `async def` twin.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 from pathlib import Path
@@ -15,6 +17,7 @@ from typing import Any
 import msgspec
 
 from hivejobs import App, Backoff, Interrupted, JobContext
+from tests.apps.ledger import handler_kind
 
 app = App()
 
@@ -41,17 +44,26 @@ def hold(ctx: JobContext, payload: dict[str, Any]) -> None:
         raise Interrupted()  # cancelled (ends cancelled) or shutting down (suspended)
 
 
-@app.job(
-    "remote",
-    concurrency=2,
-    attempts=3,
-    callback=True,
-    callback_timeout=float(os.environ.get("HJ_CALLBACK_TIMEOUT_S", "60")),
-    backoff=Backoff(base_s=0.05, max_s=0.1),
-)
 def remote(ctx: JobContext, payload: dict[str, Any]) -> None:
     folder = os.environ.get("HJ_LEDGER")
     if folder:
         path = Path(folder) / f"handed.{ctx.job_id}"
         with open(path, "a") as fh:
-            fh.write(f"{ctx.attempt}\n")
+            fh.write(f"{ctx.attempt} {ctx.name} {handler_kind()}\n")
+
+
+async def aremote(ctx: JobContext, payload: dict[str, Any]) -> None:
+    await asyncio.sleep(0)
+    remote(ctx, payload)
+
+
+CALLBACK_TYPE: dict[str, Any] = {
+    "concurrency": 2,
+    "attempts": 3,
+    "callback": True,
+    "callback_timeout": float(os.environ.get("HJ_CALLBACK_TIMEOUT_S", "60")),
+    "backoff": Backoff(base_s=0.05, max_s=0.1),
+}
+app.job("remote", **CALLBACK_TYPE)(remote)
+if os.environ.get("HJ_AREMOTE") == "1":
+    app.job("aremote", **CALLBACK_TYPE)(aremote)

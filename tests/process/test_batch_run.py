@@ -1,7 +1,8 @@
 """Batches under a real `hivejobs run`: the callback runs once with the right counts and
 failed ids when the pool running the batch's last job is killed -9, and when the coordinator
 is killed -9 as the last job ends (its dispatch NOTIFY may reach no one: the next
-coordinator's reconciler pushes the callback)."""
+coordinator's reconciler pushes the callback). The pool kill runs with `def` and `async def`
+handlers alike."""
 
 from __future__ import annotations
 
@@ -11,10 +12,21 @@ from collections.abc import Callable
 from pathlib import Path
 
 import msgspec
+import pytest
 
 from hivejobs import App, Batch
 from tests.apps.gate import open_gate
-from tests.harness import REDIS_URL, Instance, alive, fleet_app, read_ledger, sql, wait_until
+from tests.harness import (
+    HANDLER_KINDS,
+    REDIS_URL,
+    Instance,
+    alive,
+    fleet_app,
+    handler_env,
+    read_ledger,
+    sql,
+    wait_until,
+)
 from tests.process.cli import cli_env, hivejobs
 
 APP = "tests.apps.batchapp:app"
@@ -65,19 +77,21 @@ def wait_all_but(url: str, last: str, ledger: Path) -> int:
     return pid
 
 
-def assert_one_report(ledger: Path, batch: Batch, bad: list[str]) -> None:
+def assert_one_report(ledger: Path, batch: Batch, bad: list[str], kind: str = "def") -> None:
     assert reports(ledger) == [
-        ["report", batch.id, "complete", "34", "31", "3", ",".join(sorted(bad))]
+        ["report", batch.id, "complete", "34", "31", "3", ",".join(sorted(bad)), kind]
     ]
 
 
+@pytest.mark.parametrize("kind", HANDLER_KINDS)
 def test_callback_once_when_the_pool_running_the_last_job_is_killed(
     make_app: Callable[..., App],
     start_instance: Callable[..., Instance],
     database_url: str,
     ledger_dir: Path,
+    kind: str,
 ) -> None:
-    start_instance(app_spec=APP)
+    start_instance(handler_env(kind), app_spec=APP)
     app = fleet_app(make_app, database_url, TYPES)
     batch, bad, last = start_batch(app, "last")
     victim = wait_all_but(database_url, last, ledger_dir)
@@ -86,7 +100,8 @@ def test_callback_once_when_the_pool_running_the_last_job_is_killed(
     open_gate(app.connections.broker, "last")
     # Rescued once its heartbeat is stale (stuck_after_s), run again, then the callback.
     wait_until(lambda: settled(database_url, batch), timeout=60, what="the batch settled")
-    assert_one_report(ledger_dir, batch, bad)
+    assert_one_report(ledger_dir, batch, bad, kind)
+    assert {p[4] for p in read_ledger(ledger_dir) if p[0] == "start"} == {kind}
     attempts = sql(database_url, "SELECT attempt FROM hivejobs_archive WHERE id = %s", (last,))
     assert attempts == [(2,)]  # the killed attempt counted, the re-run ended the batch
     status = batch.status()
@@ -129,8 +144,8 @@ def test_members_add_jobs_and_on_success_runs_once(
     wait_until(lambda: len(reports(ledger_dir)) == 2, timeout=60, what="both callbacks")
     wait_until(lambda: sql(database_url, "SELECT count(*) FROM hivejobs_job")[0][0] == 0)
     assert sorted(reports(ledger_dir)) == [
-        ["report", batch.id, "complete", "24", "24", "0", "-"],
-        ["report", batch.id, "success", "24", "24", "0", "-"],
+        ["report", batch.id, "complete", "24", "24", "0", "-", "def"],
+        ["report", batch.id, "success", "24", "24", "0", "-", "def"],
     ]
 
     env = cli_env(HIVEJOBS_DATABASE_URL=database_url, HIVEJOBS_REDIS_URL=REDIS_URL)

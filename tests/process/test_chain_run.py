@@ -4,7 +4,9 @@ Diamond, a 200-job fan-out into a merge job, sequence retries (recovered and exh
 stop mid-chain; then faults (RELIABILITY S3 chain part, S14): SIGTERM of the instance running
 a chain's long jobs suspends the chain (interrupted tries stopped, not counted) and a second
 instance resumes it; kill -9 of the leader's coordinator mid-traversal loses nothing. Waits
-poll Postgres with a deadline; the ledger proves no try ran twice.
+poll Postgres with a deadline; the ledger proves no try ran twice. The tests that depend on
+how a handler runs (results upstream, failures, a stop, a SIGTERM) run with `def` and
+`async def` handlers alike (chainapp's HJ_ASYNC).
 """
 
 from __future__ import annotations
@@ -14,11 +16,15 @@ import signal
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
 from hivejobs import App, Chain
 from tests.apps.gate import open_gate
 from tests.harness import (
+    HANDLER_KINDS,
     Instance,
     alive,
+    handler_env,
     ledger_starts,
     read_ledger,
     sql,
@@ -26,6 +32,7 @@ from tests.harness import (
 )
 
 FINAL = ("succeeded", "failed", "stopped")
+KINDS = pytest.mark.parametrize("kind", HANDLER_KINDS)
 
 
 def wait_final(app: App, request_id: str, timeout: float = 45.0) -> str:
@@ -42,13 +49,21 @@ def assert_no_try_twice(ledger_dir: Path) -> None:
     assert not twice, f"tries started more than once: {twice}"
 
 
+def assert_ran_as(ledger_dir: Path, kind: str) -> None:
+    """Every try's handler ran as `kind` (on the pool's event loop for "async")."""
+    kinds = {p[5] for p in read_ledger(ledger_dir) if p[0] == "start"}
+    assert kinds == {kind}, kinds
+
+
+@KINDS
 def test_diamond(
     chain_app: App,
     chain_instance: Callable[..., Instance],
     ledger_dir: Path,
     database_url: str,
+    kind: str,
 ) -> None:
-    chain_instance()
+    chain_instance(handler_env(kind))
     chain = Chain("diamond", args={"host": "db1"})
     a = chain.job("step", {"ms": 20, "n": 1}, key="a")
     b = chain.job("step", {"ms": 20, "n": 2}, key="b", after=[a])
@@ -77,6 +92,7 @@ def test_diamond(
     ]
     assert all(e.duration_s is not None and e.duration_s >= 0 for e in log)
     assert_no_try_twice(ledger_dir)
+    assert_ran_as(ledger_dir, kind)
     assert sql(database_url, "SELECT count(*) FROM hivejobs_job")[0][0] == 0
 
 
@@ -109,10 +125,11 @@ def sequence_chain(retries: int, fail_until: int) -> Chain:
     return chain
 
 
+@KINDS
 def test_sequence_retried_as_a_whole_until_it_succeeds(
-    chain_app: App, chain_instance: Callable[..., Instance], ledger_dir: Path
+    chain_app: App, chain_instance: Callable[..., Instance], ledger_dir: Path, kind: str
 ) -> None:
-    chain_instance()
+    chain_instance(handler_env(kind))
     request_id = chain_app.run_chain(sequence_chain(retries=2, fail_until=2))
     assert wait_final(chain_app, request_id) == "succeeded"
     jobs = {j.key: j for j in chain_app.chain_status(request_id).jobs}
@@ -132,6 +149,7 @@ def test_sequence_retried_as_a_whole_until_it_succeeds(
         ("seq_b", 3, "succeeded", 3),
     ]
     assert_no_try_twice(ledger_dir)
+    assert_ran_as(ledger_dir, kind)
 
 
 def test_sequence_with_retries_exhausted_fails_the_chain(
@@ -148,13 +166,15 @@ def test_sequence_with_retries_exhausted_fails_the_chain(
     assert_no_try_twice(ledger_dir)
 
 
+@KINDS
 def test_stop_mid_chain(
     chain_app: App,
     chain_instance: Callable[..., Instance],
     ledger_dir: Path,
     database_url: str,
+    kind: str,
 ) -> None:
-    chain_instance()
+    chain_instance(handler_env(kind))
     chain = Chain("stoppable")
     first = chain.job("step", {}, key="first")
     # At a gate never opened: the long jobs end only through the stop, however slow the test.
@@ -178,6 +198,19 @@ def test_stop_mid_chain(
     assert all(jobs[f"long{i}"].try_ == 0 for i in range(3))  # a stop is not a try
     assert jobs["last"].state == "pending" and jobs["last"].total_tries == 0
     assert not any(p[1].split(":")[1] == "last" for p in read_ledger(ledger_dir))
+    # The stop reached each running handler (an `async def` one as its task's cancellation).
+    wait_until(
+        lambda: (
+            sorted(
+                p[1].split(":")[1]
+                for p in read_ledger(ledger_dir)
+                if p[0] == "end" and p[3] == "interrupted"
+            )
+            == [f"long{i}" for i in range(3)]
+        ),
+        what="the long jobs interrupted",
+    )
+    assert_ran_as(ledger_dir, kind)
     assert chain_app.stop_chain(request_id) is False
     assert sql(database_url, "SELECT count(*) FROM hivejobs_job")[0][0] == 0
 
@@ -194,13 +227,15 @@ def _ppid(pid: int) -> int:
         return -1
 
 
+@KINDS
 def test_sigterm_suspends_chain_and_another_instance_resumes_it(
     chain_app: App,
     chain_instance: Callable[..., Instance],
     ledger_dir: Path,
     database_url: str,
+    kind: str,
 ) -> None:
-    a = chain_instance()
+    a = chain_instance(handler_env(kind))
     chain = Chain("rolling-restart")
     first = chain.job("step", {}, key="first")
     # The long jobs wait at a gate opened only once A has exited: A's tries are always
@@ -221,7 +256,7 @@ def test_sigterm_suspends_chain_and_another_instance_resumes_it(
         ),
         what="the long jobs running on instance A",
     )
-    b = chain_instance()
+    b = chain_instance(handler_env(kind))
     types = len(chain_app.types)  # a pool per job type of the chain app
     wait_until(lambda: len(pools_of(database_url, b.pid)) == types, what="instance B's pools")
     a.signal_group(signal.SIGTERM)
@@ -257,7 +292,15 @@ def test_sigterm_suspends_chain_and_another_instance_resumes_it(
         if p[0] == "start" and p[1].endswith(":2") and p[1].split(":")[1] != "first"
     ]
     assert len(resumed) == 3 and all(int(p[3]) in b_pools for p in resumed)
+    # A's tries ended through the stop (an `async def` handler's as its task's cancellation).
+    interrupted = [
+        p[1].split(":")[1]
+        for p in read_ledger(ledger_dir)
+        if p[0] == "end" and p[3] == "interrupted"
+    ]
+    assert sorted(interrupted) == [f"long{i}" for i in range(3)]
     assert_no_try_twice(ledger_dir)
+    assert_ran_as(ledger_dir, kind)
     assert sql(database_url, "SELECT count(*) FROM hivejobs_job")[0][0] == 0
 
 

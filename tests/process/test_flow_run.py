@@ -18,7 +18,17 @@ import redis
 
 from hivejobs import App
 from tests.apps.gate import open_gate
-from tests.harness import REDIS_URL, Instance, fleet_app, pool_pids, read_ledger, sql, wait_until
+from tests.harness import (
+    HANDLER_KINDS,
+    REDIS_URL,
+    Instance,
+    fleet_app,
+    handler_env,
+    pool_pids,
+    read_ledger,
+    sql,
+    wait_until,
+)
 from tests.process.cli import hivejobs
 
 APP = "tests.apps.flowapp:app"
@@ -124,16 +134,19 @@ def test_a_killed_holder_gives_its_slots_back(
     assert sql(database_url, "SELECT count(*) FROM hivejobs_job")[0][0] == 0  # none lost
 
 
+@pytest.mark.parametrize("kind", HANDLER_KINDS)
 def test_limit_by_bounds_each_customer_across_two_instances(
     start_instance: Callable[..., Instance],
     make_app: Callable[..., App],
     database_url: str,
     ledger_dir: Path,
+    kind: str,
 ) -> None:
-    """2 instances x 8 threads, 2 running per customer: each customer reaches 2 and never
-    more, while the other customers run beside it (a full customer blocks no one)."""
+    """2 instances x 8 runners (threads or tasks), 2 running per customer: each customer
+    reaches 2 and never more, while the other customers run beside it (a full customer
+    blocks no one)."""
     for _ in range(2):
-        start_instance({"HJ_LIMIT_BY": "1"}, app_spec=APP)
+        start_instance({"HJ_LIMIT_BY": "1", **handler_env(kind)}, app_spec=APP)
     wait_until(lambda: len(pool_pids(database_url, "per_customer")) == 2, what="both pools")
     app = fleet_app(make_app, database_url, ["per_customer"])
     ids = {c: app.enqueue_many("per_customer", [{"ms": 40, "customer": c}] * 20) for c in "abc"}
@@ -143,6 +156,7 @@ def test_limit_by_bounds_each_customer_across_two_instances(
     for c, mine in ids.items():
         assert most_at_once(intervals(ledger_dir, ids=mine)) == 2, c
     assert most_at_once(intervals(ledger_dir)) > 2  # customers ran beside each other
+    assert {p[4] for p in read_ledger(ledger_dir) if p[0] == "begin"} == {kind}
 
 
 def test_a_killed_holder_gives_its_customer_slot_back(

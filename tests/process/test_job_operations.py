@@ -1,8 +1,9 @@
 """Operating jobs (rickover's semantics) on real `hivejobs run` instances, Redis, Postgres.
 
-Fail ends a job at once; replay keeps the original options and says what it changed;
-`restart --pool` and `--instance` restart only what they name; `hivejobs jobs` and
-`app.list_jobs` list live and archived jobs, keyset-paginated; retention per job type.
+Fail ends a job at once, Retry and errors retry it (`def` and `async def` handlers alike);
+replay keeps the original options and says what it changed; `restart --pool` and
+`--instance` restart only what they name; `hivejobs jobs` and `app.list_jobs` list live and
+archived jobs, keyset-paginated; retention per job type.
 """
 
 from __future__ import annotations
@@ -18,7 +19,17 @@ import pytest
 
 from hivejobs import App
 from hivejobs.store.archive import prune_archive
-from tests.harness import ROOT, Instance, alive, pool_pids, read_ledger, sql, wait_until
+from tests.harness import (
+    HANDLER_KINDS,
+    ROOT,
+    Instance,
+    alive,
+    handler_env,
+    pool_pids,
+    read_ledger,
+    sql,
+    wait_until,
+)
 
 
 @pytest.fixture
@@ -58,16 +69,39 @@ def final_state(app: App, job_id: str) -> str:
     return state
 
 
-def test_fail_ends_the_job_at_once_with_attempts_left(
-    app15: App, instance15: Callable[..., Instance], ledger_dir: Path
+@pytest.mark.parametrize("kind", HANDLER_KINDS)
+def test_fail_retry_and_errors_end_attempts_as_the_handler_says(
+    app15: App, instance15: Callable[..., Instance], ledger_dir: Path, kind: str
 ) -> None:
-    instance15("final")
+    instance15("final,planned", handler_env(kind))
     job_id = app15.enqueue("final", {"card": "4242"})
+    retried = app15.enqueue("planned", {"plan": ["retry:1", "ok"]})
+    errors = app15.enqueue("planned", {"plan": ["raise", "raise", "raise"]})
+    given_up = app15.enqueue("planned", {"plan": ["raise", "fail", "ok"]})
+    # Fail ends the job at once, with attempts left.
     assert final_state(app15, job_id) == "failed"
     info = app15.get_job(job_id)
     assert (info.attempt, info.attempts) == (1, 5)
     assert info.error == "Fail: card declined: 4242"
     assert [p[0] for p in read_ledger(ledger_dir) if p[1] == job_id] == ["start", "end"]
+    assert final_state(app15, given_up) == "failed"
+    info = app15.get_job(given_up)
+    assert (info.attempt, info.error) == (2, "Fail: given up on attempt 2")
+    # An error retries while attempts are left, then fails with the handler's traceback.
+    assert final_state(app15, errors) == "failed"
+    info = app15.get_job(errors)
+    assert info.attempt == 3 and info.error is not None
+    assert info.error.startswith("Traceback") and "in planned" in info.error
+    assert info.error.strip().splitlines()[-1] == "ValueError: raised on attempt 3"
+    # Retry(delay=1) runs the job again, its attempt counted, not before the delay.
+    assert final_state(app15, retried) == "succeeded"
+    info = app15.get_job(retried)
+    assert (info.attempt, info.result) == (2, "ok on attempt 2")
+    starts = [p for p in read_ledger(ledger_dir) if p[0] == "start" and p[1] == retried]
+    began = sorted(int(p[4]) for p in starts)
+    assert len(began) == 2 and began[1] - began[0] >= 10**9
+    planned = [p for p in read_ledger(ledger_dir) if p[0] == "start" and len(p) == 6]
+    assert len(planned) == 2 + 3 + 2 and {p[5] for p in planned} == {kind}
 
 
 def test_replay_keeps_priority_delay_and_expiry_and_says_what_changed(

@@ -281,18 +281,21 @@ def test_a_shared_pool_over_its_memory_cap_is_recycled_with_every_type(
     ledger_dir: Path,
 ) -> None:
     inst = start_instance({"HJ_MAX_RSS": "250"}, app_spec=APP)
-    app = fleet_app(make_app, database_url, ["hog", "one"])
+    app = fleet_app(make_app, database_url, ["hog", "one", "two"])
     app.enqueue_many("hog", [{"mb": 40, "ms": 300}] * 12)  # 480 MiB leaked in all
     app.enqueue_many("one", [{"ms": 300}] * 12)
-    wait_until(lambda: live_jobs(database_url) == 0, timeout=90, what="24 jobs done")
+    app.enqueue_many("two", [{"ms": 300}] * 12)  # an `async def` handler in the same pool
+    wait_until(lambda: live_jobs(database_url) == 0, timeout=90, what="36 jobs done")
     assert "memory cap passed: recycling the pool" in inst.log_text()
     pids = {
-        name: {p[3] for p in read_ledger(ledger_dir) if p[1] == name} for name in ("hog", "one")
+        name: {p[3] for p in read_ledger(ledger_dir) if p[1] == name}
+        for name in ("hog", "one", "two")
     }
     assert len(pids["hog"]) >= 2  # recycled at least once (12 x 40 MiB cannot fit under 250)
-    assert pids["hog"] & pids["one"]  # the types ran in the same processes
+    assert pids["hog"] & pids["one"] & pids["two"]  # the types ran in the same processes
     # Nothing failed, nothing was charged a second attempt: recycling suspends.
     assert Counter((r[0], r[1], r[2]) for r in archived(database_url)) == {
         ("hog", "succeeded", 1): 12,
         ("one", "succeeded", 1): 12,
+        ("two", "succeeded", 1): 12,
     }

@@ -1,5 +1,6 @@
 """hivejobs.testing: run_job without servers, inline enqueue, drain against the real database
-(the executor the pool uses), and the pytest plugin running examples/test_myapp.py."""
+(the executor the pool uses), with `def` and `async def` handlers alike, and the pytest plugin
+running examples/test_myapp.py."""
 
 from __future__ import annotations
 
@@ -13,37 +14,49 @@ import pytest
 from hivejobs import App, JobContext, PayloadInvalid, Retry
 from hivejobs.errors import DrainIncomplete
 from hivejobs.testing import drain, inline, run_job
-from tests.harness import REDIS_URL, ROOT, sql
+from tests.harness import HANDLER_KINDS, REDIS_URL, ROOT, of_kind, sql
+
+KINDS = pytest.mark.parametrize("kind", HANDLER_KINDS)
 
 
-def flaky_app(app: App) -> App:
+def flaky_app(app: App, kind: str = "def") -> App:
+    """The types of these tests, with handlers of `kind` ("def" or "async")."""
+    handler = of_kind(kind)
+
     @app.job("boom", attempts=3)
+    @handler
     def boom(ctx: JobContext, payload: dict[str, int]) -> None:
         raise ValueError(f"boom {payload['n']}")
 
     @app.job("later")
+    @handler
     def later(ctx: JobContext, payload: None) -> None:
         raise Retry(delay=2.5, reason="not yet")
 
     @app.job("double")
+    @handler
     def double(ctx: JobContext, payload: int) -> int:
         return payload * 2
 
     @app.job("fan_out")
+    @handler
     def fan_out(ctx: JobContext, payload: int) -> None:
         for n in range(payload):
             ctx.app.enqueue("double", n)
 
     @app.job("forever")
+    @handler
     def forever(ctx: JobContext, payload: None) -> None:
         ctx.app.enqueue("forever")
 
     return app
 
 
-def test_run_job_needs_no_servers_and_returns_the_pools_outcome() -> None:
+@KINDS
+def test_run_job_needs_no_servers_and_returns_the_pools_outcome(kind: str) -> None:
     # Unreachable servers: run_job must never connect.
-    app = flaky_app(App(database_url="postgresql://127.0.0.1:1/x", redis_url="redis://127.0.0.1:1"))
+    nowhere = App(database_url="postgresql://127.0.0.1:1/x", redis_url="redis://127.0.0.1:1")
+    app = flaky_app(nowhere, kind)
     assert run_job(app, "double", 21).result == 42
     first = run_job(app, "boom", {"n": 1})
     assert first.outcome == "retry" and first.retry_delay_s > 0
@@ -57,8 +70,11 @@ def test_run_job_needs_no_servers_and_returns_the_pools_outcome() -> None:
         run_job(app, "double", "two")
 
 
-def test_inline_enqueue_runs_the_job_and_what_it_enqueues(make_app: Callable[..., App]) -> None:
-    app = flaky_app(make_app())
+@KINDS
+def test_inline_enqueue_runs_the_job_and_what_it_enqueues(
+    make_app: Callable[..., App], kind: str
+) -> None:
+    app = flaky_app(make_app(), kind)
     with inline(app):
         parent = app.enqueue("fan_out", 3)
         delayed = app.enqueue("double", 5, delay=60)
@@ -75,10 +91,11 @@ def test_inline_enqueue_runs_the_job_and_what_it_enqueues(make_app: Callable[...
     assert sql(app.settings.database_url, "SELECT count(*) FROM hivejobs_worker") == [(0,)]
 
 
+@KINDS
 def test_drain_runs_queued_jobs_and_promotes_only_what_it_is_told(
-    make_app: Callable[..., App],
+    make_app: Callable[..., App], kind: str
 ) -> None:
-    app = flaky_app(make_app())
+    app = flaky_app(make_app(), kind)
     fan = app.enqueue("fan_out", 2)
     boom = app.enqueue("boom", {"n": 4})
     delayed = app.enqueue("double", 7, delay=600)

@@ -1,5 +1,6 @@
-"""rickover's status callbacks end to end: `hivejobs run` hands `remote` jobs to a second
-process (tests/apps/other_service.py) that reports each attempt over HTTP to `hivejobs serve`."""
+"""rickover's status callbacks end to end: `hivejobs run` hands `remote` jobs (a `def`
+handler) and `aremote` jobs (its `async def` twin) to a second process
+(tests/apps/other_service.py) that reports each attempt over HTTP to `hivejobs serve`."""
 
 from __future__ import annotations
 
@@ -14,6 +15,15 @@ import pytest
 from hivejobs import App
 from tests.harness import ROOT, Instance, sql, wait_until
 from tests.web.conftest import ADMIN, Server
+
+WITH_AREMOTE = {"HJ_AREMOTE": "1"}
+KIND = {"remote": "def", "aremote": "async"}
+
+
+@pytest.fixture
+def server(start_server: Callable[..., Server]) -> Server:
+    """`hivejobs serve` of the web app with its `aremote` type."""
+    return start_server(env=WITH_AREMOTE)
 
 
 @pytest.fixture
@@ -41,23 +51,33 @@ def test_status_callbacks_from_another_process(
     # Answers must never race the timeout: the jobs that get one run under the type's long
     # default (60 s). The timeout path runs afterwards, on a fleet whose timeout is short, with
     # a job that nobody answers: its outcome depends on no one's speed.
-    answering = fleet()
+    answering = fleet(WITH_AREMOTE)
     c = server.client
+    types: dict[str, str] = {}  # job id -> its type
 
-    def enqueue(plan: list[str]) -> str:
-        r = c.post("/v1/jobs/remote", json={"data": {"plan": plan}})
+    def enqueue(plan: list[str], name: str = "remote") -> str:
+        r = c.post(f"/v1/jobs/{name}", json={"data": {"plan": plan}})
         assert r.status_code == 201
+        types[r.json()["id"]] = name
         return str(r.json()["id"])
 
     def job(job_id: str) -> dict[str, object]:
-        return dict(c.get(f"/v1/jobs/remote/{job_id}").json())
+        return dict(c.get(f"/v1/jobs/{types[job_id]}/{job_id}").json())
 
     def ended(job_id: str) -> bool:
         return job(job_id)["state"] in ("succeeded", "failed", "cancelled")
 
-    ok = enqueue(["succeed"])
+    def handed(job_id: str) -> list[str]:
+        """The attempts handed over, each checked to be its type's handler's kind."""
+        lines = [p.split() for p in (ledger_dir / f"handed.{job_id}").read_text().splitlines()]
+        assert all(p[1:] == [types[job_id], KIND[types[job_id]]] for p in lines), lines
+        return [p[0] for p in lines]
+
+    # Each outcome with a `def` handler and with an `async def` one.
+    ok, aok = enqueue(["succeed"]), enqueue(["succeed"], "aremote")
     retried = enqueue(["fail_retry", "succeed"])
-    failed = enqueue(["fail"])
+    aretried = enqueue(["fail_retry", "succeed"], "aremote")
+    failed, afailed = enqueue(["fail"]), enqueue(["fail"], "aremote")
     by_python = enqueue(["ignore", "ignore", "ignore"])
     cancelled = enqueue(["ignore", "ignore", "ignore"])
 
@@ -76,22 +96,29 @@ def test_status_callbacks_from_another_process(
     assert result.outcome == "succeeded"
     wait_until(lambda: (ledger_dir / f"handed.{cancelled}").exists(), what="hand-over")
     assert c.delete(f"/v1/jobs/remote/{cancelled}").json()["outcome"] == "cancelled"
-    for job_id in (ok, retried, failed):
+    for job_id in (ok, retried, failed, aok, aretried, afailed):
         wait_until(lambda j=job_id: ended(j), timeout=60, what=f"job {job_id} to end")
     answering.signal_group(signal.SIGTERM)
     assert answering.wait(30) == 0
 
-    fleet({"HJ_CALLBACK_TIMEOUT_S": "1"})
+    fleet({"HJ_CALLBACK_TIMEOUT_S": "1", **WITH_AREMOTE})
     timed_out = enqueue(["ignore", "ignore", "ignore"])
-    wait_until(lambda: ended(timed_out), timeout=60, what=f"job {timed_out} to end")
+    atimed_out = enqueue(["ignore", "ignore", "ignore"], "aremote")
+    for job_id in (timed_out, atimed_out):
+        wait_until(lambda j=job_id: ended(j), timeout=60, what=f"job {job_id} to end")
 
-    assert (job(ok)["state"], job(ok)["attempt"]) == ("succeeded", 1)
-    assert (job(retried)["state"], job(retried)["attempt"]) == ("succeeded", 2)
-    assert (ledger_dir / f"handed.{retried}").read_text().split() == ["1", "2"]
-    assert (job(failed)["state"], job(failed)["error"]) == ("failed", "callback: failed")
-    assert (job(timed_out)["state"], job(timed_out)["attempt"]) == ("failed", 3)
-    assert job(timed_out)["error"] == "callback timed out"
-    assert (ledger_dir / f"handed.{timed_out}").read_text().split() == ["1", "2", "3"]
+    for ok_, retried_, failed_, timed_out_ in (
+        (ok, retried, failed, timed_out),
+        (aok, aretried, afailed, atimed_out),
+    ):
+        assert (job(ok_)["state"], job(ok_)["attempt"]) == ("succeeded", 1)
+        assert handed(ok_) == ["1"]
+        assert (job(retried_)["state"], job(retried_)["attempt"]) == ("succeeded", 2)
+        assert handed(retried_) == ["1", "2"]
+        assert (job(failed_)["state"], job(failed_)["error"]) == ("failed", "callback: failed")
+        assert (job(timed_out_)["state"], job(timed_out_)["attempt"]) == ("failed", 3)
+        assert job(timed_out_)["error"] == "callback timed out"
+        assert handed(timed_out_) == ["1", "2", "3"]
     assert (job(by_python)["state"], job(cancelled)["state"]) == ("succeeded", "cancelled")
 
     # The other service saw 409 for every wrong attempt and 200 for every real answer.

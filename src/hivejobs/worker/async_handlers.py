@@ -72,18 +72,27 @@ def call_handler(handler: Callable[..., object], ctx: JobContext, payload: objec
 
 def run_task(coroutine: Coroutine[Any, Any, object], ctx: JobContext) -> object:
     """Run `coroutine` as a task on the process's loop and block this thread until it has
-    ended (its `finally` blocks ran); a stop request cancels it."""
-    loop, _ = process_loop()
+    ended (its `finally` blocks ran); a stop request cancels it. Called on that loop's own
+    thread (an async handler that runs a job in place: hivejobs.testing's inline enqueue),
+    it runs on a loop of its own in a helper thread: the caller holds the process's loop,
+    where the task would never start."""
+    loop, thread = process_loop()
 
     async def awaited() -> object:
         task = asyncio.current_task()
+        running = asyncio.get_running_loop()
         if task is not None:
             # From a later turn of the loop: never within the task's own step.
-            ctx.on_stop(lambda: loop.call_soon_threadsafe(task.cancel))
+            ctx.on_stop(lambda: running.call_soon_threadsafe(task.cancel))
         return await coroutine
 
-    future = asyncio.run_coroutine_threadsafe(awaited(), loop)
+    future: concurrent.futures.Future[object]
+    if threading.current_thread() is thread:
+        with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="nested") as helper:
+            future = helper.submit(asyncio.run, awaited())
+    else:
+        future = asyncio.run_coroutine_threadsafe(awaited(), loop)
     try:
         return future.result()
-    except concurrent.futures.CancelledError:
+    except (concurrent.futures.CancelledError, asyncio.CancelledError):
         raise Interrupted("asked to stop: its task was cancelled") from None
