@@ -168,7 +168,9 @@ def test_a_lost_id_is_found_by_its_own_key_while_an_older_backlog_waits(
     lost, *b = enqueue(app, "b", 3)
     queue, store = queue_of(app)
     assert queue.sort(store.keys_of) == 8
-    app.connections.broker.redis.lrem(f"{list_prefix(app.connections.broker.prefix, 'billing')}0:b", 0, lost)
+    app.connections.broker.redis.lrem(
+        f"{list_prefix(app.connections.broker.prefix, 'billing')}0:b", 0, lost
+    )
     ages = [(a, "1 minute"), ([lost], "30 seconds"), (b, "10 seconds")]
     for ids, age in ages:
         sql(
@@ -189,7 +191,9 @@ def test_ids_waiting_unsorted_in_the_inbox_are_held(
     app = fair_app(make_app)
     ids = enqueue(app, "a", 3) + enqueue(app, "b", 3)
     sql(database_url, "UPDATE hivejobs_job SET queued_at = now() - interval '1 minute'")
-    assert Reconciler(app.connections.store, app.connections.broker).run_once(leader(app)).pushed == 0
+    assert (
+        Reconciler(app.connections.store, app.connections.broker).run_once(leader(app)).pushed == 0
+    )
     assert sorted(i for p in pop_all(app, 10) for i in p) == sorted(ids)
 
 

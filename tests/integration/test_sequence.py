@@ -165,7 +165,9 @@ def test_the_completion_that_ends_a_key_pushes_the_job_it_handed_the_key_to(
     jobs = {j.id: j for j in claim(app, [a[0], a[1], b[0], c[0], c[1]])}  # b[1] not popped
     assert not queued_at_set(database_url, a[1]) and not queued_at_set(database_url, c[1])
     app.flush()
-    app.connections.broker.redis.delete(*app.connections.broker.redis.keys(app.connections.broker.queue_keys_glob("step")))
+    app.connections.broker.redis.delete(
+        *app.connections.broker.redis.keys(app.connections.broker.queue_keys_glob("step"))
+    )
     completer = Completer(app.connections.store, app.connections.broker)
     ends: list[tuple[str, Outcome]] = [(a[0], "succeeded"), (b[0], "succeeded"), (c[0], "failed")]
     for job_id, outcome in ends:

@@ -34,7 +34,9 @@ def make(app: App) -> App:
 
 def claim(app: App, ids: list[str]) -> list[ClaimedJob]:
     with app.connections.store.connection() as conn:
-        return app.connections.store.claim_queued(ids, new_worker_id(), conn, name="step", sequenced=True)
+        return app.connections.store.claim_queued(
+            ids, new_worker_id(), conn, name="step", sequenced=True
+        )
 
 
 def run_out(app: App, job_id: str, name: str = "step", outcome: Outcome = "succeeded") -> None:
@@ -63,7 +65,9 @@ def test_only_idle_keys_lose_their_counter(make_app: Callable[..., App], databas
     ]
     assert Pruner(app.connections.store, retention_s=3600.0).prune(lambda: True).idle_keys == 1
     assert [r[0] for r in sql(database_url, COUNTERS)] == ['"held"', '"live"', '"recent"']
-    assert Pruner(app.connections.store, retention_s=0.0).prune(lambda: True).idle_keys == 1  # recent
+    assert (
+        Pruner(app.connections.store, retention_s=0.0).prune(lambda: True).idle_keys == 1
+    )  # recent
     assert [r[0] for r in sql(database_url, COUNTERS)] == ['"held"', '"live"']
 
 

@@ -111,7 +111,8 @@ def cmd_keys(args: argparse.Namespace) -> int:
 
 def cmd_restart(args: argparse.Namespace) -> int:
     app = open_app(args)
-    app.connections.broker.ping()  # ConnectionFailed (redacted URL) rather than a redis-py traceback
+    # ConnectionFailed (redacted URL) rather than a redis-py traceback
+    app.connections.broker.ping()
     app.connections.broker.publish_control(
         ControlMessage(action="restart", pool=args.pool, instance=args.instance)
     )
