@@ -96,7 +96,16 @@ def _kill_pools(title: str, env: dict[str, str], n_alo: int, n_amo: int) -> Row:
                 interval=0.2,
                 what="next kill",
             )  # the fault's own period
-            pids = pool_pids(s.url, kinds[k % len(kinds)])
+            kind = kinds[k % len(kinds)]
+            pids = pool_pids(s.url, kind)
+            if pids and kind == KEYED_TYPES[0]:
+                # A key's jobs run one at a time with hand-overs between them: wait for one
+                # mid-run in this pool, so the kill meets a sequence (while any is left).
+                wait_until(
+                    lambda p=pids[0]: running_in_pid(s.ledger, p) or not keyed_live(s.url),
+                    interval=0.02,
+                    what="a sequenced job mid-run",
+                )
             if pids and running_in_pid(s.ledger, pids[0]):
                 s.kill(pids[0])
                 s.recovery(  # R8: the supervisor releases the dead pool's claims at once
@@ -115,6 +124,11 @@ def _kill_pools(title: str, env: dict[str, str], n_alo: int, n_amo: int) -> Row:
         return keyed.judge(s, s.result(alo + keyed.ids, amo))
     finally:
         s.close()
+
+
+def keyed_live(url: str) -> bool:
+    """Whether a sequenced job of the keyed lines is still to run or running."""
+    return bool(sql(url, "SELECT 1 FROM hivejobs_job WHERE name = %s LIMIT 1", (KEYED_TYPES[0],)))
 
 
 def kill_coordinator(scale: float) -> Row:
