@@ -217,11 +217,9 @@ seen = []
 logger.add(lambda message: seen.append(str(message)), level="DEBUG", format="{message} {extra}")
 import hivejobs
 from hivejobs.client.app import App
-from hivejobs.client.enqueue import ReconcilerRepairs
 app = App(database_url="postgresql://127.0.0.1:1/x", redis_url="redis://:Zq9MarkerPw@127.0.0.1:1/0")
-def push():
-    with ReconcilerRepairs("resize", 1):  # Redis is down: logs a warning
-        app.connections.broker.push("resize", 0, ["a"])
+def push():  # the pusher's batch of committed ids; Redis is down: it logs a warning
+    app.connections.pusher._push([("a", "resize", 0)])
 push()
 assert seen == [], seen  # imported as a library: silent
 from hivejobs.logs import setup_logging

@@ -42,10 +42,10 @@ from typing import Any
 import msgspec
 import redis
 import redis.asyncio
-from loguru import logger
 
 from hivejobs.batching import Batcher
 from hivejobs.broker.clients import AsyncClient, Client, async_client, sync_client
+from hivejobs.broker.hints import left_to_reconciler
 from hivejobs.config import Settings, redact_url, scrub, url_secrets
 from hivejobs.errors import ConnectionFailed
 from hivejobs.records import PRIORITIES, JobEvent
@@ -425,15 +425,8 @@ class Pusher:
         return self._batcher is None or self._batcher.flush(timeout_s)
 
     def _push(self, entries: list[tuple[str, str, int]]) -> None:
-        try:
+        with left_to_reconciler("enqueued jobs", jobs=len(entries)):
             self.broker.push_many(entries)
-        except redis.RedisError as exc:
-            logger.warning(
-                "jobs stored but push to Redis failed; the coordinator will dispatch them",
-                jobs=len(entries),
-                error=str(exc),
-                error_type=type(exc).__name__,
-            )
 
 
 def queue_key(prefix: str, name: str, priority: int) -> str:

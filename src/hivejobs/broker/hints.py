@@ -8,8 +8,7 @@ Imports no other module of broker/: any push site may use it (the Broker's own P
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
+from types import TracebackType
 
 import redis
 from loguru import logger
@@ -19,15 +18,32 @@ from hivejobs.logs import error_fields
 NOT_PUSHED = "{what} stored but not pushed; the reconciler will push them"
 
 
-@contextmanager
-def left_to_reconciler(what: str, **fields: object) -> Iterator[None]:
+class left_to_reconciler:  # noqa: N801 - used as a `with` phrase, like contextlib's
     """Around a push (sync or awaited) of committed jobs: a RedisError is logged as
     NOT_PUSHED with `fields` (jobs=, job_type=, chain_id=) and goes no further.
 
-    `what` names the jobs in our own words ("requeued jobs"); the caller's frame is the one
-    the log line names."""
-    try:
-        yield
-    except redis.RedisError as exc:
-        # depth 2: past this generator and contextlib's __exit__, to the `with` line.
-        logger.opt(depth=2).warning(NOT_PUSHED, what=what, **fields, **error_fields(exc))
+    `what` names the jobs in our own words ("requeued jobs"); the log line names the frame
+    of the `with`. A class, not a generator: it wraps every enqueue's push, where
+    contextlib's machinery cost microseconds a job."""
+
+    __slots__ = ("_what", "_fields")
+
+    def __init__(self, what: str, **fields: object) -> None:
+        self._what = what
+        self._fields = fields
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool:
+        if not isinstance(exc, redis.RedisError):
+            return False
+        logger.opt(depth=1).warning(
+            NOT_PUSHED, what=self._what, **self._fields, **error_fields(exc)
+        )
+        return True

@@ -20,17 +20,13 @@ import contextlib
 from collections.abc import Awaitable, Callable, Generator, Iterable, Sequence
 from datetime import datetime
 from inspect import isawaitable
-from types import TracebackType
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, TypeVar
-
-import redis
-from loguru import logger
 
 from hivejobs import tracing
 from hivejobs.broker.fair import place
+from hivejobs.broker.hints import left_to_reconciler
 from hivejobs.client.integrations import adriver_connection, driver_connection
 from hivejobs.failpoints import failpoint
-from hivejobs.logs import error_fields
 from hivejobs.records import Inserted, NewJob, Push
 from hivejobs.store.batches import AsyncBatchStore, BatchStore
 from hivejobs.store.enqueue import owns_transaction
@@ -154,36 +150,6 @@ async def arun(plan: Plan[T]) -> T:
         return result
 
 
-class ReconcilerRepairs:
-    """`with ReconcilerRepairs(name, jobs):` around a push. A push that fails costs latency,
-    never the job: Postgres has it (rule R1 in docs/concepts/reliability.md: ack after the
-    commit, Redis only carries hints), and the coordinator's reconciler pushes it later.
-    A class, not a generator: it wraps every push."""
-
-    def __init__(self, name: str, jobs: int) -> None:
-        self._name = name
-        self._jobs = jobs
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> bool:
-        if not isinstance(exc, redis.RedisError):
-            return False
-        logger.warning(
-            "job stored but push to Redis failed; the coordinator will dispatch it",
-            job_type=self._name,
-            jobs=self._jobs,
-            **error_fields(exc),
-        )
-        return True
-
-
 # -- the sides ---------------------------------------------------------------------------------
 
 
@@ -221,7 +187,7 @@ class SyncSide:
         keys' lists (broker/fair.py): the keys are in hand here, so no pool has to read them
         back from Postgres."""
         broker = self._connections.broker
-        with ReconcilerRepairs(jt.name, len(pushes)):
+        with left_to_reconciler("enqueued jobs", job_type=jt.name, jobs=len(pushes)):
             if jt.fair is None:
                 broker.push(jt.name, pushes[0].priority, [p.id for p in pushes])
                 return
@@ -267,5 +233,5 @@ class AsyncSide:
         """Into the type's list, a fair type's too: its pools sort them into their keys."""
         broker = (await self._connections.async_backends()).broker
         _, name, priority = pushes[0]  # one call enqueues one type at one priority
-        with ReconcilerRepairs(name, len(pushes)):
+        with left_to_reconciler("enqueued jobs", job_type=name, jobs=len(pushes)):
             await broker.push(name, priority, [p.id for p in pushes])

@@ -16,11 +16,11 @@ from collections.abc import Callable
 from typing import TypeVar
 
 import psycopg
-import redis
 from loguru import logger
 
 from hivejobs.batching import Batcher
 from hivejobs.broker import Broker
+from hivejobs.broker.hints import left_to_reconciler
 from hivejobs.failpoints import failpoint
 from hivejobs.logs import error_fields
 from hivejobs.records import Completion, Requeued
@@ -182,14 +182,8 @@ class Completer:
             )
         queued = [(r.id, r.name, r.priority) for r in requeued if r.state == "queued"]
         if queued:
-            try:
+            with left_to_reconciler("requeued jobs", jobs=len(queued)):
                 self.broker.push_many(queued)
-            except redis.RedisError as exc:
-                logger.warning(
-                    "requeued jobs not pushed; the reconciler will",
-                    jobs=len(queued),
-                    **error_fields(exc),
-                )
 
 
 def _retrying(write: Callable[[], T], jobs: int) -> T:

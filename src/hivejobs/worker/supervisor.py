@@ -22,12 +22,12 @@ import sys
 import time
 from dataclasses import dataclass
 
-import redis
 from loguru import logger
 from setproctitle import setproctitle
 
 from hivejobs import tracing
 from hivejobs.broker import Broker
+from hivejobs.broker.hints import left_to_reconciler
 from hivejobs.client.app import App
 from hivejobs.config import Settings
 from hivejobs.coordinator.rescuer import rescue_isolated
@@ -328,10 +328,9 @@ class Supervisor:
         if rescued.requeued:
             broker = Broker(self.settings)
             try:
-                broker.push_many(rescued.requeued)
-                bump(broker, "rescued", [r[1] for r in rescued.requeued])
-            except redis.RedisError as exc:
-                logger.warning("released jobs not pushed; the reconciler will", **error_fields(exc))
+                with left_to_reconciler("released jobs", jobs=len(rescued.requeued)):
+                    broker.push_many(rescued.requeued)
+                    bump(broker, "rescued", [r[1] for r in rescued.requeued])
             finally:
                 broker.close()
         if rescued.requeued or rescued.failed:
