@@ -78,7 +78,7 @@ class BenchEnvironment:
             from hivejobs.bench import benchapp
 
             # The bench enqueues through the worker's job type, declared as the worker would.
-            self.app.types = dict(benchapp.app.types)
+            self.app.types.update(benchapp.app.types)  # the dict its Core reads
             self.app.connections.store.upsert_job_types([t.info() for t in self.app.types.values()])
         except BaseException:
             self._report(self._cleanup())  # a half-made sandbox is removed too
