@@ -235,7 +235,11 @@ def test_sigterm_suspends_chain_and_another_instance_resumes_it(
     database_url: str,
     kind: str,
 ) -> None:
-    a = chain_instance(handler_env(kind))
+    # On Heroku (DYNO set) a repeated SIGTERM changes nothing (R10), so A's pools ask their
+    # handlers to stop at the soft deadline (shutdown timeout less the stop grace) and wait for
+    # them; elsewhere a second SIGTERM means "suspend now", without waiting.
+    heroku = {"DYNO": "worker.1", "HIVEJOBS_SHUTDOWN_TIMEOUT_S": "8"}
+    a = chain_instance(handler_env(kind) | heroku)
     chain = Chain("rolling-restart")
     first = chain.job("step", {}, key="first")
     # The long jobs wait at a gate opened only once A has exited: A's tries are always
