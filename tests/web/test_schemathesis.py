@@ -15,6 +15,9 @@ from tests.web.conftest import ADMIN, Server
 pytest.importorskip("schemathesis")
 
 
+# The coverage phase sends a few thousand requests: ~2 minutes on a quiet 2-core machine,
+# past the suite's 180 s default when the machine is loaded. The bound only catches a hang.
+@pytest.mark.timeout(900)
 def test_served_openapi_spec_holds_under_schemathesis(server: Server, tmp_path: Path) -> None:
     c = server.client
     # Identifiers that exist, so that generated requests reach past the 404s.
@@ -56,7 +59,7 @@ def test_served_openapi_spec_holds_under_schemathesis(server: Server, tmp_path: 
         cwd=tmp_path,
         capture_output=True,
         text=True,
-        timeout=170,
+        timeout=840,
     )
     summary = run.stdout[run.stdout.rfind("SUMMARY") :]
     assert run.returncode == 0, run.stdout[-6000:]
