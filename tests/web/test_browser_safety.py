@@ -145,6 +145,9 @@ def run_attack(page: Any, target: str, attacker_url: str) -> list[Any]:
     ) as form:
         page.evaluate("document.getElementById('form').submit()")  # fmt: skip
     assert form.value.status in (403, 415)
+    # The form's answer is shown in the page: wait for that navigation to end, or the
+    # caller's next goto races it (and is interrupted by it).
+    page.wait_for_url(target + "/v1/jobs/echo")
     return sent
 
 
