@@ -20,14 +20,16 @@ from pathlib import Path
 import httpx
 
 
-def answer(client: httpx.Client, url: str, body: dict[str, object]) -> int:
-    """Post the attempt's outcome. A 409 while the job still runs at that attempt is the
-    answer overtaking the worker's hand-over commit (seen on a loaded machine: the job then
-    waited for its callback timeout and ran again): ask again, as a careful caller would."""
+def answer(client: httpx.Client, url: str, body: dict[str, object], attempt: int) -> int:
+    """Post the attempt's outcome. A 409 while the job is still live at that attempt (or
+    the one before: not yet claimed, as the refusal's text says) is the answer overtaking the
+    worker's commits (seen on a loaded machine: the job then waited for its callback timeout
+    and ran again): ask again, as a careful caller would."""
     for _ in range(200):
         status = client.post(url, json=body).status_code
         job = client.get(url).json()
-        if status != 409 or (job["state"], job["attempt"]) != ("running", body["attempt"]):
+        live = job["state"] in ("queued", "running") and job["attempt"] in (attempt, attempt - 1)
+        if status != 409 or not live:
             return status
         time.sleep(0.05)
     return status
@@ -58,7 +60,7 @@ def main(url: str, folder: Path, token: str) -> None:
                         "attempt": attempt,
                         "retryable": action == "fail_retry",
                     }
-                    status = answer(client, url, body)
+                    status = answer(client, url, body, attempt)
                 with open(folder / f"answers.{job_id}", "a") as fh:
                     fh.write(f"{attempt} {action} {wrong} {status}\n")
         time.sleep(0.05)
