@@ -9,7 +9,7 @@ does the step at once and returns its value, an async side returns an awaitable.
 `arun` drive a plan, as store/sql.py's runners drive the store's plans of statements: the
 sync and async forms share every decision and differ only in their I/O.
 
-A push that fails is logged and left to the coordinator's reconciler (`reconciler_repairs`):
+A push that fails is logged and left to the coordinator's reconciler (broker/hints.py):
 the job is acknowledged once Postgres has it. Never commits, rolls back or closes a caller's
 connection (store/enqueue.py says how the caller's transaction is used).
 """
