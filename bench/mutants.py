@@ -154,10 +154,21 @@ GUARDS: tuple[Guard, ...] = (
     Guard(
         "release-fence",
         "src/hivejobs/store/jobs.sql",
-        " AND j.claim_token = c.token\nRETURNING j.id, j.name, j.priority;",
-        "\nRETURNING j.id, j.name, j.priority;",
+        " AND j.claim_token = c.token\n   AND j.worker_id = %(worker_id)s\nRETURNING j.id,",
+        "\n   AND j.worker_id = %(worker_id)s\nRETURNING j.id,",
         (FENCES + "::test_a_stale_claims_release_writes_nothing",),
         "a pool releases a claim it no longer holds: the job runs twice",
+    ),
+    Guard(
+        "release-holder-fence",
+        "src/hivejobs/store/jobs.sql",
+        "c.token\n   AND j.worker_id = %(worker_id)s\nRETURNING j.id,",
+        "c.token\nRETURNING j.id,",
+        (
+            FENCES + "::test_a_claim_ended_awaiting_its_callback_is_not_released",
+            FENCES + "::test_a_stale_claims_release_writes_nothing",
+        ),
+        "a pool releases a callback job whose claim just ended: it runs again, its answer refused",
     ),
     Guard(
         "release-unstarted-mine",

@@ -79,15 +79,19 @@ def test_claim_refuses_a_running_id_claimed_again_by_its_own_pool(
     assert first.attempt == 1
 
 
+NEW_HOLDER = new_worker_id()
+
+
 def _reclaimed(app: App) -> tuple[str, ClaimedJob, ClaimedJob]:
     """A job whose first claim was released (as a rescue or a lost completion would) and
     claimed again: (id, the stale claim, the current one)."""
     job_id = app.enqueue("thing", {})
-    [old] = claim(app, [job_id])
-    assert app.connections.store.release_claims([(job_id, old.claim_token)]) == [
+    worker = new_worker_id()
+    [old] = claim(app, [job_id], worker)
+    assert app.connections.store.release_claims(worker, [(job_id, old.claim_token)]) == [
         (job_id, "thing", 0)
     ]
-    [new] = claim(app, [job_id])
+    [new] = claim(app, [job_id], NEW_HOLDER)
     assert new.claim_token != old.claim_token
     return job_id, old, new
 
@@ -160,12 +164,38 @@ def test_a_stale_claims_release_writes_nothing(
     app = make(make_app())
     job_id, old, new = _reclaimed(app)
     before = row(database_url, job_id)
-    assert app.connections.store.release_claims([(job_id, old.claim_token)]) == []
+    store = app.connections.store
+    assert store.release_claims(NEW_HOLDER, [(job_id, old.claim_token)]) == []
     assert row(database_url, job_id) == before
-    assert app.connections.store.release_claims([(job_id, new.claim_token)]) == [
-        (job_id, "thing", 0)
-    ]
+    assert store.release_claims(new_worker_id(), [(job_id, new.claim_token)]) == []
+    assert row(database_url, job_id) == before
+    assert store.release_claims(NEW_HOLDER, [(job_id, new.claim_token)]) == [(job_id, "thing", 0)]
     assert row(database_url, job_id)[:4] == ("queued", 2, None, None)
+
+
+def test_a_claim_ended_awaiting_its_callback_is_not_released(
+    make_app: Callable[..., App], database_url: str
+) -> None:
+    """The pool's check for claims it no longer tracks reads its running rows, then compares
+    them with what it holds; a callback type's completion written in between ends the claim
+    but keeps the row running with its token. Released, the job would run again at the next
+    attempt and the other service's answer for this one would be refused."""
+    app = make(make_app())
+    job_id = app.enqueue("thing", {})
+    worker = new_worker_id()
+    [held] = claim(app, [job_id], worker)
+    read = app.connections.store.running_claims(worker)
+    assert [(c.id, c.claim_token) for c in read] == [(job_id, held.claim_token)]
+    handed = Completion(
+        id=job_id, claim_token=held.claim_token, outcome="await_callback", callback_timeout_s=60
+    )
+    with app.connections.store.connection() as conn:
+        assert app.connections.store.finish([handed], conn) == (1, [])
+    before = row(database_url, job_id)
+    assert before[:3] == ("running", 1, None)
+
+    assert app.connections.store.release_claims(worker, read) == []
+    assert row(database_url, job_id) == before
 
 
 def test_release_unstarted_takes_back_only_this_workers_running_claims(

@@ -230,7 +230,7 @@ def hot_statements(ld: Loaded) -> list[tuple[str, str, dict[str, Any], int]]:
         (
             "release_claims_if_running",
             QUERIES["release_claims_if_running"],
-            {"ids": ids, "tokens": tokens},
+            {"ids": ids, "tokens": tokens, "worker_id": ld.small},
             n,
         ),
         (

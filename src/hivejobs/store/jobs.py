@@ -172,14 +172,17 @@ class Jobs(Database):
             cur = conn.cursor(row_factory=class_row(HeldClaim))
             return cur.execute(JOBS["running_claims"], {"worker_id": worker_id}).fetchall()
 
-    def release_claims(self, claims: Sequence[tuple[str, int]]) -> list[Push]:
-        """Claims a live pool no longer tracks go back to the queue, fenced by token."""
+    def release_claims(self, worker_id: str, claims: Sequence[tuple[str, int]]) -> list[Push]:
+        """Claims a live pool no longer tracks go back to the queue, fenced by token and by
+        the worker that still holds them."""
+        params = {
+            "ids": [c[0] for c in claims],
+            "tokens": [c[1] for c in claims],
+            "worker_id": worker_id,
+        }
         with self.connection() as conn:
             cur = conn.cursor(row_factory=class_row(Push))
-            return cur.execute(
-                JOBS["release_claims_if_running"],
-                {"ids": [c[0] for c in claims], "tokens": [c[1] for c in claims]},
-            ).fetchall()
+            return cur.execute(JOBS["release_claims_if_running"], params).fetchall()
 
     # -- reads and user actions ----------------------------------------------------------
 

@@ -167,12 +167,15 @@ SELECT id, claim_token FROM hivejobs_job WHERE worker_id = %(worker_id)s AND sta
 -- name: release_claims_if_running
 -- Claims a live pool no longer tracks (its completion was lost in a Postgres crash under
 -- asynchronous commit): back to the queue, the attempt stays counted, like a worker loss.
--- Found by primary key alone, as in archive_finished_if_running.
+-- Found by primary key alone, as in archive_finished_if_running. Fenced by the worker too: a
+-- callback type's completion ends the claim but keeps its token (worker_id NULL, awaiting the
+-- other service), and one written between the pool's read and its check must stay as it is.
 UPDATE hivejobs_job j
    SET state = 'queued', queued_at = now(), worker_id = NULL, claim_token = NULL
   FROM unnest(%(ids)s::text[], %(tokens)s::bigint[]) AS c(id, token)
  WHERE j.id = ANY(%(ids)s::text[])
    AND j.id = c.id AND j.state = 'running' AND j.claim_token = c.token
+   AND j.worker_id = %(worker_id)s
 RETURNING j.id, j.name, j.priority;
 
 -- name: cancel_waiting

@@ -131,7 +131,7 @@ class Liveness:
         if lost:
             # Most are completions that committed between the read and the check above
             # (already archived, so nothing to release): only real releases are news.
-            released = self.store.release_claims(lost)
+            released = self.store.release_claims(lane.worker_id, lost)
             if released:
                 self.broker.push_many(released)
                 self.log.warning(
