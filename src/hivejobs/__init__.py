@@ -7,7 +7,7 @@ lines are disabled here, and `hivejobs` commands (or the host app) enable them.
 from loguru import logger
 
 from hivejobs.chains import Chain, ChainInfo, ChainJob
-from hivejobs.client.app import App
+from hivejobs.client.app import App, JobContext
 from hivejobs.client.batches import AsyncBatch, Batch
 from hivejobs.debounce import Unique
 from hivejobs.errors import (
@@ -37,7 +37,6 @@ from hivejobs.errors import (
 )
 from hivejobs.jobtypes import Backoff, Fail, Retry
 from hivejobs.records import BatchDone, BatchStatus, JobEvent, JobInfo, JobState
-from hivejobs.worker.context import JobContext
 
 logger.disable("hivejobs")
 

@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 
 from hivejobs import App, Interrupted, JobContext, Retry
+from hivejobs.client.app import JobContext as Ctx
 from hivejobs.jobtypes import Backoff, Fail, JobType
 from hivejobs.records import ClaimedJob, Completion, Delivery
-from hivejobs.worker.context import JobContext as Ctx
 from hivejobs.worker.executor import execute, execute_async
 
 

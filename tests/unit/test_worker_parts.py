@@ -11,11 +11,10 @@ from typing import cast
 import pytest
 
 from hivejobs.batching import Batcher, coalesce_window
-from hivejobs.client.app import App
+from hivejobs.client.app import App, JobContext
 from hivejobs.records import ClaimedJob, Delivery
 from hivejobs.worker.async_handlers import new_loop
 from hivejobs.worker.completer import COALESCE_GAP_S, COALESCE_MAX_S, COALESCE_TO
-from hivejobs.worker.context import JobContext
 from hivejobs.worker.executor import interrupted
 from hivejobs.worker.exits import ChildExit
 from hivejobs.worker.shutdown import Stop, StopReason

@@ -21,9 +21,8 @@ from itertools import count
 
 from hivejobs.bench.environment import BenchEnvironment
 from hivejobs.bench.scenarios import JOB, Figures, payload
-from hivejobs.client.app import App
+from hivejobs.client.app import App, JobContext
 from hivejobs.debounce import Unique
-from hivejobs.worker.context import JobContext
 
 WINDOW_S = 3600.0
 THREADS = 16

@@ -1,6 +1,7 @@
 """The client side: the `App` facade and what only it uses.
 
-  app.py           App: enqueue (sync and async), job reads, lifecycle; its other calls come
+  app.py           App: enqueue (sync and async), job reads, lifecycle, and JobContext (a
+                   handler's view of its job: the App, its chain and batch); its other calls come
                    from the role classes below (its bases)
   registry.py      Registry: @app.job, periodic, on_process_start, and the declaration checks
   control.py       Control: cancel, status callbacks, pause/resume/scale, keys, replay

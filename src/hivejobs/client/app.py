@@ -6,6 +6,11 @@ before the first write, so bad input stores nothing. A Redis failure after the c
 logged and left to the coordinator's reconciler: the job is acknowledged once Postgres has it.
 The plumbing (connections, the lookup of declared types, the enqueue sides) is one Core
 (client/core.py); `App(testing="inline")` delegates enqueue and job reads to an InlineRunner.
+
+JobContext, a handler's view of its job, lives here too: its `app` is the App (typed, for
+handlers that enqueue more work) and the App builds it for the worker (`job_context`), so the
+two refer to each other. It reaches its chain through the ChainStore it is handed (the pool
+process's own connection pool), never through the App's: a pool process opens no second pool.
 """
 
 from __future__ import annotations
@@ -15,9 +20,9 @@ import os
 import sys
 from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-from hivejobs.client.batches import BatchCalls
+from hivejobs.client.batches import Batch, BatchCalls
 from hivejobs.client.chains import ChainCalls
 from hivejobs.client.connections import Connections
 from hivejobs.client.control import Control
@@ -29,8 +34,13 @@ from hivejobs.client.streaming import Streams
 from hivejobs.config import settings_from_env
 from hivejobs.errors import UsageError
 from hivejobs.jobtypes import JobTypeSpec, check_id
-from hivejobs.records import JobInfo, JobPage
-from hivejobs.worker.context import JobContext
+from hivejobs.records import ClaimedJob, JobInfo, JobPage
+from hivejobs.worker.context import AttemptContext
+
+if TYPE_CHECKING:
+    from hivejobs.chains.context import ChainInfo, ChainView
+    from hivejobs.store.chains import ChainStore
+    from hivejobs.worker.streaming import EventSink
 
 
 class App(Registry, Control, Streams, ChainCalls, BatchCalls):
@@ -62,13 +72,19 @@ class App(Registry, Control, Streams, ChainCalls, BatchCalls):
         self.testing = testing  # `hivejobs run` refuses such an app: it has nothing to serve
         if testing is not None:
             checked_mode(testing)
-            self._mode = InlineRunner(
-                self.types, self.settings.max_result_bytes, lambda job: JobContext(job, self)
-            )
+            self._mode = InlineRunner(self.types, self.settings.max_result_bytes, self.job_context)
 
     def job_type(self, name: str) -> JobTypeSpec:
         """A registered type, or one a running worker fleet declared in Postgres (CLI use)."""
         return self._core.job_type(name)
+
+    def job_context(
+        self, job: ClaimedJob, chains: ChainStore | None = None, events: EventSink | None = None
+    ) -> JobContext:
+        """The context a handler of this app is handed for `job`'s attempt: built by the
+        worker (worker/served.py: what it needs of the App), inline mode and hivejobs.testing.
+        `chains` is the store of the process running the handler (else the App's)."""
+        return JobContext(job, self, chains, events)
 
     # -- connections (Core owns them) ----------------------------------------------------
 
@@ -199,6 +215,67 @@ class App(Registry, Control, Streams, ChainCalls, BatchCalls):
         from hivejobs.client.listing import list_jobs
 
         return list_jobs(self.connections.store, state, type, since, until, limit, after)
+
+
+class JobContext(AttemptContext):
+    """Handed to every handler call: the attempt's identity, its stop flag, its chain.
+
+    `stopping` is set when the worker shuts down, the job is cancelled, or its timeout passed:
+    a long handler should check it and raise `hivejobs.Interrupted` (or return) promptly.
+    Owns, beyond the attempt's stop flag (AttemptContext), the chain view and the batch
+    handle, each loaded on first use. `app` is there for handlers that enqueue more work;
+    the chain view uses `chains`, the store of the process running the handler.
+    """
+
+    def __init__(
+        self,
+        job: ClaimedJob,
+        app: App,
+        chains: ChainStore | None = None,
+        events: EventSink | None = None,
+    ) -> None:
+        super().__init__(job, events)
+        self.app = app
+        self._chains = chains
+        self._chain: ChainView | None = None
+        self._batch: tuple[Batch | None] | None = None  # looked up on first use
+
+    # -- chains: loaded on first use, so plain jobs never pay for them ------------------
+
+    @property
+    def chain(self) -> ChainInfo | None:
+        """The chain this job runs in (request id, args, key, try number); None if none."""
+        return self._chain_view().info
+
+    @property
+    def upstream(self) -> dict[str, object]:
+        """The results of this chain job's predecessors, by key ({} for a plain job)."""
+        return self._chain_view().upstream()
+
+    def set_status(self, text: str) -> None:
+        """A live status line for `hivejobs chain status` ("copied 40%"); plain jobs: no-op."""
+        self._chain_view().set_status(text)
+
+    @property
+    def batch(self) -> Batch | None:
+        """The batch this job belongs to (None if none), as a handle that may add jobs to it
+        while this job runs, even once the batch is sealed: `ctx.batch.enqueue(...)`."""
+        if self._batch is None:
+            self._batch = (self.app.job_batch(self.job_id),)
+        return self._batch[0]
+
+    def _chain_view(self) -> ChainView:
+        if self._chain is None:
+            from hivejobs.chains.context import ChainView
+            from hivejobs.store.chains import ChainStore
+
+            # Without a store of its own (hivejobs.testing runs handlers in the caller's
+            # process), the App's: it is the only one there.
+            chains = (
+                self._chains if self._chains is not None else ChainStore(self.app.connections.store)
+            )
+            self._chain = ChainView(chains, self.job_id, self.app.job_type)
+        return self._chain
 
 
 def load_app(spec: str) -> App:

@@ -36,7 +36,7 @@ from hivejobs.worker.executor import execute
 
 if TYPE_CHECKING:
     from hivejobs.jobtypes import JobType, JobTypeSpec
-    from hivejobs.worker.context import JobContext
+    from hivejobs.worker.context import AttemptContext
 
 MODES = ("inline",)
 MAX_JOBS = 10_000  # per outermost enqueue: a job that enqueues itself forever stops here
@@ -70,7 +70,7 @@ class InlineRunner:
         self,
         types: Mapping[str, JobType],
         max_result_bytes: int,
-        context: Callable[[ClaimedJob], JobContext],
+        context: Callable[[ClaimedJob], AttemptContext],
     ) -> None:
         self._types = types
         self._max_result_bytes = max_result_bytes

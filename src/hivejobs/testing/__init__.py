@@ -29,13 +29,12 @@ from typing import Literal
 
 import msgspec
 
-from hivejobs.client.app import App
+from hivejobs.client.app import App, JobContext
 from hivejobs.errors import DrainIncomplete, UnknownJobType
 from hivejobs.jobtypes import JobType
 from hivejobs.records import PRIORITIES, ClaimedJob, Completion, Outcome
 from hivejobs.serialization import decode_json
 from hivejobs.store import new_worker_id
-from hivejobs.worker.context import JobContext
 from hivejobs.worker.executor import execute
 
 __all__ = ["DrainResult", "JobRun", "drain", "inline", "run_job"]

@@ -11,7 +11,8 @@
   liveness.py    heartbeat, release of untracked claims, control messages
   shutdown.py    the stop state, and the drain by a deadline that reports what it suspended
   exits.py       ChildExit: every exit code of a child, and what the supervisor does
-  context.py     JobContext: a handler's view of its job (re-exported by `hivejobs`)
+  context.py     AttemptContext: the attempt's stop flag and events (JobContext's base)
+  served.py      ServedApp: what the worker needs of the App it serves (a Protocol)
   async_handlers.py  `async def` handlers on the runner's event loop
   capture.py     a job's stdout/stderr and log lines, kept with its attempt
   memory.py      the pool process's RSS cap
@@ -21,7 +22,8 @@
   metrics_server.py  Prometheus exposition and the `--metrics-port` HTTP server
 
 May import coordinator, chains and everything below (jobtypes, flow, store, broker, records,
-errors, config); never client, cli, web, bench, dev or testing (the App it serves is passed in).
+errors, config); never client, cli, web, bench, dev or testing (the App it serves is
+passed in, typed by served.py's Protocol).
 
 This package's `__init__` imports nothing, so that light modules (reload.py, testing)
 can import one of its modules without loading the others.

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, cast
 from hivejobs.errors import Interrupted
 
 if TYPE_CHECKING:
-    from hivejobs.worker.context import JobContext
+    from hivejobs.worker.context import AttemptContext
 
 _lock = threading.Lock()
 # (pid that made it, loop, its thread)
@@ -62,7 +62,7 @@ def process_loop() -> tuple[asyncio.AbstractEventLoop, threading.Thread]:
         return _loop[1], _loop[2]
 
 
-def call_handler(handler: Callable[..., object], ctx: JobContext, payload: object) -> object:
+def call_handler(handler: Callable[..., object], ctx: AttemptContext, payload: object) -> object:
     """The handler's return value; for `async def`, awaited on the process's loop."""
     if not is_async(handler):
         return handler(ctx, payload)
@@ -70,7 +70,7 @@ def call_handler(handler: Callable[..., object], ctx: JobContext, payload: objec
     return run_task(coroutine, ctx)
 
 
-def run_task(coroutine: Coroutine[Any, Any, object], ctx: JobContext) -> object:
+def run_task(coroutine: Coroutine[Any, Any, object], ctx: AttemptContext) -> object:
     """Run `coroutine` as a task on the process's loop and block this thread until it has
     ended (its `finally` blocks ran); a stop request cancels it. Called on that loop's own
     thread (an async handler that runs a job in place: hivejobs.testing's inline enqueue),

@@ -1,7 +1,9 @@
-"""JobContext: what a handler knows about the attempt it runs, and how it is told to stop.
+"""AttemptContext: what the worker knows of the attempt a handler runs, and how it is told to stop.
 
-Reaches its chain through the ChainStore it is handed (the pool process's own connection
-pool), never through the App's: a pool process opens no second pool for its handlers.
+The worker builds one per attempt through the served App's `job_context` (worker/served.py),
+which returns the public JobContext (client/app.py): this base holds what the worker
+reads and drives (identity, stop flag, logger, streamed events); the subclass adds what only
+a handler uses (the App, its chain, its batch). Never imports client/.
 """
 
 from __future__ import annotations
@@ -17,38 +19,26 @@ from hivejobs.records import ClaimedJob
 if TYPE_CHECKING:
     from loguru import Logger
 
-    from hivejobs.chains.context import ChainInfo, ChainView
-    from hivejobs.client.app import App
-    from hivejobs.client.batches import Batch
-    from hivejobs.store.chains import ChainStore
     from hivejobs.worker.streaming import EventSink
 
 
-class JobContext:
-    """Handed to every handler call: the attempt's identity, its stop flag, its chain.
+class AttemptContext:
+    """The attempt's identity, its stop flag and its event sink: the part of a handler's
+    JobContext the pool reads and drives.
 
     `stopping` is set when the worker shuts down, the job is cancelled, or its timeout passed:
     a long handler should check it and raise `hivejobs.Interrupted` (or return) promptly.
     Owns the stop flag (set from any pool thread: `request_stop` records the request before
-    the event exists, `stopping` sets the event after publishing it, so no request is lost)
-    and the chain view, loaded on first use. `app` is there for handlers that enqueue more
-    work; the chain view uses `chains`, the store of the process running the handler.
+    the event exists, `stopping` sets the event after publishing it, so no request is lost).
     """
 
-    def __init__(
-        self,
-        job: ClaimedJob,
-        app: App,
-        chains: ChainStore | None = None,
-        events: EventSink | None = None,
-    ) -> None:
+    def __init__(self, job: ClaimedJob, events: EventSink | None = None) -> None:
         self.job_id = job.id
         self.name = job.name
         self.attempt = job.attempt
         self.attempts = job.attempts
         self.priority = job.priority
         self.delivery = job.delivery
-        self.app = app
         self._stopping: threading.Event | None = None  # made on first use: most jobs never ask
         self._stop_requested = False
         # Why the stop was asked when it is the attempt's failure (the watchdog's timeout):
@@ -57,9 +47,6 @@ class JobContext:
         self._on_stop: Callable[[], object] | None = None
         self.cancelled = False
         self._logger: Logger | None = None
-        self._chains = chains
-        self._chain: ChainView | None = None
-        self._batch: tuple[Batch | None] | None = None  # looked up on first use
         self._events = events
 
     @property
@@ -106,43 +93,6 @@ class JobContext:
         if self._logger is None:
             self._logger = logger.bind(job_id=self.job_id, job_type=self.name, attempt=self.attempt)
         return self._logger
-
-    # -- chains: loaded on first use, so plain jobs never pay for them ------------------
-
-    @property
-    def chain(self) -> ChainInfo | None:
-        """The chain this job runs in (request id, args, key, try number); None if none."""
-        return self._chain_view().info
-
-    @property
-    def upstream(self) -> dict[str, object]:
-        """The results of this chain job's predecessors, by key ({} for a plain job)."""
-        return self._chain_view().upstream()
-
-    def set_status(self, text: str) -> None:
-        """A live status line for `hivejobs chain status` ("copied 40%"); plain jobs: no-op."""
-        self._chain_view().set_status(text)
-
-    @property
-    def batch(self) -> Batch | None:
-        """The batch this job belongs to (None if none), as a handle that may add jobs to it
-        while this job runs, even once the batch is sealed: `ctx.batch.enqueue(...)`."""
-        if self._batch is None:
-            self._batch = (self.app.job_batch(self.job_id),)
-        return self._batch[0]
-
-    def _chain_view(self) -> ChainView:
-        if self._chain is None:
-            from hivejobs.chains.context import ChainView
-            from hivejobs.store.chains import ChainStore
-
-            # Without a store of its own (hivejobs.testing runs handlers in the caller's
-            # process), the App's: it is the only one there.
-            chains = (
-                self._chains if self._chains is not None else ChainStore(self.app.connections.store)
-            )
-            self._chain = ChainView(chains, self.job_id, self.app.job_type)
-        return self._chain
 
     # -- streamed events (worker/streaming.py: the bounds and the rates) ----------------
 

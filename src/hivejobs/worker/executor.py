@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from loguru import Logger
 
     from hivejobs.jobtypes import JobType
-    from hivejobs.worker.context import JobContext
+    from hivejobs.worker.context import AttemptContext
 
 MSG_STARTED = "{job_type}[{job_id}] started"
 MSG_SUCCEEDED = "{job_type}[{job_id}] succeeded in {elapsed_s:.3f} s"
@@ -86,7 +86,7 @@ def handler_traceback(exc: BaseException) -> str:
 def execute(
     jt: JobType,
     job: ClaimedJob,
-    ctx: JobContext,
+    ctx: AttemptContext,
     *,
     max_result_bytes: int,
     shutting_down: Callable[[], bool] = _never,
@@ -102,7 +102,7 @@ def execute(
 def _execute(
     jt: JobType,
     job: ClaimedJob,
-    ctx: JobContext,
+    ctx: AttemptContext,
     max_result_bytes: int,
     shutting_down: Callable[[], bool],
 ) -> Completion:
@@ -118,7 +118,7 @@ def _execute(
 async def execute_async(
     jt: JobType,
     job: ClaimedJob,
-    ctx: JobContext,
+    ctx: AttemptContext,
     *,
     max_result_bytes: int,
     shutting_down: Callable[[], bool] = _never,
@@ -135,7 +135,7 @@ async def execute_async(
 async def _execute_async(
     jt: JobType,
     job: ClaimedJob,
-    ctx: JobContext,
+    ctx: AttemptContext,
     max_result_bytes: int,
     shutting_down: Callable[[], bool],
 ) -> Completion:
@@ -181,7 +181,7 @@ class _Canceller:
             self.task.cancel()
 
 
-def _began(job: ClaimedJob, ctx: JobContext) -> float:
+def _began(job: ClaimedJob, ctx: AttemptContext) -> float:
     # DEBUG: at INFO, a line per job is the outcome's. A line costs the pool process ~40 us
     # of CPU (loguru's record, format and write), as much as the rest of a short job's own
     # bookkeeping.
@@ -200,7 +200,7 @@ def _encoded(result: object, max_result_bytes: int) -> bytes | None:
 def _raised(
     jt: JobType,
     job: ClaimedJob,
-    ctx: JobContext,
+    ctx: AttemptContext,
     exc: BaseException,
     max_result_bytes: int,
     shutting_down: Callable[[], bool],
@@ -243,7 +243,7 @@ def _raised(
 
 
 def _returned(
-    jt: JobType, job: ClaimedJob, ctx: JobContext, encoded: bytes | None, started: float
+    jt: JobType, job: ClaimedJob, ctx: AttemptContext, encoded: bytes | None, started: float
 ) -> Completion:
     """The Completion of an attempt whose handler returned."""
     names = {"job_type": job.name, "job_id": job.id}
@@ -263,7 +263,7 @@ def _returned(
 
 def failed(
     job: ClaimedJob,
-    ctx: JobContext,
+    ctx: AttemptContext,
     error: str,
     delay: float,
     max_result_bytes: int,

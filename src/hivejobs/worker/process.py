@@ -24,7 +24,6 @@ import redis
 from loguru import logger
 
 from hivejobs.broker import Broker
-from hivejobs.client.app import App
 from hivejobs.config import Settings
 from hivejobs.flow import Flow
 from hivejobs.jobtypes import JobType
@@ -41,6 +40,7 @@ from hivejobs.worker.loopwatch import LoopWatch
 from hivejobs.worker.memory import MemoryCap
 from hivejobs.worker.placement import store_size
 from hivejobs.worker.runner import Runners
+from hivejobs.worker.served import ServedApp
 from hivejobs.worker.shutdown import Shutdown, ShutdownReport, Stop, StopReason
 from hivejobs.worker.slots import Slots
 from hivejobs.worker.tasks import Tasks
@@ -58,7 +58,7 @@ class Lane:
 
     def __init__(
         self,
-        app: App,
+        app: ServedApp,
         jt: JobType,
         worker_id: str,
         settings: Settings,
@@ -185,7 +185,7 @@ class Pool:
 
     def __init__(
         self,
-        app: App,
+        app: ServedApp,
         jt: JobType | Sequence[JobType],
         worker_id: str | Sequence[str],
         settings: Settings,
@@ -383,7 +383,7 @@ class Pool:
 
 
 def run_pool(
-    app: App, name: str, types: Sequence[str], worker_ids: Sequence[str], settings: Settings
+    app: ServedApp, name: str, types: Sequence[str], worker_ids: Sequence[str], settings: Settings
 ) -> int:
     """The main function of a pool process: pool `name` running `types`."""
     return Pool(app, [app.types[t] for t in types], worker_ids, settings, name).run()

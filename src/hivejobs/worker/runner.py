@@ -15,7 +15,6 @@ import psycopg
 from loguru import logger
 
 from hivejobs.broker import Broker
-from hivejobs.client.app import App
 from hivejobs.config import Settings
 from hivejobs.failpoints import failpoint
 from hivejobs.jobtypes import JobType
@@ -26,10 +25,11 @@ from hivejobs.store import Store
 from hivejobs.store.chains import ChainStore, looks_like_try_id
 from hivejobs.worker.capture import Captured, capturing
 from hivejobs.worker.completer import Completer
-from hivejobs.worker.context import JobContext
+from hivejobs.worker.context import AttemptContext
 from hivejobs.worker.executor import execute, interrupted
 from hivejobs.worker.exits import fatal_on_error
 from hivejobs.worker.fetcher import Fetcher
+from hivejobs.worker.served import ServedApp
 from hivejobs.worker.slots import Slots
 from hivejobs.worker.streaming import EventSink
 
@@ -45,7 +45,7 @@ class Runners:
 
     def __init__(
         self,
-        app: App,
+        app: ServedApp,
         jt: JobType,
         settings: Settings,
         store: Store,
@@ -70,7 +70,7 @@ class Runners:
         self.completer = completer
         self.draining = draining  # Stop.draining
         self.log = logger.bind(pool=jt.name)
-        self.chains = ChainStore(store)  # stateless: one for every attempt's JobContext
+        self.chains = ChainStore(store)  # stateless: one for every attempt's context
         self.events = EventSink(store, broker)  # ctx.progress / ctx.emit of this lane's jobs
         self._threads: list[threading.Thread] = []
 
@@ -126,7 +126,7 @@ class Runners:
         self.completer.submit(interrupted(job, started=False, max_result_bytes=max_bytes))
 
     def _run_started(self, job: ClaimedJob) -> None:
-        ctx = JobContext(job, self.app, self.chains, self.events)
+        ctx = self.app.job_context(job, self.chains, self.events)
         entry = self.slots.started(job, ctx)
         began = time.monotonic()
         if looks_like_try_id(job.id):  # a chain try: its output goes to the job log
@@ -141,7 +141,7 @@ class Runners:
             failpoint("pool.before_completion_commit")
             self.completer.submit(completion)
 
-    def _execute(self, job: ClaimedJob, ctx: JobContext) -> Completion:
+    def _execute(self, job: ClaimedJob, ctx: AttemptContext) -> Completion:
         started = time.monotonic()
         completion = execute(
             self.jt,

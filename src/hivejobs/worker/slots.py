@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from hivejobs.records import ClaimedJob
-from hivejobs.worker.context import JobContext
+from hivejobs.worker.context import AttemptContext
 
 
 @dataclass
@@ -25,7 +25,7 @@ class Running:
     is then dropped, so that only one completion is ever written for the claim."""
 
     job: ClaimedJob
-    ctx: JobContext
+    ctx: AttemptContext
     started: float = field(default_factory=time.monotonic)
     abandoned: bool = False
 
@@ -145,7 +145,7 @@ class Slots:
 
     # -- running -------------------------------------------------------------------------
 
-    def started(self, job: ClaimedJob, ctx: JobContext) -> Running:
+    def started(self, job: ClaimedJob, ctx: AttemptContext) -> Running:
         entry = Running(job, ctx)
         with self.cond:
             self.running[job.id] = entry

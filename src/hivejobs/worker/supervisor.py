@@ -28,7 +28,6 @@ from setproctitle import setproctitle
 from hivejobs import tracing
 from hivejobs.broker import Broker
 from hivejobs.broker.hints import left_to_reconciler
-from hivejobs.client.app import App
 from hivejobs.config import Settings
 from hivejobs.coordinator.rescuer import rescue_isolated
 from hivejobs.embedded.process import parent_death_preexec
@@ -41,6 +40,7 @@ from hivejobs.store.schedules import ScheduleStore
 from hivejobs.worker.banner import banner
 from hivejobs.worker.exits import ChildExit
 from hivejobs.worker.placement import footprint, pool_groups
+from hivejobs.worker.served import ServedApp
 
 RESTART_BACKOFF_MAX_S = 30.0
 WAITING_EVERY_S = 5.0  # how often a stopping supervisor says what it still waits for
@@ -82,7 +82,7 @@ class Supervisor:
 
     def __init__(
         self,
-        app: App,
+        app: ServedApp,
         app_spec: str,
         settings: Settings,
         coordinator: bool = True,

@@ -32,7 +32,7 @@ from hivejobs.records import ClaimedJob, Completion
 from hivejobs.store.chains import looks_like_try_id
 from hivejobs.worker.async_handlers import process_loop
 from hivejobs.worker.capture import capturing
-from hivejobs.worker.context import JobContext
+from hivejobs.worker.context import AttemptContext
 from hivejobs.worker.executor import execute_async
 from hivejobs.worker.exits import ChildExit, fatal_on_error
 from hivejobs.worker.runner import Runners
@@ -158,7 +158,7 @@ class Tasks:
 
     async def _run_started(self, job: ClaimedJob) -> tuple[Running, Completion]:
         runners = self.runners
-        ctx = JobContext(job, runners.app, runners.chains, runners.events)
+        ctx = runners.app.job_context(job, runners.chains, runners.events)
         entry = self.slots.started(job, ctx)
         began = time.monotonic()
         if looks_like_try_id(job.id):  # a chain try: its output goes to the job log
@@ -172,7 +172,7 @@ class Tasks:
         runners.metrics.observe("run", job.name, time.monotonic() - began)
         return entry, completion
 
-    async def _execute(self, job: ClaimedJob, ctx: JobContext) -> Completion:
+    async def _execute(self, job: ClaimedJob, ctx: AttemptContext) -> Completion:
         runners = self.runners
         started = time.monotonic()
         completion = await execute_async(
