@@ -33,7 +33,8 @@ def measure(tree: str) -> dict[str, float]:
     import hivejobs
     from hivejobs import App
     from hivejobs.client import aio
-    from hivejobs.records import Inserted, Push
+    from hivejobs.records.dispatch import Push
+    from hivejobs.records.jobs import Inserted
 
     if not hivejobs.__file__ or not hivejobs.__file__.startswith(tree):
         raise SystemExit(f"imported {hivejobs.__file__}, not {tree}'s")

@@ -36,7 +36,9 @@ from hivejobs.errors import (
     WaitTimeout,
 )
 from hivejobs.jobtypes import Backoff, Fail, Retry
-from hivejobs.records import BatchDone, BatchStatus, JobEvent, JobInfo, JobState
+from hivejobs.records.batches import BatchDone, BatchStatus
+from hivejobs.records.events import JobEvent
+from hivejobs.records.jobs import JobInfo, JobState
 
 logger.disable("hivejobs")
 

@@ -30,7 +30,7 @@ from typing import Literal
 import msgspec
 
 from hivejobs.errors import InvalidArgument, InvalidJobType, PayloadInvalid
-from hivejobs.records import DebounceClaim
+from hivejobs.records.jobs import DebounceClaim
 from hivejobs.serialization import PayloadCodec, decode_json
 
 MODES = ("window", "debounce", "coalesce")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import unicodedata
 
-from hivejobs.records import JobEvent
+from hivejobs.records.events import JobEvent
 
 # Controls (ESC, newline, DEL...), format characters (RTL override, zero-width), line and
 # paragraph separators, and lone surrogates (undecodable bytes).

@@ -43,7 +43,7 @@ from dataclasses import dataclass
 
 from hivejobs.broker import Broker, Popped
 from hivejobs.errors import InvalidArgument, InvalidJobType
-from hivejobs.records import ClaimedJob
+from hivejobs.records.jobs import ClaimedJob
 from hivejobs.store import Conn, Store
 from hivejobs.store.flow import (
     Bucket,

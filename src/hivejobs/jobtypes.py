@@ -29,7 +29,7 @@ from hivejobs.errors import (
     JobIdConflict,
     PayloadInvalid,
 )
-from hivejobs.records import (
+from hivejobs.records.jobs import (
     JOB_TYPE_NAME_RE,
     PRIORITIES,
     Delivery,

@@ -27,7 +27,7 @@ from loguru import logger
 
 from hivejobs.broker import Broker
 from hivejobs.logs import error_fields
-from hivejobs.records import ClaimedJob, Completion
+from hivejobs.records.jobs import ClaimedJob, Completion
 
 BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
 THROUGHPUT_TTL_S = 2 * 3600

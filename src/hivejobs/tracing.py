@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 from loguru import logger
 
-from hivejobs.records import ClaimedJob, Completion, NewJob
+from hivejobs.records.jobs import ClaimedJob, Completion, NewJob
 
 if TYPE_CHECKING:
     from opentelemetry.context import Context

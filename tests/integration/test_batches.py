@@ -25,7 +25,7 @@ from hivejobs import (
     JobContext,
     PayloadInvalid,
 )
-from hivejobs.records import Completion
+from hivejobs.records.jobs import Completion
 from hivejobs.store import new_worker_id
 from hivejobs.testing import drain
 from tests.harness import sql, wait_until

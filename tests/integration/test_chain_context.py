@@ -7,7 +7,7 @@ from collections.abc import Callable
 import psycopg
 
 from hivejobs import App, Chain, JobContext
-from hivejobs.records import ClaimedJob
+from hivejobs.records.jobs import ClaimedJob
 from hivejobs.store import Store
 from hivejobs.store.chains import ChainStore
 

@@ -75,7 +75,7 @@ def test_jobs_marks_types_without_a_live_pool_and_lists_json(
     for name in ("served", "orphan"):
         cli_env.job(name)(lambda ctx, payload: None)
     store = cli_env.connections.store
-    from hivejobs.records import JobTypeInfo  # the fleet declares its types at start
+    from hivejobs.records.jobs import JobTypeInfo
 
     store.upsert_job_types(
         [

@@ -16,7 +16,7 @@ from hivejobs.coordinator.elector import Elector
 from hivejobs.coordinator.gauges import Gauges
 from hivejobs.coordinator.reconciler import MSG_KEY_ACCEPTED, MSG_KEY_REFUSED, Reconciler
 from hivejobs.coordinator.rescuer import Rescuer
-from hivejobs.records import Lease
+from hivejobs.records.dispatch import Lease
 from hivejobs.store import new_worker_id
 from tests.harness import sql
 

@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 
 from hivejobs import App
-from hivejobs.records import ClaimedJob, Completion, Lease, Outcome, Push
+from hivejobs.records.dispatch import Lease, Push
+from hivejobs.records.jobs import ClaimedJob, Completion, Outcome
 from hivejobs.store import new_worker_id
 from tests.harness import sql
 

@@ -10,7 +10,7 @@ import pytest
 
 from hivejobs import App, Chain, ChainInvalid, PayloadInvalid, UnknownJobType
 from hivejobs.flow import SLOT_POLL_S, Flow, Limits
-from hivejobs.records import ClaimedJob, Completion
+from hivejobs.records.jobs import ClaimedJob, Completion
 from hivejobs.store import new_worker_id
 from hivejobs.store.flow import FlowState, FlowStore, Room
 from tests.harness import sql

@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 from hivejobs import App
 from hivejobs.flow import SLOT_POLL_S, Flow, Limits
-from hivejobs.records import ClaimedJob, Completion
+from hivejobs.records.jobs import ClaimedJob, Completion
 from hivejobs.store import new_worker_id
 from hivejobs.store.archive import prune_archive
 from tests.harness import sql, wait_until

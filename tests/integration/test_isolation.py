@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 from hivejobs import App
 from hivejobs.coordinator.rescuer import rescue_isolated
-from hivejobs.records import ClaimedJob, Completion
+from hivejobs.records.jobs import ClaimedJob, Completion
 from hivejobs.store import new_worker_id
 from hivejobs.worker.completer import Completer
 from tests.harness import sql

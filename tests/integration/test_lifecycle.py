@@ -27,7 +27,7 @@ from hivejobs import (
     Retry,
 )
 from hivejobs.coordinator.promoter import Promoter, PromoteResult
-from hivejobs.records import Lease
+from hivejobs.records.dispatch import Lease
 from hivejobs.store import new_worker_id
 from hivejobs.worker.process import Pool
 from tests.harness import wait_until

@@ -30,7 +30,7 @@ import psycopg
 import pytest
 
 from hivejobs.coordinator import Coordinator
-from hivejobs.records import Completion
+from hivejobs.records.jobs import Completion
 from hivejobs.store import PREPARED_PLANS, QUERIES, Store, new_worker_id
 from hivejobs.store.jobs import archive_rows
 from hivejobs.store.session_settings import connect_kwargs

@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 from hivejobs import App, JobContext, JobEvent
 from hivejobs.client.app import JobContext as Context
-from hivejobs.records import ClaimedJob
+from hivejobs.records.jobs import ClaimedJob
 from hivejobs.worker.streaming import EventSink
 from tests.harness import free_port
 

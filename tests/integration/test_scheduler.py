@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 
 from hivejobs import App, JobContext
 from hivejobs.coordinator.scheduler import Scheduler, _tick_job
-from hivejobs.records import Lease
+from hivejobs.records.dispatch import Lease
 from hivejobs.schedules import due_ticks
 from hivejobs.store import new_worker_id
 from hivejobs.store.schedules import ScheduleStore

@@ -19,7 +19,7 @@ from hivejobs.coordinator.gauges import Gauges
 from hivejobs.coordinator.sequencer import Sequencer
 from hivejobs.errors import ChainInvalid, InvalidJobType, PayloadInvalid
 from hivejobs.flow import Flow
-from hivejobs.records import ClaimedJob, Completion, Outcome
+from hivejobs.records.jobs import ClaimedJob, Completion, Outcome
 from hivejobs.store import new_worker_id
 from hivejobs.worker.completer import Completer
 from tests.harness import sql, wait_until

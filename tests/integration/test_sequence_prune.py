@@ -12,7 +12,7 @@ import psycopg
 
 from hivejobs import App
 from hivejobs.coordinator.pruner import Pruner
-from hivejobs.records import ClaimedJob, Completion, Outcome
+from hivejobs.records.jobs import ClaimedJob, Completion, Outcome
 from hivejobs.store import new_worker_id
 from hivejobs.store.sequence import SequenceStore
 from tests.harness import sql, wait_until

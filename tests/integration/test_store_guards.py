@@ -13,7 +13,7 @@ from collections.abc import Callable
 import psycopg
 
 from hivejobs import App
-from hivejobs.records import Lease, Push
+from hivejobs.records.dispatch import Lease, Push
 from hivejobs.store import new_worker_id
 from hivejobs.store.callbacks import CallbackStore
 from hivejobs.store.notify import Heard, Listener, dispatch_payloads

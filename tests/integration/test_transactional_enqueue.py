@@ -18,7 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 from sqlalchemy.orm import Session
 
 from hivejobs import App, Chain, InvalidArgument, JobIdConflict, JobNotFound, PayloadInvalid
-from hivejobs.records import Push
+from hivejobs.records.dispatch import Push
 from hivejobs.store.notify import dispatch_payloads, parse_dispatch
 from tests.harness import sql
 from tests.integration.test_enqueue import (

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from hivejobs.records import JobTypeInfo
+from hivejobs.records.jobs import JobTypeInfo
 from hivejobs.store import Store
 from tests.harness import REDIS_URL, Instance, sql, wait_until
 from tests.process.cli import cli_env, hivejobs

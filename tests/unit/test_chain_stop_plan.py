@@ -7,8 +7,8 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from hivejobs.chain_records import ChainJobState, ChainState
 from hivejobs.coordinator.traverser import plan_chain
+from hivejobs.records.chains import ChainJobState, ChainState
 from hivejobs.store.traversal import FinishedTry, JobRow, Snapshot
 
 NOW = datetime(2026, 12, 3, 12, 0, tzinfo=UTC)

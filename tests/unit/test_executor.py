@@ -12,7 +12,7 @@ import pytest
 from hivejobs import App, Interrupted, JobContext, Retry
 from hivejobs.client.app import JobContext as Ctx
 from hivejobs.jobtypes import Backoff, Fail, JobType
-from hivejobs.records import ClaimedJob, Completion, Delivery
+from hivejobs.records.jobs import ClaimedJob, Completion, Delivery
 from hivejobs.worker.executor import execute, execute_async
 
 

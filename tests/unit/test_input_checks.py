@@ -11,7 +11,7 @@ from hivejobs import App, ChainInvalid, ConfigError, InvalidArgument, InvalidJob
 from hivejobs.chains import Chain
 from hivejobs.config import settings_from_env
 from hivejobs.display import escape
-from hivejobs.records import Push
+from hivejobs.records.dispatch import Push
 from hivejobs.store.notify import parse_dispatch
 from hivejobs.urls import redact_url, scrub, url_secrets
 

@@ -11,7 +11,8 @@ import msgspec
 import pytest
 
 from hivejobs import App, InvalidArgument, JobContext
-from hivejobs.records import ClaimedJob, JobEvent
+from hivejobs.records.events import JobEvent
+from hivejobs.records.jobs import ClaimedJob
 from hivejobs.worker.streaming import (
     EMIT_BURST,
     EMIT_PER_S,

@@ -15,7 +15,9 @@ from hivejobs.broker import Broker
 from hivejobs.config import Settings
 from hivejobs.errors import ConfigError
 from hivejobs.metrics import BUCKETS, Recorder, _bucket
-from hivejobs.records import ChainJobState, ChainJobStatus, ClaimedJob, Completion, WorkerInfo
+from hivejobs.records.chains import ChainJobState, ChainJobStatus
+from hivejobs.records.fleet import WorkerInfo
+from hivejobs.records.jobs import ClaimedJob, Completion
 from hivejobs.store.dashboard import EPOCH, FAR_FUTURE, decode_cursor, encode_cursor
 from hivejobs.web.auth import Sessions, Throttle, Tokens, bearer, check_tokens, parse_tokens
 from hivejobs.web.render import dag

@@ -12,7 +12,7 @@ import pytest
 
 from hivejobs.batching import Batcher, coalesce_window
 from hivejobs.client.app import App, JobContext
-from hivejobs.records import ClaimedJob, Delivery
+from hivejobs.records.jobs import ClaimedJob, Delivery
 from hivejobs.worker.async_handlers import new_loop
 from hivejobs.worker.completer import COALESCE_GAP_S, COALESCE_MAX_S, COALESCE_TO
 from hivejobs.worker.executor import interrupted

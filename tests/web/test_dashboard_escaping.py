@@ -14,7 +14,7 @@ from typing import Any
 from urllib.parse import quote
 
 from hivejobs import App
-from hivejobs.records import Completion
+from hivejobs.records.jobs import Completion
 from hivejobs.store import new_worker_id
 from tests.web.conftest import ADMIN, Server
 from tests.web.test_dashboard import browser  # noqa: F401 - the fixture

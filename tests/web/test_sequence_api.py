@@ -9,7 +9,7 @@ from collections.abc import Callable
 import httpx
 
 from hivejobs import App
-from hivejobs.records import Completion
+from hivejobs.records.jobs import Completion
 from hivejobs.store import new_worker_id
 from tests.process.cli import cli_env, hivejobs
 from tests.web.conftest import READER, Server

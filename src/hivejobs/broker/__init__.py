@@ -48,7 +48,8 @@ from hivejobs.broker.clients import AsyncClient, Client, async_client, sync_clie
 from hivejobs.broker.hints import left_to_reconciler
 from hivejobs.config import Settings, redact_url, scrub, url_secrets
 from hivejobs.errors import ConnectionFailed
-from hivejobs.records import PRIORITIES, JobEvent
+from hivejobs.records.events import JobEvent
+from hivejobs.records.jobs import PRIORITIES
 
 MAX_ID_LENGTH = 255
 PUSH_BATCH = 10_000  # ids per pipeline from the Pusher

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from hivejobs.chains.validate import JobSpec
 from hivejobs.errors import ChainInvalid, PayloadInvalid, PayloadTooLarge, UnknownJobType
-from hivejobs.records import PRIORITIES
+from hivejobs.records.jobs import PRIORITIES
 
 if TYPE_CHECKING:
     from hivejobs.jobtypes import JobTypeSpec

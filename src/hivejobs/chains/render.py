@@ -11,8 +11,8 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from graphlib import TopologicalSorter
 
-from hivejobs.chain_records import ChainJobStatus, ChainStatus
 from hivejobs.display import escape
+from hivejobs.records.chains import ChainJobStatus, ChainStatus
 
 _MARK = {
     "pending": " ",

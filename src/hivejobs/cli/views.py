@@ -10,9 +10,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import UTC, datetime
 
-from hivejobs.chain_records import ChainSummary, JobLogEntry, RunningTry
 from hivejobs.display import escape, exception_line
-from hivejobs.records import BatchStatus, JobSummary
+from hivejobs.records.batches import BatchStatus
+from hivejobs.records.chains import ChainSummary, JobLogEntry, RunningTry
+from hivejobs.records.jobs import JobSummary
 from hivejobs.store.sequence import KeyState
 
 

@@ -34,7 +34,7 @@ from hivejobs.client.streaming import Streams
 from hivejobs.config import settings_from_env
 from hivejobs.errors import UsageError
 from hivejobs.jobtypes import JobTypeSpec, check_id
-from hivejobs.records import ClaimedJob, JobInfo, JobPage
+from hivejobs.records.jobs import ClaimedJob, JobInfo, JobPage
 from hivejobs.worker.context import AttemptContext
 
 if TYPE_CHECKING:

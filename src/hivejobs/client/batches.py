@@ -31,7 +31,7 @@ from hivejobs.errors import (
     UnknownJobType,
 )
 from hivejobs.jobtypes import JobTypeSpec, check_priority
-from hivejobs.records import BatchDone, BatchStatus
+from hivejobs.records.batches import BatchDone, BatchStatus
 from hivejobs.serialization import encode_json
 from hivejobs.store.batches import FAILURES_SHOWN, AsyncBatchStore, BatchStore
 

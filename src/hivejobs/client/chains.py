@@ -36,7 +36,7 @@ from hivejobs.errors import (
     InvalidArgument,
 )
 from hivejobs.logs import error_fields
-from hivejobs.records import (
+from hivejobs.records.chains import (
     ChainJobStatus,
     ChainQuery,
     ChainState,

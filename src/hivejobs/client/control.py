@@ -18,7 +18,8 @@ from hivejobs.flow import pause_type, paused_types, resume_type, scale_type, typ
 from hivejobs.jobtypes import check_id
 from hivejobs.logs import error_fields
 from hivejobs.metrics import record_callback
-from hivejobs.records import Replayed, TypeFlow
+from hivejobs.records.fleet import TypeFlow
+from hivejobs.records.jobs import Replayed
 from hivejobs.serialization import storable_text
 from hivejobs.store.fair import FairStore, KeyCount
 from hivejobs.store.sequence import KeyState, SequenceStore

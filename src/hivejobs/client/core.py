@@ -21,7 +21,7 @@ from hivejobs.client.enqueue import AsyncSide, Side, SyncSide
 from hivejobs.errors import JobNotFound, UnknownJobType
 from hivejobs.jobtypes import JobType, JobTypeSpec, declared_type
 from hivejobs.payload_schema import RemoteSchemas
-from hivejobs.records import JobInfo, JobTypeInfo
+from hivejobs.records.jobs import JobInfo, JobTypeInfo
 from hivejobs.serialization import decode_json
 
 if TYPE_CHECKING:

@@ -27,7 +27,8 @@ from hivejobs.broker.fair import place
 from hivejobs.broker.hints import left_to_reconciler
 from hivejobs.client.integrations import adriver_connection, driver_connection
 from hivejobs.failpoints import failpoint
-from hivejobs.records import Inserted, NewJob, Push
+from hivejobs.records.dispatch import Push
+from hivejobs.records.jobs import Inserted, NewJob
 from hivejobs.store.batches import AsyncBatchStore, BatchStore
 from hivejobs.store.enqueue import owns_transaction
 

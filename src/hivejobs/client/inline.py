@@ -30,7 +30,8 @@ from hivejobs.errors import (
     JobNotFound,
     UnknownJobType,
 )
-from hivejobs.records import ClaimedJob, Inserted, JobInfo, JobState, NewJob, Outcome, Push
+from hivejobs.records.dispatch import Push
+from hivejobs.records.jobs import ClaimedJob, Inserted, JobInfo, JobState, NewJob, Outcome
 from hivejobs.serialization import decode_json
 from hivejobs.worker.executor import execute
 

@@ -14,7 +14,7 @@ from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, get_args
 
 from hivejobs.errors import InvalidArgument
-from hivejobs.records import JobInfo, JobPage, JobState
+from hivejobs.records.jobs import JobInfo, JobPage, JobState
 from hivejobs.store.archive import list_jobs as store_list_jobs
 
 if TYPE_CHECKING:

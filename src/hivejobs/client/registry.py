@@ -28,7 +28,7 @@ from hivejobs.jobtypes import (
     check_priority,
 )
 from hivejobs.jobtypes import Unique as UniqueWindow
-from hivejobs.records import Delivery, JobState
+from hivejobs.records.jobs import Delivery, JobState
 from hivejobs.schedules import Schedule, check_cron
 from hivejobs.sequence import checked_sequence
 from hivejobs.serialization import PayloadCodec

@@ -31,7 +31,8 @@ from hivejobs.client.waiting import POLL_S, JobReader, checked_timeout, listen_u
 from hivejobs.errors import WaitTimeout
 from hivejobs.jobtypes import check_id
 from hivejobs.logs import error_fields
-from hivejobs.records import TERMINAL_STATES, JobEvent, JobInfo
+from hivejobs.records.events import JobEvent
+from hivejobs.records.jobs import TERMINAL_STATES, JobInfo
 from hivejobs.store.progress import get_progress
 from hivejobs.store.waits import AsyncWatch, Watch
 

@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Protocol
 
 from hivejobs.errors import InvalidArgument, WaitTimeout
-from hivejobs.records import TERMINAL_STATES, JobInfo
+from hivejobs.records.jobs import TERMINAL_STATES, JobInfo
 from hivejobs.store.waits import AsyncWatch, Watch
 
 if TYPE_CHECKING:

@@ -41,7 +41,7 @@ from hivejobs.coordinator.service import Service
 from hivejobs.coordinator.traverser import Traverser
 from hivejobs.failpoints import failpoint
 from hivejobs.logs import error_fields
-from hivejobs.records import Lease
+from hivejobs.records.dispatch import Lease
 from hivejobs.store import PREPARED_PLANS, Store
 
 __all__ = ["Coordinator", "listen_url", "run_coordinator"]

@@ -12,7 +12,7 @@ from loguru import logger
 
 from hivejobs.broker import Broker
 from hivejobs.metrics import bump
-from hivejobs.records import Lease
+from hivejobs.records.dispatch import Lease
 from hivejobs.store import Store
 from hivejobs.store.callbacks import CallbackStore
 

@@ -12,7 +12,7 @@ from loguru import logger
 
 from hivejobs.config import Settings
 from hivejobs.logs import error_fields
-from hivejobs.records import Lease
+from hivejobs.records.dispatch import Lease
 from hivejobs.store import Store
 
 

@@ -21,7 +21,7 @@ from hivejobs.config import Settings
 from hivejobs.coordinator.traverser import Traverser
 from hivejobs.errors import ConnectionFailed
 from hivejobs.logs import error_fields
-from hivejobs.records import Lease, Push
+from hivejobs.records.dispatch import Lease, Push
 from hivejobs.store.notify import Heard, Listener
 
 MSG_BAD_DISPATCH = "malformed dispatch notifications ignored (the first is shown)"

@@ -15,7 +15,7 @@ from loguru import logger
 
 from hivejobs.config import Settings
 from hivejobs.logs import error_fields
-from hivejobs.records import Lease
+from hivejobs.records.dispatch import Lease
 from hivejobs.store import Store
 
 STALL_S = 3.0  # the loop ticks every fraction of a second; a longer gap is a stall

@@ -8,7 +8,7 @@ import time
 
 from loguru import logger
 
-from hivejobs.records import Lease
+from hivejobs.records.dispatch import Lease
 from hivejobs.store import Store
 from hivejobs.store.archive import nonzero_gauge_types
 from hivejobs.store.sequence import SequenceStore

@@ -11,7 +11,7 @@ import time
 import msgspec
 
 from hivejobs.broker import Broker
-from hivejobs.records import Lease
+from hivejobs.records.dispatch import Lease
 from hivejobs.store import Store
 
 BATCH = 10_000

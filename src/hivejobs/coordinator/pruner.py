@@ -22,7 +22,7 @@ import psycopg
 from loguru import logger
 
 from hivejobs.logs import error_fields
-from hivejobs.records import Lease
+from hivejobs.records.dispatch import Lease
 from hivejobs.store import Store
 from hivejobs.store.archive import PRUNE_BATCH, prune_archive
 from hivejobs.store.batches import prune_batches

@@ -35,7 +35,7 @@ from hivejobs.broker import Broker, KeyRefused
 from hivejobs.broker.fair import key_heads
 from hivejobs.failpoints import failpoint
 from hivejobs.logs import error_fields
-from hivejobs.records import KeyedQueued, Lease, Push
+from hivejobs.records.dispatch import KeyedQueued, Lease, Push
 from hivejobs.store import Store
 
 BATCH = 10_000

@@ -19,7 +19,7 @@ from hivejobs.config import Settings
 from hivejobs.failpoints import failpoint
 from hivejobs.logs import error_fields
 from hivejobs.metrics import bump
-from hivejobs.records import Lease, Rescued
+from hivejobs.records.dispatch import Lease, Rescued
 from hivejobs.store import Store, is_data_error
 
 MSG_RESCUE_UNWRITABLE = "claims of a dead process cannot be rescued; other processes' can"

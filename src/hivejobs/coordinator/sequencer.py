@@ -15,7 +15,7 @@ from __future__ import annotations
 from loguru import logger
 
 from hivejobs.broker import Broker
-from hivejobs.records import Lease
+from hivejobs.records.dispatch import Lease
 from hivejobs.store import Store
 from hivejobs.store.sequence import SequenceStore
 

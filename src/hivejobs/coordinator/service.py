@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from hivejobs.records import Lease
+from hivejobs.records.dispatch import Lease
 
 
 class Service(Protocol):

@@ -25,9 +25,9 @@ from loguru import logger
 
 from hivejobs.broker import Broker
 from hivejobs.broker.hints import left_to_reconciler
-from hivejobs.chain_records import ChainJobState, JobLogState
 from hivejobs.failpoints import failpoint
-from hivejobs.records import Lease
+from hivejobs.records.chains import ChainJobState, JobLogState
+from hivejobs.records.dispatch import Lease
 from hivejobs.store import Store
 from hivejobs.store.chains import try_id
 from hivejobs.store.traversal import (

@@ -14,7 +14,9 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from hivejobs.errors import ConnectionFailed
-from hivejobs.records import Inserted, JobEvent, NewJob, Push
+from hivejobs.records.dispatch import Push
+from hivejobs.records.events import JobEvent
+from hivejobs.records.jobs import Inserted, NewJob
 from hivejobs.store.chains import create_chain_plan
 from hivejobs.store.db import SCHEMA
 from hivejobs.store.enqueue import (

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from psycopg.rows import dict_row
 
-from hivejobs.records import JobSummary
+from hivejobs.records.jobs import JobSummary
 from hivejobs.store.dashboard import job_summary
 from hivejobs.store.sql import load_queries
 

@@ -21,7 +21,9 @@ import psycopg
 from psycopg.rows import dict_row
 
 from hivejobs.errors import BatchClosed, BatchNotFound
-from hivejobs.records import BatchFailure, BatchState, BatchStatus, Inserted, NewJob, Push
+from hivejobs.records.batches import BatchFailure, BatchState, BatchStatus
+from hivejobs.records.dispatch import Push
+from hivejobs.records.jobs import Inserted, NewJob
 from hivejobs.serialization import decode_json
 from hivejobs.store.db import SCHEMA, db_now
 from hivejobs.store.enqueue import (

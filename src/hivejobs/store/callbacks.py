@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 import msgspec
 import psycopg
 
-from hivejobs.records import Completion, Lease
+from hivejobs.records.dispatch import Lease
+from hivejobs.records.jobs import Completion
 from hivejobs.store.leases import hold_lease
 from hivejobs.store.sql import load_queries
 

@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from psycopg.errors import DeadlockDetected
 from psycopg.rows import dict_row
 
-from hivejobs.chain_records import ChainJobState, ChainQuery
-from hivejobs.records import Completion
+from hivejobs.records.chains import ChainJobState, ChainQuery
+from hivejobs.records.jobs import Completion
 from hivejobs.store.enqueue import caller_savepoint, owns_transaction
 from hivejobs.store.sql import Steps, load_queries, run_plan
 from hivejobs.urls import scrub_known

@@ -14,7 +14,8 @@ import msgspec
 from psycopg.rows import class_row, dict_row
 
 from hivejobs.display import exception_line
-from hivejobs.records import ChainSummary, JobSummary
+from hivejobs.records.chains import ChainSummary
+from hivejobs.records.jobs import JobSummary
 from hivejobs.store.sql import load_queries
 
 if TYPE_CHECKING:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from hivejobs.records import DebounceClaim, Inserted, NewJob
+from hivejobs.records.jobs import DebounceClaim, Inserted, NewJob
 from hivejobs.store.sql import Steps, load_queries
 
 DEBOUNCE = load_queries("debounce.sql")

@@ -15,7 +15,7 @@ import msgspec
 import psycopg
 from psycopg.rows import class_row
 
-from hivejobs.records import ClaimedJob
+from hivejobs.records.jobs import ClaimedJob
 from hivejobs.store.sql import load_queries
 
 if TYPE_CHECKING:

@@ -14,18 +14,9 @@ from typing import Any
 import msgspec
 from psycopg.rows import class_row
 
-from hivejobs.records import (
-    ClaimedJob,
-    Completion,
-    HeldClaim,
-    Inserted,
-    JobRef,
-    JobTypeInfo,
-    NewJob,
-    Push,
-    Requeued,
-    TypeCounts,
-)
+from hivejobs.records.dispatch import HeldClaim, JobRef, Push, Requeued
+from hivejobs.records.fleet import TypeCounts
+from hivejobs.records.jobs import ClaimedJob, Completion, Inserted, JobTypeInfo, NewJob
 from hivejobs.store.callbacks import await_callbacks, cancel_awaiting_callback
 from hivejobs.store.chains import suspend_chain_tries
 from hivejobs.store.db import Conn, Database, db_now

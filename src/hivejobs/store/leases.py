@@ -15,7 +15,7 @@ from contextlib import contextmanager
 
 from psycopg.rows import class_row
 
-from hivejobs.records import Lease, LeaseInfo
+from hivejobs.records.dispatch import Lease, LeaseInfo
 from hivejobs.store.db import Conn, Database
 from hivejobs.store.sql import load_queries
 

@@ -16,7 +16,7 @@ from datetime import datetime
 import psycopg.sql
 from psycopg.rows import class_row
 
-from hivejobs.records import KeyedQueued, Lease, OldestQueued, Push, QueuedEntry
+from hivejobs.records.dispatch import KeyedQueued, Lease, OldestQueued, Push, QueuedEntry
 from hivejobs.store.db import Conn, connect
 from hivejobs.store.leases import Leases
 from hivejobs.store.sql import load_queries

@@ -17,7 +17,8 @@ from typing import Any
 import msgspec
 import psycopg
 
-from hivejobs.records import JOB_TYPE_NAME_RE, PRIORITIES, Push
+from hivejobs.records.dispatch import Push
+from hivejobs.records.jobs import JOB_TYPE_NAME_RE, PRIORITIES
 from hivejobs.store.db import connect
 from hivejobs.store.sql import load_queries
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from hivejobs.records import JobEvent
+from hivejobs.records.events import JobEvent
 
 if TYPE_CHECKING:
     from hivejobs.store import Store

@@ -12,7 +12,9 @@ from typing import TYPE_CHECKING
 
 from psycopg.rows import class_row
 
-from hivejobs.records import Lease, NewJob, Push, Schedule, ScheduleState
+from hivejobs.records.dispatch import Lease, Push
+from hivejobs.records.fleet import Schedule, ScheduleState
+from hivejobs.records.jobs import NewJob
 from hivejobs.store.db import db_now
 from hivejobs.store.enqueue import insert_plan
 from hivejobs.store.leases import hold_lease

@@ -16,7 +16,8 @@ import msgspec
 import psycopg
 from psycopg.rows import class_row
 
-from hivejobs.records import ClaimedJob, NewJob, Requeued
+from hivejobs.records.dispatch import Requeued
+from hivejobs.records.jobs import ClaimedJob, NewJob
 from hivejobs.store.sql import load_queries
 
 if TYPE_CHECKING:

@@ -15,8 +15,9 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal
 
-from hivejobs.chain_records import ChainJobState, ChainState, JobLogState
-from hivejobs.records import Delivery, Lease, Push, TerminalState
+from hivejobs.records.chains import ChainJobState, ChainState, JobLogState
+from hivejobs.records.dispatch import Lease, Push
+from hivejobs.records.jobs import Delivery, TerminalState
 from hivejobs.store.chains import CHAIN_QUERIES
 from hivejobs.store.leases import LEASES
 from hivejobs.store.sql import load_queries

@@ -12,7 +12,8 @@ import uuid
 
 from psycopg.rows import class_row
 
-from hivejobs.records import JobRef, Lease, Push, Rescued, WorkerInfo
+from hivejobs.records.dispatch import JobRef, Lease, Push, Rescued
+from hivejobs.records.fleet import WorkerInfo
 from hivejobs.store.db import Database
 from hivejobs.store.leases import hold_lease
 from hivejobs.store.sql import load_queries

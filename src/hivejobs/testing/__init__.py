@@ -32,7 +32,7 @@ import msgspec
 from hivejobs.client.app import App, JobContext
 from hivejobs.errors import DrainIncomplete, UnknownJobType
 from hivejobs.jobtypes import JobType
-from hivejobs.records import PRIORITIES, ClaimedJob, Completion, Outcome
+from hivejobs.records.jobs import PRIORITIES, ClaimedJob, Completion, Outcome
 from hivejobs.serialization import decode_json
 from hivejobs.store import new_worker_id
 from hivejobs.worker.executor import execute

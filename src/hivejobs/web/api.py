@@ -20,7 +20,7 @@ from hivejobs.chains import Chain
 from hivejobs.chains.builder import ChainFile
 from hivejobs.client.app import App
 from hivejobs.errors import ChainAlreadyFinished, HivejobsError, JobAlreadyFinished, JobNotFound
-from hivejobs.records import JobInfo
+from hivejobs.records.jobs import JobInfo
 from hivejobs.store.dashboard import DashboardStore, ListName
 from hivejobs.web.auth import SIGNATURE_HEADER, Tokens
 from hivejobs.web.errors import ERROR_RESPONSES

@@ -15,7 +15,7 @@ from litestar.params import FromPath, Parameter
 from litestar.response import Template
 
 from hivejobs.client.app import App
-from hivejobs.records import BatchStatus
+from hivejobs.records.batches import BatchStatus
 from hivejobs.store.batches import BatchStore
 from hivejobs.web import render
 from hivejobs.web.errors import ERROR_RESPONSES

@@ -22,7 +22,7 @@ from litestar.response import Redirect, Template
 
 from hivejobs.client.app import App
 from hivejobs.errors import JobNotFound
-from hivejobs.records import ChainJobStatus
+from hivejobs.records.chains import ChainJobStatus
 from hivejobs.store.dashboard import DashboardStore, ListName
 from hivejobs.store.flow import FlowStore
 from hivejobs.store.sequence import SequenceStore

@@ -22,7 +22,7 @@ from litestar.response import ServerSentEvent, ServerSentEventMessage
 
 from hivejobs.client.app import App
 from hivejobs.errors import JobNotFound
-from hivejobs.records import JobEvent
+from hivejobs.records.events import JobEvent
 from hivejobs.web.errors import ERROR_RESPONSES
 
 PING_S = 15.0

@@ -32,7 +32,8 @@ from markupsafe import Markup
 
 from hivejobs.chains.render import layers
 from hivejobs.display import exception_line, progress_text
-from hivejobs.records import TERMINAL_STATES, ChainJobStatus
+from hivejobs.records.chains import ChainJobStatus
+from hivejobs.records.jobs import TERMINAL_STATES
 
 # `?fragment=1`: only the page's live part, which its script re-fetches and swaps in.
 Fragment = Annotated[bool, QueryParameter(name="fragment")]

@@ -1,7 +1,7 @@
 """Request and response bodies of the HTTP API: msgspec Structs, from which Litestar builds
 the OpenAPI schema and with which it decodes bodies (a type error is a 422 naming the field).
 
-A response that is a record (records.py) field for field inherits it; where the record's
+A response that is a record (records/) field for field inherits it; where the record's
 states are a Literal, it inherits the record's generic `...Fields` over `str` instead (the
 API's schema has no enums for states). The others only look alike (fewer fields, or fields of
 two records).
@@ -20,17 +20,15 @@ import msgspec
 
 from hivejobs.flow import MAX_SCALE
 from hivejobs.jobtypes import MAX_DELAY_S
-from hivejobs.records import (
+from hivejobs.records.chains import (
     ChainJobFields,
     ChainStatusFields,
     ChainSummaryFields,
-    JobFields,
     JobLogFields,
-    JobSummaryFields,
-    LeaseInfo,
-    TypeFlow,
-    WorkerInfo,
 )
+from hivejobs.records.dispatch import LeaseInfo
+from hivejobs.records.fleet import TypeFlow, WorkerInfo
+from hivejobs.records.jobs import JobFields, JobSummaryFields
 
 Priority = Annotated[int, msgspec.Meta(ge=0, le=9, description="0 runs first")]
 Delay = Annotated[float, msgspec.Meta(ge=0, le=MAX_DELAY_S, description="seconds from now")]

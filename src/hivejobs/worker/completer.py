@@ -23,7 +23,8 @@ from hivejobs.broker import Broker
 from hivejobs.broker.hints import left_to_reconciler
 from hivejobs.failpoints import failpoint
 from hivejobs.logs import error_fields
-from hivejobs.records import Completion, Requeued
+from hivejobs.records.dispatch import Requeued
+from hivejobs.records.jobs import Completion
 from hivejobs.serialization import storable_text
 from hivejobs.store import Store, is_data_error
 from hivejobs.worker.exits import fatal_on_error

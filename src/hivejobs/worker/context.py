@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from loguru import logger
 
-from hivejobs.records import ClaimedJob
+from hivejobs.records.jobs import ClaimedJob
 
 if TYPE_CHECKING:
     from loguru import Logger

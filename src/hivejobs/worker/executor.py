@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from hivejobs import tracing
 from hivejobs.errors import Interrupted, PayloadInvalid, ResultTooLarge
-from hivejobs.records import ClaimedJob, Completion, Outcome
+from hivejobs.records.jobs import ClaimedJob, Completion, Outcome
 from hivejobs.serialization import encode_result, storable_text
 from hivejobs.worker.async_handlers import call_handler
 from hivejobs.worker.capture import uncaptured

@@ -24,7 +24,8 @@ from hivejobs.flow import Flow
 from hivejobs.jobtypes import JobType
 from hivejobs.logs import error_fields
 from hivejobs.metrics import Recorder
-from hivejobs.records import Completion, HeldClaim
+from hivejobs.records.dispatch import HeldClaim
+from hivejobs.records.jobs import Completion
 from hivejobs.store import Store
 from hivejobs.store.fair import FairStore
 from hivejobs.worker.exits import fatal_on_error

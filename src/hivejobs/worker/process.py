@@ -29,7 +29,7 @@ from hivejobs.flow import Flow
 from hivejobs.jobtypes import JobType
 from hivejobs.logs import error_fields
 from hivejobs.metrics import Recorder
-from hivejobs.records import Completion
+from hivejobs.records.jobs import Completion
 from hivejobs.store import PREPARED_PLANS, Store
 from hivejobs.worker.async_handlers import is_async
 from hivejobs.worker.completer import Completer

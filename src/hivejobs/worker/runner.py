@@ -20,7 +20,7 @@ from hivejobs.failpoints import failpoint
 from hivejobs.jobtypes import JobType
 from hivejobs.logs import error_fields
 from hivejobs.metrics import Recorder
-from hivejobs.records import ClaimedJob, Completion
+from hivejobs.records.jobs import ClaimedJob, Completion
 from hivejobs.store import Store
 from hivejobs.store.chains import ChainStore, looks_like_try_id
 from hivejobs.worker.capture import Captured, capturing

@@ -20,7 +20,7 @@ import msgspec
 
 from hivejobs.config import Settings
 from hivejobs.failpoints import failpoint
-from hivejobs.records import ClaimedJob, Completion
+from hivejobs.records.jobs import ClaimedJob, Completion
 from hivejobs.worker.completer import Completer
 from hivejobs.worker.executor import interrupted
 from hivejobs.worker.exits import ChildExit

@@ -14,7 +14,7 @@ from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from hivejobs.records import ClaimedJob
+from hivejobs.records.jobs import ClaimedJob
 from hivejobs.worker.context import AttemptContext
 
 

@@ -36,7 +36,7 @@ from loguru import logger
 from hivejobs.broker import Broker
 from hivejobs.errors import InvalidArgument
 from hivejobs.logs import error_fields
-from hivejobs.records import JobEvent
+from hivejobs.records.events import JobEvent
 from hivejobs.store import Store
 from hivejobs.store.progress import save_progress
 

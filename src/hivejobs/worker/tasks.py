@@ -28,7 +28,7 @@ import time
 from loguru import logger
 
 from hivejobs.failpoints import failpoint
-from hivejobs.records import ClaimedJob, Completion
+from hivejobs.records.jobs import ClaimedJob, Completion
 from hivejobs.store.chains import looks_like_try_id
 from hivejobs.worker.async_handlers import process_loop
 from hivejobs.worker.capture import capturing

@@ -2,7 +2,7 @@
 and its jobs, a listing's row, a try's job-log row, the filters of a chain listing, a live
 try as `chain ps` shows it, and the states of each.
 
-As in records.py, a record the HTTP API also returns is defined once, as a generic
+As in records/jobs.py, a record the HTTP API also returns is defined once, as a generic
 `...Fields` class over the types of its states: the record fills in the Literal, the API's
 response class (web/schemas.py) plain `str`. Imports nothing of ours.
 """
