@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from hivejobs import App, InvalidJobType, JobContext
-from hivejobs.broker import ControlMessage
+from hivejobs.broker.channels import ControlMessage
 from hivejobs.worker.liveness import restart_applies
 from hivejobs.worker.placement import footprint, pool_groups, store_size
 

@@ -25,47 +25,42 @@ Keys (all under the prefix, default ``hivejobs:``):
 Everything here may fail or lose data; Postgres is the truth, so callers treat a Redis error
 as latency, never as loss.
 
-The package: this module (Broker, the key layout, push and pop, the control channel, the
-Pusher) and clients.py (the Redis client for a single server, Sentinel or Cluster). Imports
-nothing of ours but records, errors, config and batching; any layer above may import it.
+The package, by role:
+  __init__.py  Broker: one sync client, the key layout, push and pop of ids, queue lengths
+               and heads, the boot marker, publishing on the channels
+  channels.py  the control channel's messages and one job's events channel: subscriptions
+               and decoding
+  aio.py       AsyncBroker: the enqueuer's push and a reader's event subscription, for event
+               loops
+  pusher.py    Pusher: acknowledged jobs' ids pushed off the caller's path, in batches
+  fair.py      fair dispatch: per-key lists and the ring of keys, a Lua pop
+  clients.py   the Redis client for a single server, Sentinel or Cluster
+  hints.py     the one rule for a failed push: log it, the reconciler re-pushes
+Imports nothing of ours but records, errors, config, logs, serialization and batching; any
+layer above may import it.
 """
 
 from __future__ import annotations
 
-import atexit
-import os
-import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import msgspec
 import redis
-import redis.asyncio
 
-from hivejobs.batching import Batcher
-from hivejobs.broker.clients import AsyncClient, Client, async_client, sync_client
-from hivejobs.broker.hints import left_to_reconciler
+from hivejobs.broker.channels import (
+    ControlMessage,
+    ControlSubscription,
+    EventSubscription,
+    events_channel,
+)
+from hivejobs.broker.clients import Client, sync_client
 from hivejobs.config import Settings, redact_url, scrub, url_secrets
 from hivejobs.errors import ConnectionFailed
-from hivejobs.records.events import JobEvent
 from hivejobs.records.jobs import PRIORITIES
 
 MAX_ID_LENGTH = 255
-PUSH_BATCH = 10_000  # ids per pipeline from the Pusher
-
-
-class ControlMessage(msgspec.Struct, frozen=True, kw_only=True):
-    """A message on the control channel: cancel a running job, or recycle pools."""
-
-    action: str  # "cancel" | "restart"
-    job_id: str | None = None
-    pool: str | None = None
-    instance: str | None = None  # restart: only the instance on this host (or host:pid)
-
-
-_control_decoder = msgspec.json.Decoder(ControlMessage)
-_event_decoder = msgspec.json.Decoder(JobEvent)
 
 
 class KeyRefused(redis.ResponseError):
@@ -193,7 +188,7 @@ class Broker:
             return Popped("", [])
         key: bytes = reply[0]  # type: ignore[assignment]
         raw_ids: list[bytes] = reply[1]  # type: ignore[assignment]
-        ids = [clean for raw in raw_ids if (clean := _clean_id(raw)) is not None]
+        ids = [clean for raw in raw_ids if (clean := clean_id(raw)) is not None]
         return Popped(key.decode(errors="replace"), ids)
 
     def queue_lengths(
@@ -214,7 +209,7 @@ class Broker:
             list(queues), lambda pipe, key: pipe.lrange(key, 0, count - 1)
         )
         heads = {
-            q: [c for raw in r if (c := _clean_id(raw)) is not None] for q, r in replies.items()
+            q: [c for raw in r if (c := clean_id(raw)) is not None] for q, r in replies.items()
         }
         return heads, refused
 
@@ -257,15 +252,9 @@ class Broker:
     def publish_wake(self, chain_ids: Iterable[str]) -> None:
         self.redis.publish(self.wake_channel, ",".join(sorted(set(chain_ids))))
 
-    def decode_control(self, raw: bytes) -> ControlMessage | None:
-        try:
-            return _control_decoder.decode(raw)
-        except msgspec.DecodeError:
-            return None
-
     def subscribe_control(self) -> ControlSubscription:
         """A subscription of its own to the control channel (raises RedisError if down)."""
-        return ControlSubscription(self)
+        return ControlSubscription(self.redis, self.control_channel)
 
     # -- job events (worker/streaming.py publishes, client/streaming.py reads) ----------
 
@@ -281,153 +270,7 @@ class Broker:
 
     def subscribe_events(self, job_id: str) -> EventSubscription:
         """A subscription of its own to one job's events (raises RedisError if down)."""
-        return EventSubscription(self, job_id)
-
-
-class ControlSubscription:
-    """One pub/sub connection on the control channel, for a pool's liveness thread: owns
-    that connection (closed by close()) and hands out decoded messages, dropping what does
-    not decode (anyone who can publish may write garbage there)."""
-
-    def __init__(self, broker: Broker) -> None:
-        self._broker = broker
-        self._pubsub = broker.redis.pubsub(  # type: ignore[no-untyped-call,unused-ignore]  # typed from redis 8.2
-            ignore_subscribe_messages=True
-        )
-        self._pubsub.subscribe(broker.control_channel)
-
-    def get(self, timeout_s: float) -> ControlMessage | None:
-        """The next message, or None after `timeout_s` without one."""
-        msg = self._pubsub.get_message(timeout=timeout_s)
-        return None if msg is None else self._broker.decode_control(msg["data"])
-
-    def close(self) -> None:
-        self._pubsub.close()
-
-
-class EventSubscription:
-    """One pub/sub connection on one job's events channel, for one reader of its stream:
-    owns that connection (closed by close()) and hands out decoded events, dropping what does
-    not decode or names another job (anyone who can publish may write garbage there)."""
-
-    def __init__(self, broker: Broker, job_id: str) -> None:
-        self.job_id = job_id
-        self._pubsub = broker.redis.pubsub(  # type: ignore[no-untyped-call,unused-ignore]  # typed from redis 8.2
-            ignore_subscribe_messages=True
-        )
-        self._pubsub.subscribe(broker.events_channel(job_id))
-
-    def get(self, timeout_s: float) -> JobEvent | None:
-        """The next event, or None after `timeout_s` without one (redis-py answers None
-        for a subscribe confirmation too, and we for garbage: both keep waiting)."""
-        deadline = time.monotonic() + timeout_s
-        while True:
-            msg = self._pubsub.get_message(timeout=max(0.0, deadline - time.monotonic()))
-            event = None if msg is None else decode_event(msg["data"], self.job_id)
-            if event is not None:
-                return event
-            if time.monotonic() >= deadline:
-                return None
-
-    def close(self) -> None:
-        self._pubsub.close()
-
-
-class AsyncEventSubscription:
-    """EventSubscription for event loops (redis.asyncio): open with `await ...open()`."""
-
-    def __init__(self, pubsub: Any, job_id: str) -> None:
-        self._pubsub = pubsub
-        self.job_id = job_id
-
-    @classmethod
-    async def open(cls, broker: AsyncBroker, job_id: str) -> AsyncEventSubscription:
-        pubsub = broker.redis.pubsub(ignore_subscribe_messages=True)
-        await pubsub.subscribe(events_channel(broker.prefix, job_id))
-        return cls(pubsub, job_id)
-
-    async def get(self, timeout_s: float) -> JobEvent | None:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            msg = await self._pubsub.get_message(timeout=max(0.0, deadline - time.monotonic()))
-            event = None if msg is None else decode_event(msg["data"], self.job_id)
-            if event is not None:
-                return event
-            if time.monotonic() >= deadline:
-                return None
-
-    async def close(self) -> None:
-        await self._pubsub.aclose()
-
-
-def events_channel(prefix: str, job_id: str) -> str:
-    return f"{prefix}events:{job_id}"
-
-
-def decode_event(raw: bytes, job_id: str) -> JobEvent | None:
-    try:
-        event = _event_decoder.decode(raw)
-    except msgspec.DecodeError:
-        return None
-    return event if event.job_id == job_id and event.kind != "end" else None
-
-
-class AsyncBroker:
-    """The enqueuer's side of the broker for event loops: RPUSH of ids over redis.asyncio.
-
-    Owns one async client, which belongs to the event loop that made it.
-    """
-
-    def __init__(self, settings: Settings) -> None:
-        self.prefix = settings.prefix
-        self.redis: AsyncClient = async_client(
-            settings.redis_url,
-            socket_timeout=settings.redis_socket_timeout_s,
-            socket_connect_timeout=settings.redis_socket_timeout_s,
-        )
-
-    async def push(self, name: str, priority: int, ids: Sequence[str]) -> None:
-        if ids:
-            await self.redis.rpush(queue_key(self.prefix, name, priority), *ids)
-
-    async def close(self) -> None:
-        await self.redis.aclose()
-
-
-class Pusher:
-    """Pushes ids of acknowledged jobs off the caller's path.
-
-    enqueue returns once Postgres has committed the job (that is the acknowledgement, R1);
-    the Redis push is only a hint for speed, so it need not hold the caller up. Pushes that
-    arrive while one is in flight go out together in one pipeline. A push lost (Redis down,
-    process killed) costs latency only: the coordinator's reconciler re-pushes. Owns one
-    Batcher (a queue and its thread) per process: a forked child makes its own on first use.
-    """
-
-    def __init__(self, broker: Broker) -> None:
-        self.broker = broker
-        self._pid = -1
-        self._batcher: Batcher[tuple[str, str, int]] | None = None
-
-    def submit(self, name: str, priority: int, ids: Sequence[str]) -> None:
-        batcher = self._batcher
-        if self._pid != os.getpid() or batcher is None:
-            # First use, or a forked child: threads do not survive a fork.
-            self._pid = os.getpid()
-            batcher = self._batcher = Batcher(
-                self._push, max_batch=PUSH_BATCH, name="hivejobs-pusher"
-            )
-            batcher.start()
-            atexit.register(batcher.flush, 5.0)
-        batcher.submit_many([(job_id, name, priority) for job_id in ids])
-
-    def flush(self, timeout_s: float) -> bool:
-        """Wait until every submitted id was pushed (or its push failed)."""
-        return self._batcher is None or self._batcher.flush(timeout_s)
-
-    def _push(self, entries: list[tuple[str, str, int]]) -> None:
-        with left_to_reconciler("enqueued jobs", jobs=len(entries)):
-            self.broker.push_many(entries)
+        return EventSubscription(self.redis, self.events_channel(job_id), job_id)
 
 
 def queue_key(prefix: str, name: str, priority: int) -> str:
@@ -435,7 +278,7 @@ def queue_key(prefix: str, name: str, priority: int) -> str:
     return f"{prefix}{{{name}}}:p{priority}"
 
 
-def _clean_id(raw: bytes) -> str | None:
+def clean_id(raw: bytes) -> str | None:
     """Garbage in a list (foreign writes, huge values) is dropped, never executed or claimed."""
     if len(raw) > MAX_ID_LENGTH * 4:
         return None

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 
 import redis
 
-from hivejobs.broker import Broker, Popped, _clean_id
+from hivejobs.broker import Broker, Popped, clean_id
 from hivejobs.errors import InvalidJobType, PayloadInvalid
 from hivejobs.serialization import decode_json
 
@@ -332,7 +332,7 @@ class FairQueue:
             keys=[self.ring, self.credit, self.prios, *self.inbox],
             args=[self.lists, count, *self._weights],
         )
-        ids = [c for raw in reply[2::2] if (c := _clean_id(raw)) is not None]
+        ids = [c for raw in reply[2::2] if (c := clean_id(raw)) is not None]
         # Ids refused by the claim (a pause, a limit) go back through the inbox: their key
         # and priority are read again there. The highest priority popped names the list.
         first = int(reply[1]) if len(reply) > 1 else 0
@@ -397,4 +397,4 @@ def active_keys(broker: Broker, name: str) -> int:
 
 
 def _ids(raw: list[bytes]) -> list[str]:
-    return [c for r in raw if (c := _clean_id(r)) is not None]
+    return [c for r in raw if (c := clean_id(r)) is not None]

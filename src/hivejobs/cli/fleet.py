@@ -11,7 +11,7 @@ from datetime import UTC
 
 import msgspec
 
-from hivejobs.broker import ControlMessage
+from hivejobs.broker.channels import ControlMessage
 from hivejobs.cli.shared import ExitCode, open_app, print_json, print_table
 from hivejobs.cli.views import key_rows
 from hivejobs.errors import InvalidArgument

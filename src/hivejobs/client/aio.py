@@ -12,7 +12,7 @@ import asyncio
 import weakref
 from dataclasses import dataclass
 
-from hivejobs.broker import AsyncBroker
+from hivejobs.broker.aio import AsyncBroker
 from hivejobs.config import Settings
 from hivejobs.store.aio import AsyncStore
 

@@ -25,7 +25,7 @@ import redis
 from loguru import logger
 
 from hivejobs import tracing
-from hivejobs.broker import ControlMessage
+from hivejobs.broker.channels import ControlMessage
 from hivejobs.chains.builder import Chain
 from hivejobs.chains.checks import job_row
 from hivejobs.client.integrations import adriver_connection, driver_connection

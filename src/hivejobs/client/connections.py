@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING
 
 import psycopg
 
-from hivejobs.broker import Broker, Pusher
+from hivejobs.broker import Broker
+from hivejobs.broker.pusher import Pusher
 from hivejobs.client.aio import AsyncBackends, AsyncBackendsByLoop
 from hivejobs.config import (
     DEFAULT_DATABASE_URL,

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Literal
 import redis
 from loguru import logger
 
-from hivejobs.broker import ControlMessage
+from hivejobs.broker.channels import ControlMessage
 from hivejobs.client.enqueue import enqueue_plan, run
 from hivejobs.errors import CallbackRefused, InvalidArgument, JobNotFinished, JobNotFound
 from hivejobs.flow import pause_type, paused_types, resume_type, scale_type, type_settings

@@ -24,7 +24,8 @@ from typing import Protocol
 import redis
 from loguru import logger
 
-from hivejobs.broker import AsyncEventSubscription, EventSubscription
+from hivejobs.broker.aio import AsyncEventSubscription
+from hivejobs.broker.channels import EventSubscription
 from hivejobs.client import waiting
 from hivejobs.client.connections import Connections
 from hivejobs.client.waiting import POLL_S, JobReader, checked_timeout, listen_url
@@ -203,9 +204,7 @@ async def astream(app: App, job_id: str, timeout: float | None) -> AsyncIterator
         return
     items: asyncio.Queue[JobEvent | None] = asyncio.Queue()
     try:
-        subscription: AsyncEventSubscription | None = await AsyncEventSubscription.open(
-            backends.broker, job_id
-        )
+        subscription: AsyncEventSubscription | None = await backends.broker.subscribe_events(job_id)
     except redis.RedisError as exc:
         logger.warning("job stream without live events: Redis", job_id=job_id, **error_fields(exc))
         subscription = None

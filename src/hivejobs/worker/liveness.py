@@ -20,7 +20,8 @@ import psycopg
 import redis
 from loguru import logger
 
-from hivejobs.broker import Broker, ControlMessage
+from hivejobs.broker import Broker
+from hivejobs.broker.channels import ControlMessage
 from hivejobs.config import Settings
 from hivejobs.logs import error_fields
 from hivejobs.store import Store
