@@ -1,6 +1,8 @@
 """The worker side of `hivejobs run`: the supervisor and the pool processes it forks.
 
   supervisor.py  fork one process per pool (and the coordinator), restart, shut down
+  children.py    the supervisor's children: their records, restart backoff, process groups,
+                 the release of a dead child's claims, the metrics child
   process.py     a pool process's composition root: builds the roles below, runs, stops
   fetcher.py     pop ids, claim them in Postgres, prefetch; the claims this process holds
   slots.py       runner slots: reservation, the attempts running, quarantine of suspects

@@ -13,63 +13,42 @@ inherited Postgres and Redis sockets) outlives its pool.
 
 from __future__ import annotations
 
-import errno
 import os
 import select
 import signal
 import socket
 import sys
 import time
-from dataclasses import dataclass
 
 from loguru import logger
 from setproctitle import setproctitle
 
 from hivejobs import tracing
 from hivejobs.broker import Broker
-from hivejobs.broker.hints import left_to_reconciler
 from hivejobs.config import Settings
-from hivejobs.coordinator.rescuer import rescue_isolated
 from hivejobs.embedded.process import parent_death_preexec
 from hivejobs.logs import emit_banner, error_fields, setup_logging
-from hivejobs.metrics import bump
 from hivejobs.payload_schema import declare_schemas
-from hivejobs.store import Store, new_worker_id
+from hivejobs.store import new_worker_id
 from hivejobs.store.archive import set_type_retentions
 from hivejobs.store.schedules import ScheduleStore
 from hivejobs.worker.banner import banner
+from hivejobs.worker.children import (
+    HEALTHY_AFTER_S,
+    RESTART_BACKOFF_MAX_S,
+    Child,
+    end_group,
+    kill,
+    own_group,
+    release_claims,
+    run_metrics_child,
+    short_store,
+)
 from hivejobs.worker.exits import ChildExit
 from hivejobs.worker.placement import footprint, pool_groups
 from hivejobs.worker.served import ServedApp
 
-RESTART_BACKOFF_MAX_S = 30.0
 WAITING_EVERY_S = 5.0  # how often a stopping supervisor says what it still waits for
-HEALTHY_AFTER_S = 3.0  # lived this long: it started fine, so a death is not a crash loop
-
-
-@dataclass
-class Child:
-    """One child the supervisor keeps running: its role, and the state of its current
-    process (pid 0 while none runs) and of its restarts. Only the supervisor's main loop
-    reads or writes it (signal handlers only set flags on the Supervisor)."""
-
-    role: str  # "pool", "coordinator", "metrics" (`--metrics-port`) or "watcher" (--reload)
-    pool: str | None
-    slot: int
-    types: tuple[str, ...] = ()  # a pool's job types (one lane and one worker row each)
-    pid: int = 0
-    worker_ids: tuple[str, ...] = ()  # one per type; one for a child that runs no type
-    started: float = 0.0
-    crashes: int = 0
-    restart_at: float | None = None
-
-    @property
-    def worker_id(self) -> str:
-        return self.worker_ids[0] if self.worker_ids else ""
-
-    @property
-    def title(self) -> str:
-        return f"pool {self.pool}#{self.slot}" if self.role == "pool" else self.role
 
 
 class Supervisor:
@@ -114,7 +93,7 @@ class Supervisor:
         setup_logging("supervisor")
         setproctitle(f"hivejobs supervisor {self.app_spec}")
         self.app.connections.resolve()  # before forking: children inherit the chosen URLs
-        store = self._short_store()
+        store = short_store(self.settings)
         try:
             store.check_schema()
             store.upsert_job_types([jt.info() for jt in self.app.types.values()])
@@ -168,16 +147,6 @@ class Supervisor:
 
     # -- signals -------------------------------------------------------------------------
 
-    def _short_store(self) -> Store:
-        """A one-connection store for one step (the start-up checks, a release, a report),
-        closed by the caller: nothing stays open across the next fork."""
-        return Store(
-            self.settings.database_url,
-            max_size=1,
-            pooled=self.settings.pgbouncer,
-            role="hivejobs supervisor",
-        )
-
     def _on_signal(self, signum: int, _frame: object) -> None:
         if signum in (signal.SIGTERM, signal.SIGINT):
             # A second Ctrl-C means "now". So does a second SIGTERM, except on Heroku, which
@@ -214,7 +183,7 @@ class Supervisor:
             code: int = ChildExit.CRASHED
             try:
                 if child.role == "pool":
-                    _own_group(0)
+                    own_group(0)
                 if die_with_parent is not None:
                     die_with_parent()
                 code = self._child_main(child)
@@ -224,7 +193,7 @@ class Supervisor:
                 tracing.flush()  # os._exit skips the SDK's atexit shutdown
                 os._exit(code)
         if child.role == "pool":
-            _own_group(pid)  # in both processes: whichever runs first, the group exists
+            own_group(pid)  # in both processes: whichever runs first, the group exists
         child.pid = pid
         logger.info(
             "started child", role=child.role, pool=child.pool, pid=pid, worker_id=child.worker_id
@@ -269,7 +238,7 @@ class Supervisor:
                 return
             child = next((c for c in self.children if c.pid == info.si_pid), None)
             if child is not None and child.role == "pool":
-                _end_group(info.si_pid)
+                end_group(info.si_pid)
             pid, status = os.waitpid(info.si_pid, 0)
             if child is None:
                 continue
@@ -285,7 +254,7 @@ class Supervisor:
         )
         reload = os.WIFEXITED(status) and os.WEXITSTATUS(status) == ChildExit.RELOAD
         if not clean and not reload and child.role != "watcher":  # a watcher claims nothing
-            self._release_claims(list(child.worker_ids))
+            release_claims(self.settings, list(child.worker_ids))
         if self.stopping:
             return
         if reload:
@@ -311,42 +280,13 @@ class Supervisor:
             if child.pid == 0 and child.restart_at is not None and child.restart_at <= now:
                 self._spawn(child)
 
-    def _release_claims(self, worker_ids: list[str]) -> None:
-        """R8: a child we saw die cannot finish its jobs; release them now, not after
-        stuck_after. A short-lived pool: nothing stays open across the next fork."""
-        try:
-            store = self._short_store()
-            try:
-                rescued = rescue_isolated(store, worker_ids, self.settings.poison_pill_after)
-            finally:
-                store.close()
-        except Exception as exc:  # the coordinator will rescue
-            logger.warning("could not release a dead child's jobs", **error_fields(exc))
-            return
-        if rescued is None:  # no lease was asked for: cannot happen
-            return
-        if rescued.requeued:
-            broker = Broker(self.settings)
-            try:
-                with left_to_reconciler("released jobs", jobs=len(rescued.requeued)):
-                    broker.push_many(rescued.requeued)
-                    bump(broker, "rescued", [r[1] for r in rescued.requeued])
-            finally:
-                broker.close()
-        if rescued.requeued or rescued.failed:
-            logger.warning(
-                "released jobs of a dead child",
-                requeued=len(rescued.requeued),
-                failed=rescued.failed,
-            )
-
     # -- shutdown ----------------------------------------------------------------------
 
     def _shutdown(self) -> int:
         logger.info("shutting down", timeout_s=self.settings.shutdown_timeout_s)
         for child in self.children:
             if child.pid:
-                _kill(child.pid, signal.SIGTERM)
+                kill(child.pid, signal.SIGTERM)
         deadline = time.monotonic() + self.settings.shutdown_timeout_s + 2.0
         now_sent = False
         next_report = time.monotonic()
@@ -357,7 +297,7 @@ class Supervisor:
                 logger.warning("second signal: suspending running jobs now")
                 for child in self.children:
                     if child.pid and child.role == "pool":
-                        _kill(child.pid, signal.SIGUSR1)
+                        kill(child.pid, signal.SIGUSR1)
             if time.monotonic() >= next_report and not now_sent:
                 next_report = time.monotonic() + WAITING_EVERY_S
                 self._report_waiting(deadline - 2.0)
@@ -365,15 +305,15 @@ class Supervisor:
         stragglers = [c for c in self.children if c.pid]
         for child in stragglers:
             logger.error("child did not stop in time: killing it", pid=child.pid)
-            _kill(child.pid, signal.SIGKILL)
+            kill(child.pid, signal.SIGKILL)
             if child.role == "pool":
-                _end_group(child.pid)
+                end_group(child.pid)
             try:
                 os.waitpid(child.pid, 0)
             except ChildProcessError:
                 pass
         if stragglers:
-            self._release_claims([w for c in stragglers for w in c.worker_ids])
+            release_claims(self.settings, [w for c in stragglers for w in c.worker_ids])
         logger.info("supervisor stopped")
         return 0
 
@@ -383,7 +323,7 @@ class Supervisor:
         if not pools:
             return
         try:
-            store = self._short_store()
+            store = short_store(self.settings)
             try:
                 running = store.running_of_workers(pools)
             finally:
@@ -405,47 +345,3 @@ class Supervisor:
 
 
 MSG_WAITING = "waiting up to {left_s} s for {count} running job(s): {jobs}"
-
-
-def run_metrics_child(settings: Settings, host: str, port: int) -> int:
-    """A child of its own: an HTTP thread in the supervisor would be copied half-way into
-    every fork. It holds no claims, so a crash only pauses scrapes until its restart."""
-    import threading
-
-    from hivejobs.worker.metrics_server import MetricsServer
-
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
-    token = os.environ.get("HIVEJOBS_METRICS_TOKEN", "").strip()
-    MetricsServer(settings, host, port, token).serve(stop)
-    return 0
-
-
-def _kill(pid: int, sig: int) -> None:
-    try:
-        os.kill(pid, sig)
-    except OSError as exc:
-        if exc.errno != errno.ESRCH:
-            raise
-
-
-def _own_group(pid: int) -> None:
-    """A pool leads its own process group, which holds whatever its handlers start: the
-    group can be ended with the pool (_end_group). PDEATHSIG kills only the pool itself."""
-    try:
-        os.setpgid(pid, pid)
-    except OSError as exc:
-        # The other side of the fork already did it, or the child is already gone.
-        if exc.errno not in (errno.EACCES, errno.ESRCH, errno.EPERM):
-            raise
-
-
-def _end_group(pgid: int) -> None:
-    """A pool exited (or is being killed): end what its handlers started, which would keep
-    its title and its inherited Postgres and Redis sockets."""
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except OSError as exc:
-        if exc.errno not in (errno.ESRCH, errno.EPERM):
-            raise
