@@ -24,6 +24,8 @@ import psycopg
 from loguru import logger
 from psycopg.conninfo import conninfo_to_dict
 
+# Named here as well (explicitly exported): the probes read them as this module's globals, so a
+# test can point them at closed ports.
 from hivejobs.config import DEFAULT_DATABASE_URL as DEFAULT_DATABASE_URL
 from hivejobs.config import DEFAULT_REDIS_URL as DEFAULT_REDIS_URL
 from hivejobs.config import configured_urls, explicit_urls
@@ -153,10 +155,11 @@ def choose_backends(
             " servers"
         )
     from hivejobs.embedded import servers as embedded
+    from hivejobs.embedded.guard import EmbeddedError
 
     try:
         servers = embedded.start_embedded(data_dir)
-    except embedded.EmbeddedError as exc:
+    except EmbeddedError as exc:
         raise BackendUnavailable(
             "no backend configured and no local Postgres/Redis answering; embedded servers"
             f" unavailable: {exc}. Set HIVEJOBS_DATABASE_URL and HIVEJOBS_REDIS_URL instead."

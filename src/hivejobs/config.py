@@ -16,16 +16,13 @@ from typing import Annotated, Any, Literal
 import msgspec
 
 from hivejobs.errors import ConfigError
-from hivejobs.urls import check_database_url, check_redis_url
-
-# Re-exported for the modules that still import them from here (broker/__init__.py,
-# broker/clients.py, worker/banner.py, client/connections.py); new code imports hivejobs.urls.
-from hivejobs.urls import parse_redis_url as parse_redis_url
-from hivejobs.urls import redact_url as redact_url
-from hivejobs.urls import remember_secrets as remember_secrets
-from hivejobs.urls import scrub as scrub
-from hivejobs.urls import url_secrets as url_secrets
-from hivejobs.urls import warn_plaintext_postgres as warn_plaintext_postgres
+from hivejobs.urls import (
+    check_database_url,
+    check_redis_url,
+    redact_url,
+    remember_secrets,
+    url_secrets,
+)
 
 # Where a process's URLs came from: "default" until resolved (no URL was given, so the local
 # servers or embedded ones are chosen on first connection, backends.choose_backends).

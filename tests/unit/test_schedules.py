@@ -14,7 +14,8 @@ from hivejobs import (
     PayloadInvalid,
     UnknownJobType,
 )
-from hivejobs.schedules import ScheduleState, due_ticks, next_tick, tick_job_id
+from hivejobs.records.fleet import ScheduleState
+from hivejobs.schedules import due_ticks, next_tick, tick_job_id
 
 T0 = datetime(2026, 1, 5, 12, 0, 0, tzinfo=UTC)  # a Monday, winter (Paris is UTC+1)
 

@@ -56,9 +56,10 @@ from hivejobs.broker.channels import (
     events_channel,
 )
 from hivejobs.broker.clients import Client, sync_client
-from hivejobs.config import Settings, redact_url, scrub, url_secrets
+from hivejobs.config import Settings
 from hivejobs.errors import ConnectionFailed
 from hivejobs.records.jobs import PRIORITIES
+from hivejobs.urls import redact_url, scrub, url_secrets
 
 MAX_ID_LENGTH = 255
 

@@ -28,8 +28,8 @@ import redis.sentinel
 from redis.cluster import RedisCluster
 from redis.connection import SSLConnection
 
-from hivejobs.config import parse_redis_url
 from hivejobs.errors import ConfigError
+from hivejobs.urls import parse_redis_url
 
 Client = redis.Redis | RedisCluster
 AsyncClient = redis.asyncio.Redis | redis.asyncio.cluster.RedisCluster

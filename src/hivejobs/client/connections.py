@@ -17,14 +17,9 @@ import psycopg
 from hivejobs.broker import Broker
 from hivejobs.broker.pusher import Pusher
 from hivejobs.client.aio import AsyncBackends, AsyncBackendsByLoop
-from hivejobs.config import (
-    DEFAULT_DATABASE_URL,
-    DEFAULT_REDIS_URL,
-    Settings,
-    remember_secrets,
-    warn_plaintext_postgres,
-)
+from hivejobs.config import DEFAULT_DATABASE_URL, DEFAULT_REDIS_URL, Settings
 from hivejobs.store import Store, connection_failed
+from hivejobs.urls import remember_secrets, warn_plaintext_postgres
 
 if TYPE_CHECKING:
     from hivejobs.embedded.servers import EmbeddedServers

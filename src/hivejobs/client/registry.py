@@ -28,8 +28,9 @@ from hivejobs.jobtypes import (
     check_priority,
 )
 from hivejobs.jobtypes import Unique as UniqueWindow
+from hivejobs.records.fleet import Schedule
 from hivejobs.records.jobs import Delivery, JobState
-from hivejobs.schedules import Schedule, check_cron
+from hivejobs.schedules import check_cron
 from hivejobs.sequence import checked_sequence
 from hivejobs.serialization import PayloadCodec
 from hivejobs.worker.memory import checked_max_rss

@@ -21,8 +21,9 @@ from loguru import logger
 from hivejobs.broker import Broker
 from hivejobs.coordinator.elector import STALL_S
 from hivejobs.records.dispatch import Lease
+from hivejobs.records.fleet import ScheduleState
 from hivejobs.records.jobs import JobTypeInfo, NewJob
-from hivejobs.schedules import ScheduleState, due_ticks, tick_job_id
+from hivejobs.schedules import due_ticks, tick_job_id
 from hivejobs.store import Store
 from hivejobs.store.schedules import ScheduleStore
 

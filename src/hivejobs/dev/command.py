@@ -24,14 +24,9 @@ from types import FrameType
 from loguru import logger
 
 from hivejobs.config import explicit_urls
+from hivejobs.embedded.guard import EmbeddedError
 from hivejobs.embedded.process import parent_death_preexec
-from hivejobs.embedded.servers import (
-    EmbeddedError,
-    EmbeddedServers,
-    export_lines,
-    start_embedded,
-    stop_embedded,
-)
+from hivejobs.embedded.servers import EmbeddedServers, export_lines, start_embedded, stop_embedded
 from hivejobs.embedded.state import default_data_dir, recorded_urls_match
 from hivejobs.urls import redact_url
 

@@ -23,9 +23,6 @@ from hivejobs.embedded.guard import (
     process_create_time,
     valkey_config,
 )
-
-# Re-exported: what start_embedded and stop_embedded raise.
-from hivejobs.embedded.guard import EmbeddedError as EmbeddedError
 from hivejobs.embedded.postgres import (
     PG_SUPERUSER,
     await_stale_postmaster,

@@ -24,7 +24,7 @@ import psycopg
 from psycopg.pq import TransactionStatus
 
 from hivejobs.errors import InvalidArgument
-from hivejobs.records.dispatch import Push as Push
+from hivejobs.records.dispatch import Push
 from hivejobs.records.jobs import Inserted, NewJob, UniqueClaim
 from hivejobs.store.debounce import debounce_plan
 from hivejobs.store.notify import dispatch_payloads

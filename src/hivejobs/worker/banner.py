@@ -8,8 +8,9 @@ import os
 from collections.abc import Iterable
 from importlib.metadata import PackageNotFoundError, version
 
-from hivejobs.config import Settings, redact_url
+from hivejobs.config import Settings
 from hivejobs.jobtypes import JobType
+from hivejobs.urls import redact_url
 from hivejobs.worker.placement import footprint, pool_groups
 
 

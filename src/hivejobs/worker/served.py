@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from hivejobs.jobtypes import JobType
+    from hivejobs.records.fleet import Schedule
     from hivejobs.records.jobs import ClaimedJob
-    from hivejobs.schedules import Schedule
     from hivejobs.store.chains import ChainStore
     from hivejobs.worker.context import AttemptContext
     from hivejobs.worker.streaming import EventSink
