@@ -32,7 +32,7 @@ def test_cluster_url() -> None:
 
 
 def test_the_client_and_the_redaction_read_the_url_alike() -> None:
-    """One parser (config.parse_redis_url): the password the client sends is the one
+    """One parser (urls.parse_redis_url): the password the client sends is the one
     redaction hides, '#' percent-encoded included."""
     url = "REDISS+sentinel://app:s%23cret@h1:26379,h2:26380/mymaster/3?ssl_ca_certs=/ca.pem"
     parsed = parse_redis_url(url)

@@ -10,8 +10,8 @@
       ``ssl_keyfile``, ``ssl_cert_reqs``, ``db`` ...) are redis-py's own; for the sentinels
       themselves ``sentinel_username`` / ``sentinel_password``.
 
-Knows nothing of keys or job ids (broker/); never logs a URL (config.redact_url does), and
-parses none itself (config.parse_redis_url, which redaction reads too).
+Knows nothing of keys or job ids (broker/); never logs a URL (urls.redact_url does), and
+parses none itself (urls.parse_redis_url, which redaction reads too).
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ ClusterNode = cast(Callable[[str, int], redis.cluster.ClusterNode], redis.cluste
 
 class Target:
     """A broker URL as the clients need it: which kind, the hosts, and redis-py's connection
-    arguments. config.parse_redis_url takes the URL apart; this refuses what cannot open."""
+    arguments. urls.parse_redis_url takes the URL apart; this refuses what cannot open."""
 
     def __init__(self, url: str) -> None:
         scheme, sep, _ = url.partition("://")
