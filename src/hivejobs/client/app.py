@@ -15,10 +15,11 @@ process's own connection pool), never through the App's: a pool process opens no
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Literal
 
@@ -28,7 +29,7 @@ from hivejobs.client.connections import Connections
 from hivejobs.client.control import Control
 from hivejobs.client.core import Core, Mode
 from hivejobs.client.enqueue import arun, enqueue_many_plan, enqueue_plan, run
-from hivejobs.client.inline import InlineRunner, checked_mode
+from hivejobs.client.inline import InlineRunner, Stored, checked_mode
 from hivejobs.client.registry import Registry
 from hivejobs.client.streaming import Streams
 from hivejobs.config import settings_from_env
@@ -77,6 +78,21 @@ class App(Registry, Control, Streams, ChainCalls, BatchCalls):
     def job_type(self, name: str) -> JobTypeSpec:
         """A registered type, or one a running worker fleet declared in Postgres (CLI use)."""
         return self._core.job_type(name)
+
+    @contextlib.contextmanager
+    def inline_mode(self, run: Callable[[str, Sequence[str]], object]) -> Iterator[None]:
+        """For hivejobs.testing.inline: inside the block, `enqueue` stores each job and pushes
+        its id as usual, then hands a job stored outside the caller's transaction to `run`
+        (claim, execute, finish) before returning: the inline runner over this App's
+        database (client/inline.py's Stored). Switch it while no other thread enqueues."""
+        before = self._mode
+        stored = Stored(self._core, run)
+        max_bytes = self.settings.max_result_bytes
+        self._mode = InlineRunner(self.types, max_bytes, self.job_context, stored)
+        try:
+            yield
+        finally:
+            self._mode = before
 
     def job_context(
         self, job: ClaimedJob, chains: ChainStore | None = None, events: EventSink | None = None

@@ -8,7 +8,12 @@ retries run at once (no backoff wait), `delay`/`run_at` are checked but not wait
 `conn=` is ignored (the job runs now, not on commit), unique windows are not kept, and only
 `enqueue`, `enqueue_many`, their async forms and `get_job`/`aget_job` are served (from this
 process's memory). Jobs a handler enqueues run after it returns, breadth first, as `drain`
-runs them. `hivejobs.testing.inline(app)` is the same idea against the real database.
+runs them.
+
+`hivejobs.testing.inline(app)` is the same runner over the App's real database (`Stored`):
+`enqueue` stores and pushes each job as in production, and a job stored outside the caller's
+transaction is then run once through `Stored.run` (hivejobs.testing's claim, execute and
+finish); a delay or a retry's backoff is kept, and everything but `enqueue` is the App's own.
 """
 
 from __future__ import annotations
@@ -18,11 +23,11 @@ import threading
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import msgspec
 
-from hivejobs.client.enqueue import Into
+from hivejobs.client.enqueue import Into, Side
 from hivejobs.errors import (
     ConfigError,
     DrainIncomplete,
@@ -36,6 +41,7 @@ from hivejobs.serialization import decode_json
 from hivejobs.worker.executor import execute
 
 if TYPE_CHECKING:
+    from hivejobs.client.core import Core
     from hivejobs.jobtypes import JobType, JobTypeSpec
     from hivejobs.worker.context import AttemptContext
 
@@ -49,6 +55,15 @@ _STATES: dict[Outcome, JobState] = {
     "suspend": "queued",
     "retry": "scheduled",
 }
+
+
+class Stored(NamedTuple):
+    """The inline runner over a real database: `core` stores, pushes and reads jobs (the
+    App's servers); `run(name, ids)` claims those ids that are queued and runs one attempt of
+    each, writing its completion (hivejobs.testing's in-process worker)."""
+
+    core: Core
+    run: Callable[[str, Sequence[str]], object]
 
 
 def checked_mode(mode: str) -> str:
@@ -65,15 +80,18 @@ class InlineRunner:
 
     `_lock` guards `_jobs`, `_pending` and `_busy` (tests may enqueue from threads); a
     thread that finds another one draining leaves its job to that drain. `context` makes
-    the JobContext a handler gets (its `app` is the App, so a handler can enqueue)."""
+    the JobContext a handler gets (its `app` is the App, so a handler can enqueue). Given
+    `stored`, jobs are kept in that database instead of `_jobs` (the module docstring)."""
 
     def __init__(
         self,
         types: Mapping[str, JobType],
         max_result_bytes: int,
         context: Callable[[ClaimedJob], AttemptContext],
+        stored: Stored | None = None,
     ) -> None:
         self._types = types
+        self._stored = stored
         self._max_result_bytes = max_result_bytes
         self._context = context
         self._lock = threading.Lock()
@@ -86,10 +104,12 @@ class InlineRunner:
         return self
 
     @property
-    def aside(self) -> InlineRunner:
-        return self
+    def aside(self) -> Side:
+        return self if self._stored is None else self._stored.core.aside
 
     def get_job(self, job_id: str) -> JobInfo:
+        if self._stored is not None:
+            return self._stored.core.get_job(job_id)
         with self._lock:
             info = self._jobs.get(job_id)
         if info is None:
@@ -97,35 +117,68 @@ class InlineRunner:
         return info
 
     async def aget_job(self, job_id: str) -> JobInfo:
+        if self._stored is not None:
+            return await self._stored.core.aget_job(job_id)
         return self.get_job(job_id)
 
-    # -- the enqueue pipeline's steps: nothing is stored, nothing pushed ----------------------
+    # -- the enqueue pipeline's steps: in memory nothing is stored, nothing pushed -----------
 
-    def job_type(self, name: str) -> JobType:
+    def job_type(self, name: str) -> JobTypeSpec:
+        if self._stored is not None:
+            return self._stored.core.job_type(name)
+        return self._registered(name)
+
+    def _registered(self, name: str) -> JobType:
         jt = self._types.get(name)
         if jt is None:
             raise UnknownJobType(name, sorted(self._types))
         return jt
 
     def errors(self) -> contextlib.AbstractContextManager[None]:
+        if self._stored is not None:
+            return self._stored.core.side.errors()
         return contextlib.nullcontext()
 
-    def connection(self, conn: object) -> None:
+    def connection(self, conn: object) -> object:
+        if self._stored is not None:
+            return self._stored.core.side.connection(conn)
         return None  # the job runs now, not on the caller's commit
 
     def insert(self, into: Into | None, job: NewJob, explicit_id: bool, raw: Any) -> Inserted:
+        if self._stored is not None:
+            inserted = self._stored.core.side.insert(into, job, explicit_id, raw)
+            if into is None and raw is None:  # in the caller's transaction: run after commit
+                self._accept_stored(msgspec.structs.replace(job, id=inserted.id))
+            return inserted
         (fresh,) = self._accept([job])
         return Inserted(job.id, job.name, "queued", job.priority, job.payload, fresh)
 
     def insert_many(self, into: Into | None, jobs: list[NewJob], raw: Any) -> list[Push]:
+        if self._stored is not None:
+            return self._stored.core.side.insert_many(into, jobs, raw)
         self._accept(jobs)
         return []
 
     def push_one(self, push: Push) -> None:
-        return None
+        if self._stored is not None:
+            self._stored.core.side.push_one(push)
 
     def push_many(self, jt: JobTypeSpec, jobs: Sequence[NewJob], pushes: list[Push]) -> None:
-        return None
+        if self._stored is not None:
+            self._stored.core.side.push_many(jt, jobs, pushes)
+
+    def _accept_stored(self, job: NewJob) -> None:
+        """A job stored in the database: run it unless an outer enqueue is running jobs."""
+        with self._lock:
+            self._pending.append(job)
+            if self._busy:
+                return
+            self._busy = True
+        try:
+            self._drain()
+        finally:
+            with self._lock:
+                self._busy = False
 
     def _accept(self, jobs: list[NewJob]) -> list[bool]:
         """Record every job as queued (an id reused with another payload raises first, so
@@ -166,11 +219,14 @@ class InlineRunner:
                     self._pending.clear()
                 raise DrainIncomplete(MAX_JOBS)
             ran += 1
-            self._run(job)
+            if self._stored is not None:
+                self._stored.run(job.name, [job.id])
+            else:
+                self._run(job)
 
     def _run(self, job: NewJob) -> None:
         """Every attempt at once until one ends the job (a retry waits for nothing here)."""
-        jt = self.job_type(job.name)
+        jt = self._registered(job.name)
         started = datetime.now(UTC)
         attempt = 0
         while True:

@@ -24,7 +24,6 @@ import os
 import socket
 import uuid
 from collections.abc import Iterator, Sequence
-from datetime import datetime
 from typing import Literal
 
 import msgspec
@@ -225,38 +224,9 @@ def inline(app: App) -> Iterator[App]:
     `app.get_job(id)`. A job enqueued with a delay, or inside the caller's transaction
     (`conn=`), is only stored: run it with `drain` (after the commit). A retry waits for its
     backoff as in production: `drain(app, promote="retries")` runs the remaining attempts."""
-    original = app.enqueue
     drainer = _Drainer(app)
-
-    def enqueue(
-        name: str,
-        payload: object = None,
-        *,
-        id: str | None = None,  # App.enqueue's own keyword
-        priority: int | None = None,
-        delay: float | None = None,
-        run_at: datetime | None = None,
-        expires_at: datetime | None = None,
-        conn: object | None = None,
-    ) -> str:
-        job_id = original(
-            name,
-            payload,
-            id=id,
-            priority=priority,
-            delay=delay,
-            run_at=run_at,
-            expires_at=expires_at,
-            conn=conn,
-        )
-        if conn is None:
-            drainer.run_ids(name, [job_id])
-        return job_id
-
-    # An instance attribute shadows the method for this app only, and only in the block.
-    setattr(app, "enqueue", enqueue)  # noqa: B010 - assigning a method is what mypy refuses
     try:
-        yield app
+        with app.inline_mode(drainer.run_ids):
+            yield app
     finally:
-        delattr(app, "enqueue")
         drainer.close()
