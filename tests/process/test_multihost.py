@@ -54,7 +54,7 @@ def assert_all_gone(admin_url: str, made: dict[str, list[str]]) -> None:
     assert not list(redis.Redis.from_url(REDIS_URL).scan_iter(match=made["prefix"][0] + "*"))
 
 
-@pytest.mark.timeout(90)
+@pytest.mark.timeout(270)
 def test_delayed_round_then_interrupt_mid_round_leaves_nothing(
     admin_url: str, tmp_path: Path
 ) -> None:

@@ -20,7 +20,7 @@ from hivejobs.embedded.process import redis_handshake
 from hivejobs.embedded.servers import stop_embedded
 from hivejobs.urls import redact_url
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = pytest.mark.timeout(180)
 
 ENV = ("HIVEJOBS_DATABASE_URL", "HIVEJOBS_REDIS_URL", "DATABASE_URL", "REDIS_URL")
 
