@@ -275,8 +275,8 @@ def test_bad_input_is_refused_before_anything_is_stored(
     from hivejobs import Chain
 
     chain = Chain("c")
-    chain.job("step", {"account": "a"})
-    with pytest.raises(ChainInvalid, match="has sequence_by, which a chain step cannot have"):
+    chain.job("step", {"acount": "a"}, key="post")
+    with pytest.raises(ChainInvalid, match="job 'post': .*no 'account' field"):
         app.run_chain(chain)
     assert sql(database_url, "SELECT count(*) FROM hivejobs_chain")[0][0] == 0
 

@@ -26,17 +26,11 @@ def job_row(spec: JobSpec, seq: str | None, job_type: JobTypeLookup) -> dict[str
     try:
         jt = job_type(spec.type)
         payload = jt.encode(spec.payload)  # limit_by checked too
+        # A sequenced step keeps one place in its key's line for all the chain's tries of it
+        # (docs/howto/sequences.md): a payload without the field stores nothing.
+        seq_key = None if jt.sequence is None else jt.sequence.key(jt.name, payload)
     except (UnknownJobType, PayloadInvalid, PayloadTooLarge) as exc:
         raise ChainInvalid(f"job {key!r}: {exc}") from None
-    if jt.sequence is not None:
-        # The two orders would fight: a chain retries a step with a new job per try, which a
-        # key held by the failed try (on_failure="hold") would never start; and a try would
-        # take its key's number only when the chain reaches it (docs/howto/sequences.md).
-        raise ChainInvalid(
-            f"job {key!r}: job type {jt.name!r} has sequence_by, which a chain step cannot "
-            "have (a chain's retry of a step would wait behind the key its failed try "
-            "holds): enqueue the sequenced job from a step's handler"
-        )
     if jt.delivery == "at_most_once" and spec.tries != 1:
         raise ChainInvalid(
             f"job {key!r}: job type {jt.name!r} is at_most_once, so it runs "
@@ -55,4 +49,6 @@ def job_row(spec: JobSpec, seq: str | None, job_type: JobTypeLookup) -> dict[str
         "seq": seq,
         "tries": spec.tries,
         "retry_wait_s": spec.retry_wait_s,
+        "seq_key": seq_key,
+        "seq_hold": jt.sequence is not None and jt.sequence.on_failure == "hold",
     }

@@ -7,7 +7,9 @@ One pass, per chain that needs it, in one transaction under the leader lease:
   retry     a sequence with a job failed for good, nothing of it running and retries left:
             all its jobs back to pending, the start job after retry_wait;
   run       every pending job whose predecessors all succeeded (a new try = a new job);
-  finalize  when nothing runs and nothing can: succeeded, failed, or stopped.
+  finalize  when nothing runs and nothing can: succeeded, failed, or stopped;
+  places    a sequenced step's place in its key's line goes when it ended for good or with
+            its chain (holding the key if it failed for good under on_failure="hold").
 Decisions are computed from the stored state alone, never from memory of an earlier pass,
 so a coordinator killed at any point leaves a chain that the next leader traverses the same
 way: no progress lost, and no try created twice (a try exists only if its pending -> running
@@ -212,6 +214,7 @@ def plan_chain(snap: Snapshot) -> Plan | None:
     _finalize(draft)
     if snap.stop_requested:
         _give_up_on_stragglers(draft)
+    _end_places(draft)
     draft.plan.changes = draft.changes()
     return draft.plan
 
@@ -359,6 +362,32 @@ def _give_up_on_stragglers(draft: _Draft) -> None:
         chain_id=snap.id,
         jobs=[row.key for row in running],
     )
+
+
+def _end_places(draft: _Draft) -> None:
+    """A sequenced step keeps its place in its key's line while the chain may still try it
+    (pending between tries, running, failed with its chain sequence's retry to come, stopped
+    for a resume): a retry then runs in the first try's turn, and no later job of the key
+    starts before. The place goes when the step succeeded (a try's success gives it up in
+    its completion already: this is the repair), failed for good (holding the key under
+    on_failure="hold", as a plain job's failure would), or when the chain ends. A stop is
+    not a failure: it never holds the key."""
+    snap, plan = draft.snap, draft.plan
+    chain_ends = plan.state in ("succeeded", "failed", "stopped")
+    for row in snap.jobs.values():
+        if not row.has_place:
+            continue
+        if row.state == "failed" and (chain_ends or not _sequence_retries_left(snap, row)):
+            plan.end_places[row.key] = row.seq_hold and not snap.stop_requested
+        elif chain_ends or row.state == "succeeded":
+            plan.end_places[row.key] = False
+
+
+def _sequence_retries_left(snap: Snapshot, row: JobRow) -> bool:
+    """A failed job's chain sequence will run it again (it waits for its other jobs)."""
+    if row.seq is None or snap.stop_requested:
+        return False
+    return snap.seq_tries[row.seq] <= snap.seq_limits[row.seq][0]
 
 
 def _preds_succeeded(snap: Snapshot, row: JobRow) -> bool:

@@ -7,15 +7,17 @@ VALUES (%(id)s, %(name)s, %(args)s, %(jobs)s, %(trace_context)s);
 
 -- name: insert_chain_jobs
 -- `added_by`: NULL for a chain's declared jobs, the adding job's key for ctx.chain.add.
+-- `seq_key`/`seq_hold`: a sequenced step's key and on_failure (NULL/false: not sequenced).
 INSERT INTO hivejobs_chain_job (chain_id, key, name, payload, priority, delivery, after_keys,
-                                seq, tries, retry_wait_s, added_by)
+                                seq, tries, retry_wait_s, added_by, seq_key, seq_hold)
 SELECT %(chain_id)s, u.key, u.name, u.payload, u.priority, u.delivery,
        CASE WHEN u.after_keys = '' THEN '{}'::text[] ELSE string_to_array(u.after_keys, ' ') END,
-       u.seq, u.tries, u.retry_wait_s, %(added_by)s::text
+       u.seq, u.tries, u.retry_wait_s, %(added_by)s::text, u.seq_key, u.seq_hold
   FROM unnest(%(keys)s::text[], %(names)s::text[], %(payloads)s::bytea[], %(priorities)s::int2[],
               %(deliveries)s::text[], %(afters)s::text[], %(seqs)s::text[], %(tries)s::int[],
-              %(waits)s::float8[])
-       AS u(key, name, payload, priority, delivery, after_keys, seq, tries, retry_wait_s);
+              %(waits)s::float8[], %(seq_keys)s::text[], %(seq_holds)s::bool[])
+       AS u(key, name, payload, priority, delivery, after_keys, seq, tries, retry_wait_s,
+            seq_key, seq_hold);
 
 -- name: insert_chain_sequences
 INSERT INTO hivejobs_chain_sequence (chain_id, start_key, retries, retry_wait_s)

@@ -71,6 +71,8 @@ def _chain_job_params(
         "seqs": [j["seq"] for j in jobs],
         "tries": [j["tries"] for j in jobs],
         "waits": [j["retry_wait_s"] for j in jobs],
+        "seq_keys": [j.get("seq_key") for j in jobs],
+        "seq_holds": [j.get("seq_hold", False) for j in jobs],
         "added_by": added_by,
     }
 

@@ -1,4 +1,4 @@
--- Sequences per key (store/sequence.py, sequence.py; schema in migration 0017).
+-- Sequences per key (store/sequence.py, sequence.py; schema in migrations 0017, 0023, 0024).
 
 -- name: insert_job_in_sequence
 -- insert_job (jobs.sql) for a sequenced type: the job takes the next number of its key in the
@@ -64,7 +64,8 @@ SELECT CASE WHEN k.seq_key IS NOT NULL THEN hivejobs_sequence_lock(k.name, k.seq
 -- name: claim_in_sequence
 -- claim_queued (jobs.sql) with the sequence guard, under the keys' locks: a job starts only
 -- if its key is not held, no job of its key runs (a callback's wait included), and no live
--- job of its key came before it. The locks make the guard exact: no other claim of the key
+-- job of its key came before it, nor a chain step's place (a step between its tries: its
+-- retry has its turn; hivejobs_sequence_place, migration 0024). The locks make the guard exact: no other claim of the key
 -- commits between this statement's snapshot and our commit. A row without a key (enqueued
 -- before the type was sequenced) is claimed as an unsequenced job. started_at is this
 -- statement's time, after the locks (not the transaction's start, which may come before the
@@ -83,13 +84,15 @@ UPDATE hivejobs_job j
                          WHERE r.name = j.name AND r.seq_key = j.seq_key
                            AND r.state = 'running')
         AND NOT EXISTS (SELECT 1 FROM hivejobs_job b
-                         WHERE b.name = j.name AND b.seq_key = j.seq_key AND b.seq < j.seq)))
+                         WHERE b.name = j.name AND b.seq_key = j.seq_key AND b.seq < j.seq)
+        AND NOT EXISTS (SELECT 1 FROM hivejobs_sequence_place p
+                         WHERE p.name = j.name AND p.key = j.seq_key AND p.seq < j.seq)))
 RETURNING id, name, attempt, attempts, delivery, payload, claim_token, priority, lost,
           extract(epoch FROM now() - run_at)::float8 AS pickup_s;
 
 -- name: park_waiting
 -- Under the keys' locks, after claim_in_sequence: popped ids that wait for their key (held,
--- running, or behind an earlier job) leave the dispatch path: queued_at NULL keeps them out of
+-- running, or behind an earlier job or chain step's place) leave the dispatch path: queued_at NULL keeps them out of
 -- the reconciler's queued index and out of flow_refused, so they are not pushed again until
 -- the key's hand-over (migration 0017) unparks the next one. Parking under the same lock as
 -- the hand-over means a job is never parked after its key was handed to it. No condition on
@@ -105,7 +108,9 @@ UPDATE hivejobs_job j SET queued_at = NULL
         OR EXISTS (SELECT 1 FROM hivejobs_job r
                     WHERE r.name = j.name AND r.seq_key = j.seq_key AND r.state = 'running')
         OR EXISTS (SELECT 1 FROM hivejobs_job b
-                    WHERE b.name = j.name AND b.seq_key = j.seq_key AND b.seq < j.seq))
+                    WHERE b.name = j.name AND b.seq_key = j.seq_key AND b.seq < j.seq)
+        OR EXISTS (SELECT 1 FROM hivejobs_sequence_place p
+                    WHERE p.name = j.name AND p.key = j.seq_key AND p.seq < j.seq))
 RETURNING j.id;
 
 -- name: lock_key
@@ -167,7 +172,8 @@ SELECT key, job_id, error, held_at FROM hivejobs_sequence_hold WHERE name = %(na
 
 -- name: stalled_keys
 -- The repair of the hand-over (coordinator/sequencer.py): keys whose next job is parked
--- although nothing holds the key back (no hold, nothing running). The hand-over trigger
+-- although nothing holds the key back (no hold, nothing running, no chain step's place
+-- before it). The hand-over trigger
 -- unparks such a job in the transaction that ends the previous one, so none should exist:
 -- this finds one a path missed. Walks the key index one key at a time (each step LIMIT 1 in
 -- index order, as oldest_queued walks the queues): an entry or two per key.
@@ -182,10 +188,12 @@ WITH RECURSIVE k AS (
            ORDER BY name, seq_key LIMIT 1) n
 )
 SELECT k.name, k.seq_key
-  FROM k, LATERAL (SELECT state, queued_at FROM hivejobs_job h
+  FROM k, LATERAL (SELECT state, queued_at, seq FROM hivejobs_job h
                     WHERE h.name = k.name AND h.seq_key = k.seq_key
                     ORDER BY h.seq LIMIT 1) nxt
  WHERE nxt.state = 'queued' AND nxt.queued_at IS NULL
+   AND NOT EXISTS (SELECT 1 FROM hivejobs_sequence_place p
+                    WHERE p.name = k.name AND p.key = k.seq_key AND p.seq < nxt.seq)
    AND NOT EXISTS (SELECT 1 FROM hivejobs_sequence_hold h
                     WHERE h.name = k.name AND h.key = k.seq_key)
    AND NOT EXISTS (SELECT 1 FROM hivejobs_job r
@@ -213,7 +221,7 @@ SELECT n.id, n.name, n.priority, n.state
 
 -- name: lock_idle
 -- The first statement of the prune of idle counters (prune_idle): rows of keys with no live
--- job and no hold, last used more than the retention ago, locked. SKIP LOCKED passes over a
+-- job, no hold and no chain step's place, last used more than the retention ago, locked. SKIP LOCKED passes over a
 -- row an enqueuer holds (it numbers a job of the key until its commit: the key is not idle);
 -- an enqueuer that comes after waits for our lock. No index on used_at (see migration 0023):
 -- a read of the table, at most once per SEQUENCE_PRUNE_EVERY_S (coordinator/pruner.py).
@@ -222,6 +230,8 @@ SELECT s.name, s.key FROM hivejobs_sequence s
    AND NOT EXISTS (SELECT 1 FROM hivejobs_job j WHERE j.name = s.name AND j.seq_key = s.key)
    AND NOT EXISTS (SELECT 1 FROM hivejobs_sequence_hold h
                     WHERE h.name = s.name AND h.key = s.key)
+   AND NOT EXISTS (SELECT 1 FROM hivejobs_sequence_place p
+                    WHERE p.name = s.name AND p.key = s.key)
  LIMIT %(limit)s
    FOR UPDATE OF s SKIP LOCKED;
 
@@ -238,6 +248,8 @@ DELETE FROM hivejobs_sequence s
    AND NOT EXISTS (SELECT 1 FROM hivejobs_job j WHERE j.name = s.name AND j.seq_key = s.key)
    AND NOT EXISTS (SELECT 1 FROM hivejobs_sequence_hold h
                     WHERE h.name = s.name AND h.key = s.key)
+   AND NOT EXISTS (SELECT 1 FROM hivejobs_sequence_place p
+                    WHERE p.name = s.name AND p.key = s.key)
 RETURNING s.key;
 
 -- name: parked_counts

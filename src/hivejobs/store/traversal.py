@@ -57,6 +57,9 @@ class JobRow:
     total_tries: int
     job_id: str | None
     not_before: datetime | None
+    seq_key: str | None = None  # a sequenced step's key (sequence_by), None otherwise
+    seq_hold: bool = False  # its type's on_failure="hold"
+    has_place: bool = False  # it holds a place in its key's line (take_places)
 
 
 @dataclass
@@ -133,6 +136,8 @@ class Plan:
     seq_tries: dict[str, int] = field(default_factory=dict)
     abandon: list[str] = field(default_factory=list)  # try ids that ignored the stop
     abandon_error: str = ""
+    # Sequenced steps whose place in their key's line goes (step key -> hold the key).
+    end_places: dict[str, bool] = field(default_factory=dict)
 
 
 class StaleSnapshot(Exception):  # control flow (traverse the chain again), not an error
@@ -227,7 +232,7 @@ class TraversalStore:
                 TRAVERSAL_QUERIES["abandon_tries"],
                 {"ids": plan.abandon, "error": plan.abandon_error},
             )
-        updated = None
+        updated = ended = None
         if plan.changes:
             ch = plan.changes
             updated = conn.execute(
@@ -275,8 +280,28 @@ class TraversalStore:
                 },
             )
         inserted = None
+        if plan.end_places:
+            ended = conn.execute(
+                TRAVERSAL_QUERIES["end_places"],
+                {
+                    "chain_id": chain_id,
+                    "steps": list(plan.end_places),
+                    "holds": list(plan.end_places.values()),
+                },
+            )
         if plan.tries:
             tr = plan.tries
+            placed = [t for t in tr if t.seq_key is not None]
+            if placed:
+                conn.execute(
+                    TRAVERSAL_QUERIES["take_places"],
+                    {
+                        "chain_id": chain_id,
+                        "steps": [t.key for t in placed],
+                        "names": [t.name for t in placed],
+                        "keys": [t.seq_key for t in placed],
+                    },
+                )
             inserted = conn.execute(
                 TRAVERSAL_QUERIES["insert_tries"],
                 {
@@ -286,6 +311,7 @@ class TraversalStore:
                     "priorities": [t.priority for t in tr],
                     "deliveries": [t.delivery for t in tr],
                     "payloads": [t.payload for t in tr],
+                    "steps": [t.key for t in tr],
                 },
             )
         conn.execute(
@@ -295,4 +321,5 @@ class TraversalStore:
         if updated is not None and len(updated.fetchall()) != len(plan.changes):
             # A job changed under the plan (a pool stopped a try meanwhile): roll back.
             raise StaleSnapshot(chain_id)
-        return [Push(*r) for r in inserted.fetchall()] if inserted is not None else []
+        pushes = [Push(*r) for r in inserted.fetchall()] if inserted is not None else []
+        return pushes + ([Push(*r) for r in ended.fetchall()] if ended is not None else [])

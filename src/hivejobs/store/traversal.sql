@@ -14,9 +14,13 @@ SELECT cj.chain_id FROM hivejobs_chain_job cj
 LIMIT %(limit)s;
 
 -- name: load_chain_jobs
-SELECT key, name, payload, priority, delivery, after_keys, seq, tries, retry_wait_s, state,
-       try, total_tries, job_id, not_before
-  FROM hivejobs_chain_job WHERE chain_id = %(id)s;
+-- has_place: a sequenced step holds a place in its key's line (hivejobs_sequence_place).
+SELECT cj.key, cj.name, cj.payload, cj.priority, cj.delivery, cj.after_keys, cj.seq, cj.tries,
+       cj.retry_wait_s, cj.state, cj.try, cj.total_tries, cj.job_id, cj.not_before, cj.seq_key,
+       cj.seq_hold, p.seq IS NOT NULL AS has_place
+  FROM hivejobs_chain_job cj
+  LEFT JOIN hivejobs_sequence_place p ON p.chain_id = cj.chain_id AND p.step = cj.key
+ WHERE cj.chain_id = %(id)s;
 
 -- name: load_chain_sequences
 SELECT start_key, retries, retry_wait_s, seq_try FROM hivejobs_chain_sequence
@@ -64,19 +68,55 @@ SELECT %(id)s, u.key, u.try, u.name, u.job_id, u.seq_try, u.state, u.started_at,
        AS u(key, try, name, job_id, seq_try, state, started_at, finished_at, error)
 ON CONFLICT (chain_id, key, try) DO NOTHING;
 
+-- name: take_places
+-- Before insert_tries: each sequenced step starting a try without a place in its key's line
+-- takes one, the next number of its key, as an enqueue does (insert_job_in_sequence in
+-- sequence.sql): under the key's counter row lock, held to our commit, so a smaller number
+-- is always committed first. A step with a place keeps it: a retry has the first try's turn.
+-- Counter rows locked in (name, key) order, as sequence_copied locks them.
+WITH u AS (
+    SELECT u.step, u.name, u.key
+      FROM unnest(%(steps)s::text[], %(names)s::text[], %(keys)s::text[]) AS u(step, name, key)
+     WHERE NOT EXISTS (SELECT 1 FROM hivejobs_sequence_place p
+                        WHERE p.chain_id = %(chain_id)s AND p.step = u.step)
+), n AS (
+    SELECT name, key, count(*) AS n FROM u GROUP BY name, key
+), s AS (
+    INSERT INTO hivejobs_sequence (name, key, last_seq)
+    SELECT name, key, n FROM n ORDER BY name, key
+    ON CONFLICT (name, key) DO UPDATE SET last_seq = hivejobs_sequence.last_seq + EXCLUDED.last_seq,
+                                          used_at = now()
+    RETURNING name, key, last_seq
+)
+INSERT INTO hivejobs_sequence_place (chain_id, step, name, key, seq)
+SELECT %(chain_id)s, u.step, u.name, u.key,
+       s.last_seq - n.n + row_number() OVER (PARTITION BY u.name, u.key ORDER BY u.step)
+  FROM u JOIN n USING (name, key) JOIN s USING (name, key);
+
 -- name: insert_tries
 -- One hivejobs job per try, attempts = 1: the chain counts tries, not the pool. The id names
 -- the try, so an insert repeated after a crash conflicts instead of running it twice.
 -- Each try carries the chain's trace context: the chain is one trace (hivejobs/tracing.py).
+-- A sequenced step's try takes its step's place (take_places): the key and number of the
+-- step, never a hold of its own (seq_hold false): whether a failure holds the key is the
+-- chain's to say once the step has failed for good (end_places).
 INSERT INTO hivejobs_job (id, name, state, priority, attempts, delivery, payload, run_at,
-                          queued_at, trace_context)
+                          queued_at, trace_context, seq_key, seq)
 SELECT u.id, u.name, 'queued', u.priority, 1, u.delivery, u.payload, now(), now(),
-       (SELECT c.trace_context FROM hivejobs_chain c WHERE c.id = %(chain_id)s)
+       (SELECT c.trace_context FROM hivejobs_chain c WHERE c.id = %(chain_id)s), p.key, p.seq
   FROM unnest(%(ids)s::text[], %(names)s::text[], %(priorities)s::int2[],
-              %(deliveries)s::text[], %(payloads)s::bytea[])
-       AS u(id, name, priority, delivery, payload)
+              %(deliveries)s::text[], %(payloads)s::bytea[], %(steps)s::text[])
+       AS u(id, name, priority, delivery, payload, step)
+  LEFT JOIN hivejobs_sequence_place p ON p.chain_id = %(chain_id)s AND p.step = u.step
 ON CONFLICT (id) DO NOTHING
 RETURNING id, name, priority;
+
+-- name: end_places
+-- After update_chain_jobs: the places of steps ended for good or with their chain go, a
+-- failure for good under on_failure="hold" holds the key, and each key is handed to its
+-- next job (hivejobs_sequence_end_places, migration 0024); the jobs unparked, to push.
+SELECT id, name, priority FROM hivejobs_sequence_end_places(%(chain_id)s, %(steps)s::text[],
+                                                            %(holds)s::bool[]);
 
 -- name: update_sequence_tries
 UPDATE hivejobs_chain_sequence s SET seq_try = u.seq_try
