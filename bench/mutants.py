@@ -50,6 +50,10 @@ FAIR = "tests/integration/test_fair.py"
 HARDENING = "tests/web/test_hardening.py"
 SEQ = "tests/integration/test_sequence.py"
 SEQ_PRUNE = "tests/integration/test_sequence_prune.py"
+SEQ_CHAIN = "tests/integration/test_sequence_chain.py"
+SEQ_PLACES = "tests/unit/test_chain_places.py"
+SEQ_RETRY = SEQ_CHAIN + "::test_a_retry_keeps_the_first_tries_place_in_its_key"
+SEQ_PLACE_MIGRATION = "src/hivejobs/store/migrations/0024_sequence_chain_steps.sql"
 # The idle-counter prune: its two statements (lock_idle, delete_idle) each check the key;
 # a guard removes the check from both, the text between them included.
 SEQ_PRUNE_SQL = (
@@ -58,6 +62,8 @@ SEQ_PRUNE_SQL = (
     "   AND NOT EXISTS (SELECT 1 FROM hivejobs_job j WHERE j.name = s.name AND j.seq_key = s.key)\n"
     "   AND NOT EXISTS (SELECT 1 FROM hivejobs_sequence_hold h\n"
     "                    WHERE h.name = s.name AND h.key = s.key)\n"
+    "   AND NOT EXISTS (SELECT 1 FROM hivejobs_sequence_place p\n"
+    "                    WHERE p.name = s.name AND p.key = s.key)\n"
     " LIMIT %(limit)s\n"
     "   FOR UPDATE OF s SKIP LOCKED;\n"
     "\n"
@@ -74,6 +80,8 @@ SEQ_PRUNE_SQL = (
     "   AND NOT EXISTS (SELECT 1 FROM hivejobs_job j WHERE j.name = s.name AND j.seq_key = s.key)\n"
     "   AND NOT EXISTS (SELECT 1 FROM hivejobs_sequence_hold h\n"
     "                    WHERE h.name = s.name AND h.key = s.key)\n"
+    "   AND NOT EXISTS (SELECT 1 FROM hivejobs_sequence_place p\n"
+    "                    WHERE p.name = s.name AND p.key = s.key)\n"
     "RETURNING s.key;"
 )
 
@@ -723,8 +731,8 @@ GUARDS: tuple[Guard, ...] = (
         "src/hivejobs/store/sequence.sql",
         "        AND NOT EXISTS (SELECT 1 FROM hivejobs_job b\n"
         "                         WHERE b.name = j.name AND b.seq_key = j.seq_key"
-        " AND b.seq < j.seq)))",
-        "        AND true))",
+        " AND b.seq < j.seq)\n",
+        "",
         (SEQ + "::test_a_later_job_never_starts_while_an_earlier_one_is_live",),
         "a key's later job starts while an earlier one waits: out of order",
     ),
@@ -794,6 +802,113 @@ GUARDS: tuple[Guard, ...] = (
         ),
         (SEQ_PRUNE + "::test_only_idle_keys_lose_their_counter",),
         "a held key loses its counter while its hold waits for an operator",
+    ),
+    Guard(
+        "seq-prune-place",
+        "src/hivejobs/store/sequence.sql",
+        SEQ_PRUNE_SQL,
+        SEQ_PRUNE_SQL.replace(
+            "   AND NOT EXISTS (SELECT 1 FROM hivejobs_sequence_place p\n"
+            "                    WHERE p.name = s.name AND p.key = s.key)\n",
+            "",
+        ),
+        (SEQ_CHAIN + "::test_the_prune_keeps_a_key_whose_step_is_between_tries",),
+        "a key whose chain step waits for its retry loses its counter: a later job numbers "
+        "before the step",
+    ),
+    # -- sequenced chain steps: one place in the key's line for all the chain's tries ----
+    Guard(
+        "seq-chain-step-key",
+        "src/hivejobs/chains/checks.py",
+        "        seq_key = None if jt.sequence is None else jt.sequence.key(jt.name, payload)",
+        "        seq_key = None",
+        (SEQ_RETRY,),
+        "a sequenced chain step runs outside its key's line",
+    ),
+    Guard(
+        "seq-claim-place",
+        "src/hivejobs/store/sequence.sql",
+        "        AND NOT EXISTS (SELECT 1 FROM hivejobs_sequence_place p\n"
+        "                         WHERE p.name = j.name AND p.key = j.seq_key"
+        " AND p.seq < j.seq)))",
+        "        AND true))",
+        (SEQ_RETRY,),
+        "a later job of the key starts while a chain step waits for its retry",
+    ),
+    Guard(
+        "seq-park-place",
+        "src/hivejobs/store/sequence.sql",
+        "        OR EXISTS (SELECT 1 FROM hivejobs_sequence_place p\n"
+        "                    WHERE p.name = j.name AND p.key = j.seq_key AND p.seq < j.seq))",
+        "        OR false)",
+        (SEQ_CHAIN + "::test_the_prune_keeps_a_key_whose_step_is_between_tries",),
+        "a job refused for a step's place stays dispatched: popped and refused again and again",
+    ),
+    Guard(
+        "seq-hand-over-place",
+        SEQ_PLACE_MIGRATION,
+        "                WHERE p.name = p_name AND p.key = p_key AND p.seq < nxt.seq) THEN",
+        "                WHERE false) THEN",
+        (SEQ_RETRY,),
+        "a failed try of a chain step hands its key to the next job before the chain's retry",
+    ),
+    Guard(
+        "seq-stalled-place",
+        "src/hivejobs/store/sequence.sql",
+        "   AND NOT EXISTS (SELECT 1 FROM hivejobs_sequence_place p\n"
+        "                    WHERE p.name = k.name AND p.key = k.seq_key AND p.seq < nxt.seq)",
+        "",
+        (SEQ_RETRY,),
+        "the sequencer's repair unparks a job behind a chain step that waits for its retry",
+    ),
+    Guard(
+        "seq-place-kept-by-retry",
+        "src/hivejobs/store/traversal.sql",
+        "                        WHERE p.chain_id = %(chain_id)s AND p.step = u.step)\n"
+        "), n AS (",
+        "                        WHERE false)\n), n AS (",
+        (SEQ_RETRY,),
+        "a chain's retry of a step takes a new place at the end of its key's line",
+    ),
+    Guard(
+        "seq-place-success",
+        SEQ_PLACE_MIGRATION,
+        "     WHERE g.seq_key IS NOT NULL AND a.state = 'succeeded'\n",
+        "     WHERE false\n",
+        (SEQ_RETRY,),
+        "a step's success hands its key on only when the traverser comes by (a hop later)",
+    ),
+    Guard(
+        "seq-place-hold",
+        SEQ_PLACE_MIGRATION,
+        "     WHERE u.hold AND cj.job_id IS NOT NULL\n",
+        "     WHERE false\n",
+        (SEQ_CHAIN + "::test_a_step_failed_for_good_holds_or_hands_on_its_key",),
+        "a chain step failed for good under on_failure=hold lets its key go on",
+    ),
+    Guard(
+        "seq-place-chain-end",
+        "src/hivejobs/coordinator/traverser.py",
+        "        elif chain_ends or row.state == \"succeeded\":",
+        "        elif row.state == \"succeeded\":",
+        (SEQ_PLACES, SEQ_CHAIN + "::test_stopping_the_chain_between_tries_gives_the_key_on_without_a_hold"),
+        "a stopped or failed chain keeps its waiting step's place: the key is stuck for good",
+    ),
+    Guard(
+        "seq-place-sequence-retry",
+        "src/hivejobs/coordinator/traverser.py",
+        "(chain_ends or not _sequence_retries_left(snap, row))",
+        "True",
+        (SEQ_PLACES,),
+        "a step whose chain sequence will retry it gives up its place (and holds the key)",
+    ),
+    Guard(
+        "seq-place-stop-no-hold",
+        "src/hivejobs/coordinator/traverser.py",
+        "            plan.end_places[row.key] = row.seq_hold and not snap.stop_requested",
+        "            plan.end_places[row.key] = row.seq_hold",
+        (SEQ_PLACES,),
+        "stopping a chain holds its step's key when a try failed during the stop",
     ),
     Guard(
         "seq-prune-retention",

@@ -152,7 +152,8 @@ def test_the_prune_keeps_a_key_whose_step_is_between_tries(
     make_app: Callable[..., App], database_url: str
 ) -> None:
     """A key with no live job but a step's place is not idle: its counter stays, so no job
-    can be numbered before the step's retry."""
+    can be numbered before the step's retry. A job enqueued then is refused for the place
+    alone, and parked (out of Redis until the step ends)."""
     app = make(make_app())
     request_id = step_chain(app, tries=2, retry_wait=3600.0)
     pass_over(app, request_id)
@@ -162,3 +163,5 @@ def test_the_prune_keeps_a_key_whose_step_is_between_tries(
     assert SequenceStore(app.connections.store).prune_idle(retention_s=60) == 0
     (after,) = enqueue_line(app, "a", 1)
     assert seq_of(database_url, after)[1] == 2
+    assert claim(app, [after]) == []
+    assert not queued_at_set(database_url, after)

@@ -73,6 +73,8 @@ CASES: list[tuple[str, list[JobRow], dict[str, TerminalState], dict[str, object]
     ("succeeded", [step("running")], {"post": "succeeded"}, {}, {"post": False}),
     ("stopped by a chain stop", [step("running")], {"post": "cancelled"}, {"stop": True},
      {"post": False}),  # fmt: skip
+    ("try failed during a chain stop", [step("running", tries=3)], {"post": "failed"},
+     {"stop": True}, {"post": False}),  # fmt: skip
     ("suspended (stopped, no stop asked)", [step("stopped")], {}, {}, {}),
     (
         "failed, its chain sequence retries it",
