@@ -15,7 +15,7 @@ import pytest
 from hivejobs import App, Chain
 from hivejobs.coordinator.traverser import Traverser
 from hivejobs.records import ClaimedJob
-from hivejobs.store.sequence import SequenceStore
+from hivejobs.store.sequence import SEQ, SequenceStore
 from tests.harness import sql
 from tests.integration.test_coordinator import leader
 from tests.integration.test_sequence import claim, enqueue_line, finish, make, queued_at_set
@@ -41,6 +41,11 @@ def seq_of(database_url: str, job_id: str) -> tuple[str, int, bool]:
         database_url, "SELECT seq_key, seq, seq_hold FROM hivejobs_job WHERE id = %s", (job_id,)
     )
     return key, seq, hold
+
+
+def stalled(app: App) -> list[tuple[str, str]]:
+    with app.connections.store.connection() as conn:
+        return [tuple(r) for r in conn.execute(SEQ["stalled_keys"], {"limit": 10}).fetchall()]
 
 
 def only(jobs: list[ClaimedJob]) -> ClaimedJob:
@@ -71,9 +76,10 @@ def test_a_retry_keeps_the_first_tries_place_in_its_key(
     tried = only(claim(app, [after, first_try]))
     assert tried.id == first_try
     finish(app, tried, "failed")
-    assert claim(app, [after]) == []  # no live try of the step, but its place comes first
-    assert not queued_at_set(database_url, after)
-    SequenceStore(app.connections.store).hand_over_stalled()  # the repair sees nothing to do
+    assert not queued_at_set(database_url, after)  # no live try, but the place comes first
+    assert stalled(app) == []  # nor does the sequencer's repair see a key to hand over
+    assert SequenceStore(app.connections.store).hand_over_stalled() == []
+    assert claim(app, [after]) == []
     assert not queued_at_set(database_url, after)
 
     pass_over(app, request_id)
