@@ -864,8 +864,7 @@ GUARDS: tuple[Guard, ...] = (
     Guard(
         "seq-place-kept-by-retry",
         "src/hivejobs/store/traversal.sql",
-        "                        WHERE p.chain_id = %(chain_id)s AND p.step = u.step)\n"
-        "), n AS (",
+        "                        WHERE p.chain_id = %(chain_id)s AND p.step = u.step)\n), n AS (",
         "                        WHERE false)\n), n AS (",
         (SEQ_RETRY,),
         "a chain's retry of a step takes a new place at the end of its key's line",
@@ -889,9 +888,12 @@ GUARDS: tuple[Guard, ...] = (
     Guard(
         "seq-place-chain-end",
         "src/hivejobs/coordinator/traverser.py",
-        "        elif chain_ends or row.state == \"succeeded\":",
-        "        elif row.state == \"succeeded\":",
-        (SEQ_PLACES, SEQ_CHAIN + "::test_stopping_the_chain_between_tries_gives_the_key_on_without_a_hold"),
+        '        elif chain_ends or row.state == "succeeded":',
+        '        elif row.state == "succeeded":',
+        (
+            SEQ_PLACES,
+            SEQ_CHAIN + "::test_stopping_the_chain_between_tries_gives_the_key_on_without_a_hold",
+        ),
         "a stopped or failed chain keeps its waiting step's place: the key is stuck for good",
     ),
     Guard(

@@ -27,9 +27,11 @@ LIVE_TRY = "SELECT count(*) FROM hivejobs_job WHERE id = %s"
 STEP = "SELECT state, job_id, not_before IS NOT NULL FROM hivejobs_chain_job WHERE chain_id = %s"
 
 
-def step_chain(app: App, name: str, payload: dict[str, object], **options: float) -> str:
+def step_chain(
+    app: App, name: str, payload: dict[str, object], tries: int = 1, retry_wait: float = 0.0
+) -> str:
     chain = Chain("posting")
-    chain.job(name, payload, key="post", **options)  # type: ignore[arg-type]
+    chain.job(name, payload, key="post", tries=tries, retry_wait=retry_wait)
     return app.run_chain(chain)
 
 
@@ -94,8 +96,10 @@ def test_chain_steps_keep_their_place_through_retries_kills_and_a_rolling_restar
         dead[pid] = time.monotonic_ns()
     chains = [r for account in steps.values() for _, r in account]
     wait_until(
-        lambda: live_jobs(database_url) == 0
-        and all(app.chain_status(r).state == "succeeded" for r in chains),
+        lambda: (
+            live_jobs(database_url) == 0
+            and all(app.chain_status(r).state == "succeeded" for r in chains)
+        ),
         timeout=120,
         what="every job and chain done",
     )

@@ -71,10 +71,20 @@ CASES: list[tuple[str, list[JobRow], dict[str, TerminalState], dict[str, object]
         {"post": False},
     ),
     ("succeeded", [step("running")], {"post": "succeeded"}, {}, {"post": False}),
-    ("stopped by a chain stop", [step("running")], {"post": "cancelled"}, {"stop": True},
-     {"post": False}),  # fmt: skip
-    ("try failed during a chain stop", [step("running", tries=3)], {"post": "failed"},
-     {"stop": True}, {"post": False}),  # fmt: skip
+    (
+        "stopped by a chain stop",
+        [step("running")],
+        {"post": "cancelled"},
+        {"stop": True},
+        {"post": False},
+    ),  # fmt: skip
+    (
+        "try failed during a chain stop",
+        [step("running", tries=3)],
+        {"post": "failed"},
+        {"stop": True},
+        {"post": False},
+    ),  # fmt: skip
     ("suspended (stopped, no stop asked)", [step("stopped")], {}, {}, {}),
     (
         "failed, its chain sequence retries it",
