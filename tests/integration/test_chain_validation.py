@@ -150,3 +150,18 @@ def test_json_chain_round_trip_and_cli(
     bad = cli("run", str(path))
     assert bad.returncode == 2 and "cycle" in bad.stderr
     assert cli("status", "nope").returncode == 1
+
+
+def test_whole_second_waits_beside_fractional_ones_are_stored(app: App, database_url: str) -> None:
+    """`retry_wait=30` (an int, as a reader writes it) beside a default 0.0 in one chain."""
+    chain = Chain("waits")
+    first = chain.job("step", {}, key="a", tries=2, retry_wait=30)
+    chain.job("step", {}, key="b", after=[first])
+    chain.sequence([first], retries=1, retry_wait=5)
+    request_id = app.run_chain(chain)
+    rows = sql(
+        database_url,
+        "SELECT key, retry_wait_s FROM hivejobs_chain_job WHERE chain_id = %s ORDER BY key",
+        (request_id,),
+    )
+    assert rows == [("a", 30.0), ("b", 0.0)]

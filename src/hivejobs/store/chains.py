@@ -51,7 +51,7 @@ def create_chain_plan(
                 "chain_id": chain["id"],
                 "starts": [s["start"] for s in sequences],
                 "retries": [s["retries"] for s in sequences],
-                "waits": [s["retry_wait_s"] for s in sequences],
+                "waits": [float(s["retry_wait_s"]) for s in sequences],
             },
         )
     yield CHAIN_QUERIES["wake_traverser"], {"id": chain["id"]}
@@ -70,7 +70,8 @@ def _chain_job_params(
         "afters": [" ".join(j["after"]) for j in jobs],
         "seqs": [j["seq"] for j in jobs],
         "tries": [j["tries"] for j in jobs],
-        "waits": [j["retry_wait_s"] for j in jobs],
+        # float(): `retry_wait=30` beside a 0.0 would make a list psycopg cannot dump.
+        "waits": [float(j["retry_wait_s"]) for j in jobs],
         "seq_keys": [j.get("seq_key") for j in jobs],
         "seq_holds": [j.get("seq_hold", False) for j in jobs],
         "added_by": added_by,
