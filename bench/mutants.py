@@ -913,6 +913,22 @@ GUARDS: tuple[Guard, ...] = (
         "stopping a chain holds its step's key when a try failed during the stop",
     ),
     Guard(
+        "seq-place-lock-timeout",
+        "src/hivejobs/store/traversal.sql",
+        "       set_config('lock_timeout', %(timeout_ms)s, true);",
+        "       set_config('lock_timeout', '0', true);",
+        (SEQ_CHAIN + "::test_an_enqueuers_open_transaction_delays_the_step_not_the_other_chains",),
+        "the traverser waits for a caller's open transaction that enqueued a step's key",
+    ),
+    Guard(
+        "seq-place-lock-busy",
+        "src/hivejobs/store/traversal.py",
+        "            raise LockBusy(chain_id) from None",
+        "            raise",
+        (SEQ_CHAIN + "::test_an_enqueuers_open_transaction_delays_the_step_not_the_other_chains",),
+        "a step's busy key counter aborts the traverser's pass: the other chains wait",
+    ),
+    Guard(
         "seq-prune-retention",
         "src/hivejobs/store/sequence.sql",
         SEQ_PRUNE_SQL,

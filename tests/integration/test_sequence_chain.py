@@ -8,24 +8,28 @@ with the store's sequenced claim as a pool does and writes completions as the co
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 
+import psycopg
 import pytest
 
 from hivejobs import App, Chain
 from hivejobs.coordinator.traverser import Traverser
 from hivejobs.records import ClaimedJob
 from hivejobs.store.sequence import SEQ, SequenceStore
-from tests.harness import sql
+from tests.harness import sql, wait_until
 from tests.integration.test_coordinator import leader
 from tests.integration.test_sequence import claim, enqueue_line, finish, make, queued_at_set
 
+LIVE = "SELECT count(*) FROM hivejobs_job WHERE id = %s"
 PLACES = "SELECT step, key, seq FROM hivejobs_sequence_place ORDER BY seq"
 
 
-def pass_over(app: App, request_id: str) -> None:
+def pass_over(app: App, request_ids: str) -> None:
+    """One traverser pass over the chains named (comma-separated)."""
     Traverser(app.connections.store, app.connections.broker).run_once(
-        leader(app), only={request_id}
+        leader(app), only=set(request_ids.split(","))
     )
 
 
@@ -171,3 +175,39 @@ def test_the_prune_keeps_a_key_whose_step_is_between_tries(
     assert seq_of(database_url, after)[1] == 2
     assert claim(app, [after]) == []
     assert not queued_at_set(database_url, after)
+
+
+def test_an_enqueuers_open_transaction_delays_the_step_not_the_other_chains(
+    make_app: Callable[..., App], database_url: str
+) -> None:
+    """An enqueue of the key inside a caller's transaction holds the key's counter to its
+    commit: the pass leaves that step for later (its place would otherwise come before a
+    number not yet committed) and goes on with the other chains; after the commit the step
+    takes the next place, behind the caller's job."""
+    app = make(make_app())
+    app.job("plain")(lambda ctx, payload: None)
+    app.connections.store.upsert_job_types([app.types["plain"].info()])
+    waiting = step_chain(app)
+    other = Chain("other")
+    other.job("plain", {}, key="p")
+    other_id = app.run_chain(other)
+    with psycopg.connect(database_url) as caller:
+        held = app.enqueue("step", {"account": "a", "i": 0}, conn=caller)
+        errors: list[BaseException] = []
+
+        def one_pass() -> None:
+            try:
+                pass_over(app, f"{waiting},{other_id}")
+            except BaseException as exc:  # the assertion below reports it
+                errors.append(exc)
+
+        passed = threading.Thread(target=one_pass)
+        passed.start()
+        wait_until(lambda: not passed.is_alive(), what="the pass, not waiting on the caller")
+        assert errors == []
+        assert sql(database_url, LIVE, (f"{other_id}:p:1",)) == [(1,)]
+        assert sql(database_url, LIVE, (f"{waiting}:post:1",)) == [(0,)]
+        caller.commit()
+    pass_over(app, waiting)
+    assert seq_of(database_url, held)[1] == 1
+    assert seq_of(database_url, f"{waiting}:post:1")[1] == 2

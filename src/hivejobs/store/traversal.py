@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal
 
+import psycopg
+
 from hivejobs.records.chains import ChainJobState, ChainState, JobLogState
 from hivejobs.records.dispatch import Lease, Push
 from hivejobs.records.jobs import Delivery, TerminalState
@@ -23,8 +25,6 @@ from hivejobs.store.leases import LEASES
 from hivejobs.store.sql import load_queries
 
 if TYPE_CHECKING:
-    import psycopg
-
     from hivejobs.store import Store
 
     Conn = psycopg.Connection[Any]
@@ -144,6 +144,17 @@ class StaleSnapshot(Exception):  # control flow (traverse the chain again), not 
     """A plan's fenced update missed a row: the transaction is rolled back, nothing written."""
 
 
+class LockBusy(StaleSnapshot):
+    """A lock the pass needed stayed taken past its lock timeout: most often a sequenced
+    step's key counter (PLACE_LOCK_TIMEOUT_MS), held by an enqueuer of the key whose
+    transaction has not committed; or the chain's row (the coordinator's lock_timeout).
+    Nothing written; the chain is traversed again later and the pass's other chains go on."""
+
+
+# How long a pass waits for a key's counter row to take a step's place (take_places).
+PLACE_LOCK_TIMEOUT_MS = 100
+
+
 class TraversalStore:
     """The traverser's reads and writes over a Store's connection pool; holds no state."""
 
@@ -169,6 +180,14 @@ class TraversalStore:
         before it (its new tries were in the same transaction, so they are gone too, and a
         later synchronous commit, such as an at-most-once claim, flushes it first).
         """
+        try:
+            return self._traverse(lease, chain_id, plan)
+        except psycopg.errors.LockNotAvailable:
+            raise LockBusy(chain_id) from None
+
+    def _traverse(
+        self, lease: Lease, chain_id: str, plan: Callable[[Snapshot], Plan | None]
+    ) -> list[Push] | None:
         with self.store.connection() as conn, conn.pipeline() as pipeline, conn.transaction():
             held = conn.execute(LEASE_HOLD, {"holder": lease[0], "term": lease[1]})
             reads = self._read(conn, chain_id)
@@ -293,6 +312,8 @@ class TraversalStore:
             tr = plan.tries
             placed = [t for t in tr if t.seq_key is not None]
             if placed:
+                timeout = {"timeout_ms": str(PLACE_LOCK_TIMEOUT_MS)}
+                conn.execute(TRAVERSAL_QUERIES["place_lock_timeout"], timeout)
                 conn.execute(
                     TRAVERSAL_QUERIES["take_places"],
                     {
@@ -302,6 +323,7 @@ class TraversalStore:
                         "keys": [t.seq_key for t in placed],
                     },
                 )
+                conn.execute(TRAVERSAL_QUERIES["restore_lock_timeout"])
             inserted = conn.execute(
                 TRAVERSAL_QUERIES["insert_tries"],
                 {

@@ -68,6 +68,16 @@ SELECT %(id)s, u.key, u.try, u.name, u.job_id, u.seq_try, u.state, u.started_at,
        AS u(key, try, name, job_id, seq_try, state, started_at, finished_at, error)
 ON CONFLICT (chain_id, key, try) DO NOTHING;
 
+-- name: place_lock_timeout
+-- Around take_places: an enqueuer of the key inside a caller's long transaction holds its
+-- counter row to its commit; the pass waits for it only this long (then it is tried again
+-- later, see LockBusy in traversal.py), never the whole coordinator behind a request.
+SELECT set_config('hivejobs.lock_timeout', current_setting('lock_timeout'), true),
+       set_config('lock_timeout', %(timeout_ms)s, true);
+
+-- name: restore_lock_timeout
+SELECT set_config('lock_timeout', current_setting('hivejobs.lock_timeout'), true);
+
 -- name: take_places
 -- Before insert_tries: each sequenced step starting a try without a place in its key's line
 -- takes one, the next number of its key, as an enqueue does (insert_job_in_sequence in
