@@ -81,6 +81,7 @@ def test_a_retry_keeps_the_first_tries_place_in_its_key(
     assert tried.id == first_try
     finish(app, tried, "failed")
     assert not queued_at_set(database_url, after)  # no live try, but the place comes first
+    assert [(k.key, k.queued, k.next_id) for k in app.keys("step")] == [('"a"', 1, first_try)]
     assert stalled(app) == []  # nor does the sequencer's repair see a key to hand over
     assert SequenceStore(app.connections.store).hand_over_stalled() == []
     assert claim(app, [after]) == []
@@ -149,6 +150,8 @@ def test_stopping_the_chain_between_tries_gives_the_key_on_without_a_hold(
     pass_over(app, request_id)  # the step waits an hour for its retry, in its place
     assert len(sql(database_url, PLACES)) == 1
     assert claim(app, [after]) == []
+    only_place = [(k.key, k.queued, k.next_id) for k in app.keys("step")]
+    assert only_place == [('"a"', 1, f"{request_id}:post:1")]
     assert app.stop_chain(request_id)
     pass_over(app, request_id)
     assert app.chain_status(request_id).state in ("failed", "stopped")
@@ -169,6 +172,8 @@ def test_the_prune_keeps_a_key_whose_step_is_between_tries(
     pass_over(app, request_id)
     finish(app, only(claim(app, [f"{request_id}:post:1"])), "failed")
     pass_over(app, request_id)
+    waiting = [(k.key, k.queued, k.running, k.next_id) for k in app.keys("step")]
+    assert waiting == [('"a"', 0, 0, f"{request_id}:post:1")]  # a key with a place only
     sql(database_url, "UPDATE hivejobs_sequence SET used_at = now() - interval '1 day'")
     assert SequenceStore(app.connections.store).prune_idle(retention_s=60) == 0
     (after,) = enqueue_line(app, "a", 1)

@@ -142,21 +142,35 @@ UPDATE hivejobs_job SET seq = h.seq FROM h
 RETURNING id;
 
 -- name: keys
--- The keys of a type with live jobs or a hold: counts per state, the next job, and the hold.
--- Reads the type's sequenced live rows through hivejobs_job_seq.
+-- The keys of a type with live jobs, a chain step's place or a hold: counts per state, the
+-- next job, and the hold. The next job is a chain step's (its current or last try) when the
+-- step's place comes before every live job of the key: it waits for the chain's retry and
+-- the key waits for it. Reads the type's sequenced live rows through hivejobs_job_seq.
 WITH live AS (
     SELECT seq_key AS key,
            count(*) FILTER (WHERE state = 'queued')::int AS queued,
            count(*) FILTER (WHERE state = 'scheduled')::int AS scheduled,
            count(*) FILTER (WHERE state = 'running')::int AS running,
-           (array_agg(id ORDER BY seq))[1] AS next_id
+           (array_agg(id ORDER BY seq))[1] AS next_id, min(seq) AS first_seq
       FROM hivejobs_job WHERE name = %(name)s AND seq_key IS NOT NULL
      GROUP BY seq_key
+), placed AS (
+    SELECT DISTINCT ON (p.key) p.key, p.seq, cj.job_id
+      FROM hivejobs_sequence_place p
+      JOIN hivejobs_chain_job cj ON cj.chain_id = p.chain_id AND cj.key = p.step
+     WHERE p.name = %(name)s
+     ORDER BY p.key, p.seq
+), lines AS (
+    SELECT coalesce(l.key, pl.key) AS key, coalesce(l.queued, 0) AS queued,
+           coalesce(l.scheduled, 0) AS scheduled, coalesce(l.running, 0) AS running,
+           CASE WHEN pl.seq < l.first_seq OR l.key IS NULL THEN pl.job_id ELSE l.next_id END
+               AS next_id
+      FROM live l FULL JOIN placed pl ON pl.key = l.key
 )
 SELECT coalesce(l.key, h.key) AS key, coalesce(l.queued, 0) AS queued,
        coalesce(l.scheduled, 0) AS scheduled, coalesce(l.running, 0) AS running,
        l.next_id, h.job_id AS held_by, h.error AS held_error, h.held_at
-  FROM live l
+  FROM lines l
   FULL JOIN (SELECT * FROM hivejobs_sequence_hold WHERE name = %(name)s) h ON h.key = l.key
  ORDER BY (h.key IS NULL), coalesce(l.key, h.key)
  LIMIT %(limit)s;
