@@ -19,7 +19,13 @@ At most one job of a key runs at a time, in enqueue order. Where each part is de
 - failures: a failed attempt with attempts left keeps the job live (queued or scheduled for
   its retry), so it stays the key's next job and the key waits for it. A job failed for good
   holds the key with on_failure="hold" (until `App.replay` of that job, which then runs
-  first, or `App.release_key`), and lets the key go on with on_failure="continue".
+  first, or `App.release_key`), and lets the key go on with on_failure="continue";
+- chain steps: a sequenced step takes one place in its key's line when its chain starts its
+  first try (take_places in store/traversal.sql) and every try runs at that number; the
+  place (hivejobs_sequence_place, migration 0024) stands in for the step between tries, so
+  the claim and the hand-over wait for it as for a live job. A try's success gives it up in
+  its completion; the traverser ends it when the step failed for good (holding the key as
+  above) or its chain ended (coordinator/traverser.py, _end_places).
 
 Never decides from Redis; never blocks a pool on an enqueuer's transaction (the claim's lock
 is not the enqueue's row lock).

@@ -1,4 +1,4 @@
-"""Sequence statements (sequence.sql; schema and hand-over trigger in migrations 0017, 0023).
+"""Sequence statements (sequence.sql; schema and hand-over in migrations 0017, 0023, 0024).
 
 Part of store/: decides nothing. sequence.py says what a sequence guarantees; this module
 numbers a key's jobs at enqueue, claims a sequenced type's jobs under their keys' locks with
