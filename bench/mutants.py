@@ -901,7 +901,10 @@ GUARDS: tuple[Guard, ...] = (
         "src/hivejobs/coordinator/traverser.py",
         "(chain_ends or not _sequence_retries_left(snap, row))",
         "True",
-        (SEQ_PLACES,),
+        (
+            SEQ_PLACES,
+            SEQ_CHAIN + "::test_a_chain_sequence_retry_of_the_failed_step_keeps_its_place",
+        ),
         "a step whose chain sequence will retry it gives up its place (and holds the key)",
     ),
     Guard(

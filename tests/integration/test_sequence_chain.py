@@ -216,3 +216,24 @@ def test_an_enqueuers_open_transaction_delays_the_step_not_the_other_chains(
     pass_over(app, waiting)
     assert seq_of(database_url, held)[1] == 1
     assert seq_of(database_url, f"{waiting}:post:1")[1] == 2
+
+
+def test_a_chain_sequence_retry_of_the_failed_step_keeps_its_place(
+    make_app: Callable[..., App], database_url: str
+) -> None:
+    """The step fails for good inside a chain sequence with a retry left: the sequence starts
+    again, the step's place stays (no hold, the later job stays parked), and the retry runs
+    in the first try's turn."""
+    app = make(make_app())
+    chain = Chain("posting")
+    post = chain.job("step", {"account": "a", "i": "chain"}, key="post")
+    chain.sequence([post], retries=1)
+    request_id = app.run_chain(chain)
+    pass_over(app, request_id)
+    (after,) = enqueue_line(app, "a", 1)
+    finish(app, only(claim(app, [f"{request_id}:post:1", after])), "failed")
+    pass_over(app, request_id)  # the sequence starts again: a new try, in the same place
+    assert [k.held_by for k in app.keys("step")] == [None]
+    retry = f"{request_id}:post:2"
+    assert seq_of(database_url, retry)[1] == 1 and seq_of(database_url, after)[1] == 2
+    assert only(claim(app, [after, retry])).id == retry
