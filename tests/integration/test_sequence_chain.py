@@ -16,7 +16,7 @@ import pytest
 
 from hivejobs import App, Chain
 from hivejobs.coordinator.traverser import Traverser
-from hivejobs.records import ClaimedJob
+from hivejobs.records.jobs import ClaimedJob
 from hivejobs.store.sequence import SEQ, SequenceStore
 from tests.harness import sql, wait_until
 from tests.integration.test_coordinator import leader

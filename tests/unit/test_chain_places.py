@@ -8,9 +8,9 @@ from datetime import UTC, datetime
 
 import pytest
 
-from hivejobs.chain_records import ChainJobState
 from hivejobs.coordinator.traverser import plan_chain
-from hivejobs.records import TerminalState
+from hivejobs.records.chains import ChainJobState
+from hivejobs.records.jobs import TerminalState
 from hivejobs.store.traversal import FinishedTry, JobRow, Snapshot
 
 NOW = datetime(2026, 12, 6, 12, 0, tzinfo=UTC)
