@@ -14,9 +14,12 @@ from collections.abc import Callable
 import psycopg
 import pytest
 
-from hivejobs import App, Chain
+from hivejobs import App, Chain, JobContext
 from hivejobs.coordinator.traverser import Traverser
+from hivejobs.errors import ChainInvalid
 from hivejobs.records.jobs import ClaimedJob
+from hivejobs.store import new_worker_id
+from hivejobs.store.chains import ChainStore
 from hivejobs.store.sequence import SEQ, SequenceStore
 from tests.harness import sql, wait_until
 from tests.integration.test_coordinator import leader
@@ -237,3 +240,36 @@ def test_a_chain_sequence_retry_of_the_failed_step_keeps_its_place(
     retry = f"{request_id}:post:2"
     assert seq_of(database_url, retry)[1] == 1 and seq_of(database_url, after)[1] == 2
     assert only(claim(app, [after, retry])).id == retry
+
+
+def test_a_sequenced_step_added_at_run_time_takes_its_place_too(
+    make_app: Callable[..., App], database_url: str
+) -> None:
+    """ctx.chain.add of a sequenced step: its key is recorded as for a declared step (one
+    without the field is refused, nothing stored), and its first try takes its place."""
+    app = make(make_app())
+    app.job("plain")(lambda ctx, payload: None)
+    app.connections.store.upsert_job_types([app.types["plain"].info()])
+    chain = Chain("grows")
+    chain.job("plain", {}, key="root")
+    request_id = app.run_chain(chain)
+    pass_over(app, request_id)
+    with app.connections.store.connection() as conn:
+        (claimed,) = app.connections.store.claim_queued(
+            [f"{request_id}:root:1"], new_worker_id(), conn, name="plain"
+        )
+    ctx = JobContext(claimed, app, ChainStore(app.connections.store))
+    assert ctx.chain is not None
+    bad = ctx.chain.grow()
+    bad.job("step", {"acount": "a"}, name="post")
+    with pytest.raises(ChainInvalid, match="no 'account' field"):
+        ctx.chain.add(bad)
+    more = ctx.chain.grow()
+    more.job("step", {"account": "a", "i": "added"}, name="post")
+    assert ctx.chain.add(more) == ["root.post"]
+    (before,) = enqueue_line(app, "a", 1)
+    finish(app, claimed, "succeeded")
+    pass_over(app, request_id)
+    assert sql(database_url, PLACES) == [("root.post", '"a"', 2)]
+    assert seq_of(database_url, f"{request_id}:root.post:1") == ('"a"', 2, False)
+    assert seq_of(database_url, before)[1] == 1
