@@ -9,18 +9,16 @@ Order and one-at-a-time are judged from both the archive and the handlers' own l
 
 from __future__ import annotations
 
-import os
 import random
 import signal
-import time
 from collections.abc import Callable
 from pathlib import Path
 
 from bench.sequence_check import check
 
 from hivejobs import App, Chain
-from tests.harness import Instance, fleet_app, live_jobs, pool_pids, sql, wait_until
-from tests.process.test_sequence_run import kill_pool
+from tests.harness import Instance, fleet_app, live_jobs, sql, wait_until
+from tests.process.test_sequence_run import kills_and_a_rolling_restart
 
 APP = "tests.apps.sequenceapp:app"
 TRIED = "SELECT total_tries >= 1 FROM hivejobs_chain_job WHERE chain_id = %s"
@@ -84,16 +82,7 @@ def test_chain_steps_keep_their_place_through_retries_kills_and_a_rolling_restar
     first = start_instance(app_spec=APP)
     app = fleet_app(make_app, database_url, ["ordered"])
     lines, steps = enqueue_with_steps(app, database_url, keys=3, per_key=25, seed=34)
-    dead: dict[int, int] = {}
-    for _ in range(2):
-        kill_pool(database_url, "ordered", dead)
-    second = start_instance(app_spec=APP)
-    wait_until(lambda: len(pool_pids(database_url, "ordered")) == 2, what="both pools")
-    leaving = [p for p in pool_pids(database_url, "ordered") if os.getpgid(p) == first.pid]
-    first.signal_group(signal.SIGTERM)
-    assert first.wait(30) == 0
-    for pid in leaving:
-        dead[pid] = time.monotonic_ns()
+    second, dead = kills_and_a_rolling_restart(first, start_instance, database_url)
     chains = [r for account in steps.values() for _, r in account]
     wait_until(
         lambda: (

@@ -48,6 +48,24 @@ def kill_pool(url: str, name: str, dead: dict[int, int]) -> None:
     wait_until(lambda: pool_pids(url, name), what="the pool forked again")
 
 
+def kills_and_a_rolling_restart(
+    first: Instance, start_instance: Callable[..., Instance], database_url: str
+) -> tuple[Instance, dict[int, int]]:
+    """Two kill -9 of the `ordered` pool, then a second instance starts and the first gets
+    SIGTERM. Returns the second instance and each ended pool's pid -> its death time (ns)."""
+    dead: dict[int, int] = {}
+    for _ in range(2):
+        kill_pool(database_url, "ordered", dead)
+    second = start_instance(app_spec=APP)
+    wait_until(lambda: len(pool_pids(database_url, "ordered")) == 2, what="both pools")
+    leaving = [p for p in pool_pids(database_url, "ordered") if os.getpgid(p) == first.pid]
+    first.signal_group(signal.SIGTERM)
+    assert first.wait(30) == 0
+    for pid in leaving:
+        dead[pid] = time.monotonic_ns()
+    return second, dead
+
+
 def test_sequences_keep_order_through_kills_and_a_rolling_restart(
     start_instance: Callable[..., Instance],
     make_app: Callable[..., App],
@@ -60,16 +78,7 @@ def test_sequences_keep_order_through_kills_and_a_rolling_restart(
     first = start_instance(app_spec=APP)
     app = fleet_app(make_app, database_url, ["ordered"])
     lines = enqueue_lines(app, "ordered", keys=5, per_key=40, seed=34)
-    dead: dict[int, int] = {}
-    for _ in range(2):
-        kill_pool(database_url, "ordered", dead)
-    second = start_instance(app_spec=APP)
-    wait_until(lambda: len(pool_pids(database_url, "ordered")) == 2, what="both pools")
-    leaving = [p for p in pool_pids(database_url, "ordered") if os.getpgid(p) == first.pid]
-    first.signal_group(signal.SIGTERM)
-    assert first.wait(30) == 0
-    for pid in leaving:
-        dead[pid] = time.monotonic_ns()
+    second, dead = kills_and_a_rolling_restart(first, start_instance, database_url)
     wait_until(lambda: live_jobs(database_url) == 0, timeout=90, what="every job done")
     report = check(database_url, ledger_dir, lines, dead)
     assert report.ok, report

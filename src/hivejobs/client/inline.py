@@ -171,14 +171,9 @@ class InlineRunner:
         """A job stored in the database: run it unless an outer enqueue is running jobs."""
         with self._lock:
             self._pending.append(job)
-            if self._busy:
+            if not self._take_drain():
                 return
-            self._busy = True
-        try:
-            self._drain()
-        finally:
-            with self._lock:
-                self._busy = False
+        self._drain_then_free()
 
     def _accept(self, jobs: list[NewJob]) -> list[bool]:
         """Record every job as queued (an id reused with another payload raises first, so
@@ -197,15 +192,25 @@ class InlineRunner:
                 if new:
                     self._jobs[job.id] = _queued_info(job, now)
                     self._pending.append(job)
-            if self._busy:
+            if not self._take_drain():
                 return news
-            self._busy = True
+        self._drain_then_free()
+        return news
+
+    def _take_drain(self) -> bool:
+        """Whether this call runs the pending jobs (called with `_lock` held): not when an
+        outer enqueue already runs them, since it picks up what was just added."""
+        if self._busy:
+            return False
+        self._busy = True
+        return True
+
+    def _drain_then_free(self) -> None:
         try:
             self._drain()
         finally:
             with self._lock:
                 self._busy = False
-        return news
 
     def _drain(self) -> None:
         ran = 0
