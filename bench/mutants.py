@@ -411,8 +411,8 @@ GUARDS: tuple[Guard, ...] = (
     Guard(
         "cancel-beats-retry",
         "src/hivejobs/worker/executor.py",
-        '    if ctx.cancelled:\n        _say(ctx.logger, "INFO", MSG_CANCELLED',
-        '    if False:\n        _say(ctx.logger, "INFO", MSG_CANCELLED',
+        '    if ctx.cancelled:\n        _say(ctx, "INFO", MSG_CANCELLED',
+        '    if False:\n        _say(ctx, "INFO", MSG_CANCELLED',
         (
             "tests/integration/test_lifecycle.py"
             "::test_cancel_running_job_sets_stopping_and_it_ends_cancelled",

@@ -4,6 +4,7 @@ attempt can end, as a table of handler behaviour, attempt and shutdown state."""
 from __future__ import annotations
 
 import asyncio
+import sys
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -250,3 +251,31 @@ def test_an_attempt_that_ends_on_its_timeout_fails_with_the_timeout(kind: str) -
     else:
         done = asyncio.run(execute_async(jt, job, ctx, max_result_bytes=1 << 20))
     assert (done.outcome, done.error) == ("retry", "timed out after 2s")
+
+
+def test_an_attempts_lines_reach_a_host_apps_debug_sink_and_skip_levels_no_sink_takes() -> None:
+    """logs.enabled gates the per-job lines on loguru's minimum over every sink: a host app's
+    DEBUG sink still gets "started"; with a WARNING sink only, no line is built and the
+    attempt's logger is never bound."""
+    from loguru import logger
+
+    app = App(database_url="postgresql://127.0.0.1:1/x", redis_url="redis://127.0.0.1:1")
+    app.job("t", attempts=3)(lambda ctx, p: None)
+    jt = app.types["t"]
+    lines: list[str] = []
+    logger.remove()
+    logger.enable("hivejobs")  # as setup_logging does in a worker
+    try:
+        logger.add(lines.append, level="WARNING", format="{message}")
+        job = _claimed(1, 3, "at_least_once")
+        quiet = Ctx(job, app)
+        assert execute(jt, job, quiet, max_result_bytes=1 << 20).outcome == "succeeded"
+        assert lines == [] and quiet._logger is None
+        logger.add(lines.append, level="DEBUG", format="{level} {message}")
+        assert execute(jt, job, Ctx(job, app), max_result_bytes=1 << 20).outcome == "succeeded"
+        assert [line.split()[0] for line in lines] == ["DEBUG", "INFO"]
+        assert "t[j1] started" in lines[0]
+    finally:
+        logger.remove()
+        logger.add(sys.stderr)
+        logger.disable("hivejobs")

@@ -18,7 +18,7 @@ import inspect
 import os
 import threading
 from collections.abc import Callable, Coroutine
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 from hivejobs.errors import Interrupted
 
@@ -63,11 +63,13 @@ def process_loop() -> tuple[asyncio.AbstractEventLoop, threading.Thread]:
 
 
 def call_handler(handler: Callable[..., object], ctx: AttemptContext, payload: object) -> object:
-    """The handler's return value; for `async def`, awaited on the process's loop."""
-    if not is_async(handler):
-        return handler(ctx, payload)
-    coroutine = cast(Coroutine[Any, Any, object], handler(ctx, payload))
-    return run_task(coroutine, ctx)
+    """The handler's return value; for `async def` (what it returned is a coroutine),
+    awaited on the process's loop. Told apart by what the call returned, an isinstance
+    check, not by inspecting the handler (~1.5 us a job on a `def` runner's path)."""
+    returned = handler(ctx, payload)
+    if not inspect.iscoroutine(returned):
+        return returned
+    return run_task(returned, ctx)
 
 
 def run_task(coroutine: Coroutine[Any, Any, object], ctx: AttemptContext) -> object:

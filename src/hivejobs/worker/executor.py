@@ -19,14 +19,13 @@ from typing import TYPE_CHECKING, Any, cast
 
 from hivejobs import tracing
 from hivejobs.errors import Interrupted, PayloadInvalid, ResultTooLarge
+from hivejobs.logs import enabled
 from hivejobs.records.jobs import ClaimedJob, Completion, Outcome
 from hivejobs.serialization import encode_result, storable_text
 from hivejobs.worker.async_handlers import call_handler
 from hivejobs.worker.capture import uncaptured
 
 if TYPE_CHECKING:
-    from loguru import Logger
-
     from hivejobs.jobtypes import JobType
     from hivejobs.worker.context import AttemptContext
 
@@ -185,7 +184,7 @@ def _began(job: ClaimedJob, ctx: AttemptContext) -> float:
     # DEBUG: at INFO, a line per job is the outcome's. A line costs the pool process ~40 us
     # of CPU (loguru's record, format and write), as much as the rest of a short job's own
     # bookkeeping.
-    _say(ctx.logger, "DEBUG", MSG_STARTED, job_type=job.name, job_id=job.id)
+    _say(ctx, "DEBUG", MSG_STARTED, job_type=job.name, job_id=job.id)
     return time.monotonic()
 
 
@@ -209,15 +208,14 @@ def _raised(
     from hivejobs.jobtypes import Fail, Retry
 
     tracing.record_error(exc)
-    log = ctx.logger
     names = {"job_type": job.name, "job_id": job.id}
     if isinstance(exc, PayloadInvalid):
         # Schema drift will not fix itself on retry: fail for good, keep the pool alive.
-        _say(log, "ERROR", "payload does not decode", error=str(exc), **names)
+        _say(ctx, "ERROR", "payload does not decode", error=str(exc), **names)
         return ended(job, "failed", str(exc), max_result_bytes)
     if isinstance(exc, Fail):
         # The handler says another attempt cannot help: failed now, attempts left or not.
-        _say(log, "ERROR", MSG_FAIL, error=str(exc), **names)
+        _say(ctx, "ERROR", MSG_FAIL, error=str(exc), **names)
         outcome: Outcome = "cancelled" if ctx.cancelled else "failed"
         return ended(job, outcome, f"Fail: {exc}", max_result_bytes)
     if isinstance(exc, ResultTooLarge):
@@ -230,7 +228,7 @@ def _raised(
         # A stop is not an attempt, whatever exception the handler raised (R9).
         at_most_once = job.delivery == "at_most_once"
         # At-most-once and started: fail it, never run it again; else suspend (uncounted).
-        _say(log, "INFO", MSG_INTERRUPTED, then="failed" if at_most_once else "suspended", **names)
+        _say(ctx, "INFO", MSG_INTERRUPTED, then="failed" if at_most_once else "suspended", **names)
         if at_most_once:
             return ended(job, "failed", "interrupted by shutdown", max_result_bytes)
         return Completion(id=job.id, claim_token=job.claim_token, outcome="suspend")
@@ -250,14 +248,14 @@ def _returned(
     elapsed_s = round(time.monotonic() - started, 3)
     if jt.callback:
         # The other service has the work now: the job stays running until its callback.
-        _say(ctx.logger, "INFO", MSG_AWAITING, elapsed_s=elapsed_s, **names)
+        _say(ctx, "INFO", MSG_AWAITING, elapsed_s=elapsed_s, **names)
         return Completion(
             id=job.id,
             claim_token=job.claim_token,
             outcome="await_callback",
             callback_timeout_s=jt.callback_timeout_s or 3600.0,
         )
-    _say(ctx.logger, "INFO", MSG_SUCCEEDED, elapsed_s=elapsed_s, **names)
+    _say(ctx, "INFO", MSG_SUCCEEDED, elapsed_s=elapsed_s, **names)
     return Completion(id=job.id, claim_token=job.claim_token, outcome="succeeded", result=encoded)
 
 
@@ -275,10 +273,10 @@ def failed(
     names = {"job_type": job.name, "job_id": job.id}
     last_line = error.strip().splitlines()[-1][:500] if error.strip() else ""
     if ctx.cancelled:
-        _say(ctx.logger, "INFO", MSG_CANCELLED, **names)
+        _say(ctx, "INFO", MSG_CANCELLED, **names)
         return ended(job, "cancelled", error, max_result_bytes)
     if job.attempt < job.attempts:
-        _say(ctx.logger, "WARNING", MSG_RETRY, delay_s=round(delay, 1), error=last_line, **names)
+        _say(ctx, "WARNING", MSG_RETRY, delay_s=round(delay, 1), error=last_line, **names)
         return Completion(
             id=job.id,
             claim_token=job.claim_token,
@@ -287,9 +285,9 @@ def failed(
             retry_delay_s=delay,
         )
     if exc is not None:  # the traceback follows the line, its last line says the error
-        _say(ctx.logger, "ERROR", MSG_FAILED, exc=exc, **names)
+        _say(ctx, "ERROR", MSG_FAILED, exc=exc, **names)
     else:
-        _say(ctx.logger, "ERROR", MSG_FAILED, error=last_line, **names)
+        _say(ctx, "ERROR", MSG_FAILED, error=last_line, **names)
     return ended(job, "failed", error, max_result_bytes)
 
 
@@ -308,10 +306,14 @@ def ended(job: ClaimedJob, outcome: Outcome, error: str, max_result_bytes: int) 
     return Completion(id=job.id, claim_token=job.claim_token, outcome=outcome, error=error)
 
 
-def _say(log: Logger, level: str, message: str, **fields: Any) -> None:
+def _say(ctx: AttemptContext, level: str, message: str, **fields: Any) -> None:
     """hivejobs' own lines about an attempt (started, succeeded, its traceback) are not the
     attempt's output: they stay out of a chain try's captured stdout/stderr (the job log).
-    `exc=` logs that exception's traceback after the line."""
+    `exc=` logs that exception's traceback after the line. A level no sink takes costs
+    nothing, not even the attempt's bound logger (logs.enabled)."""
+    if not enabled(level):
+        return
+    log = ctx.logger
     exc: BaseException | None = fields.pop("exc", None)
     with uncaptured():
         (log if exc is None else log.opt(exception=exc)).log(level, message, **fields)
