@@ -25,7 +25,8 @@ Each row is a system and the body it ran: the blocking body (``sync``: redis-py 
 ``time.sleep``, on the system's threads or processes) or the asyncio body (``async``:
 ``redis.asyncio`` and ``asyncio.sleep``, on its loop). By default (``--body native``) each
 system runs the body its users write, and hivejobs runs both, a ``def`` and an ``async def``
-handler, one row each. The jobs report which body they ran, and a run whose jobs ran another
+handler, one row each (as does ``bare``, the opt-in ceiling row: the body behind a bare Redis
+list, not a job queue). The jobs report which body they ran, and a run whose jobs ran another
 one (a blocking body on an event loop above all) fails instead of filling a row.
 """
 
@@ -112,6 +113,16 @@ SYSTEMS = {
         ),
         # arq 0.28.0 requires redis < 6: the counter's client is redis 5.3.1 there
         System("arq", 10, ("arq==0.28.0", "redis==5.3.1"), **ASYNCIO),
+        # not a job queue: the body behind a bare Redis list, the ceiling of every row (opt-in).
+        # Both bodies, like hivejobs; uvloop pinned as it resolves in pgqueuer's venv. db 15:
+        # the systems add_systems makes count up from 11.
+        System(
+            "bare",
+            15,
+            (REDIS_PIN, "uvloop==0.23.0"),
+            bodies=("sync", "async"),
+            native=("sync", "async"),
+        ),
     ]
 }
 DEFAULT_SYSTEMS = "hivejobs,rq,dramatiq,celery,procrastinate,pgqueuer,huey,saq,arq"
@@ -498,8 +509,8 @@ def main() -> int:
         choices=BODY_MODES,
         help="native (default): each system the body its users write (asyncio systems the "
         "asyncio one, thread/process systems the blocking one), hivejobs both a `def` and an "
-        "`async def` handler; sync: the blocking body everywhere (asyncio systems in "
-        "asyncio.to_thread); async: the asyncio body wherever there is an asyncio API; "
+        "`async def` handler (bare both bodies); sync: the blocking body everywhere (asyncio "
+        "systems in asyncio.to_thread); async: the asyncio body wherever there is an asyncio API; "
         "both: every body each system can run; one row per system and body",
     )
     p.add_argument("--pg-port", default="", help="the port of --pg-url's host to use instead")
@@ -527,7 +538,7 @@ def main() -> int:
         "--redis-db",
         type=int,
         help="one db for every system, used one after the other (default: a db per system, "
-        "1-10); a db that holds keys not from this script is refused, never flushed",
+        "1-10, bare 15); a db that holds keys not from this script is refused, never flushed",
     )
     p.add_argument(
         "--pg-url",

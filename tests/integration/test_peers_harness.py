@@ -316,6 +316,7 @@ def test_rows_run_each_systems_own_body_and_hivejobs_both() -> None:
     run = load_run_py()
     native = {name: run.bodies_for(system, "native") for name, system in run.SYSTEMS.items()}
     assert native["hivejobs"] == ("sync", "async")
+    assert native["bare"] == ("sync", "async")  # the ceiling rows, one per body
     for name in ASYNCIO_DRIVERS:
         assert native[name] == ("async",)
     for name in ("dramatiq", "huey", "celery", "rq", "rq-fork"):
