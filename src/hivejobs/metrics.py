@@ -17,6 +17,7 @@ job's path: a Redis error keeps the increments for the next flush.
 
 from __future__ import annotations
 
+import bisect
 import threading
 import time
 from collections import defaultdict
@@ -56,10 +57,8 @@ HISTOGRAMS = {
 
 
 def _bucket(value: float) -> int:
-    for i, bound in enumerate(BUCKETS):
-        if value <= bound:
-            return i
-    return len(BUCKETS)  # +Inf
+    """The index of the first bound >= value; len(BUCKETS) is +Inf."""
+    return bisect.bisect_left(BUCKETS, value)
 
 
 class Recorder:
@@ -97,16 +96,21 @@ class Recorder:
             self._sums[f"hs:{histogram}:{name}"] += max(0.0, value)
 
     def completion(self, name: str, completion: Completion) -> None:
-        counter = OUTCOME_COUNTER.get(completion.outcome)
-        if counter is not None:
-            self.count(counter, name)
-        if completion.outcome in ("succeeded", "failed"):
-            with self._lock:
-                self._counts[f"tp:{name}:{completion.outcome}"] += 1
+        outcome = completion.outcome
+        counter = OUTCOME_COUNTER.get(outcome)
+        with self._lock:
+            if counter is not None:
+                self._counts[f"c:{counter}:{name}"] += 1
+            if outcome in ("succeeded", "failed"):
+                self._counts[f"tp:{name}:{outcome}"] += 1
 
     def picked_up(self, jobs: Iterable[ClaimedJob]) -> None:
-        for job in jobs:
-            self.observe("pickup", job.name, job.pickup_s)
+        """One observation per claimed job, under one lock for the claim's batch."""
+        with self._lock:
+            counts, sums = self._counts, self._sums  # flush() swaps them under the lock
+            for job in jobs:
+                counts[f"h:pickup:{job.name}:{_bucket(job.pickup_s)}"] += 1
+                sums[f"hs:pickup:{job.name}"] += max(0.0, job.pickup_s)
 
     # -- flushing ----------------------------------------------------------------------
 

@@ -151,6 +151,15 @@ class Slots:
             self.running[job.id] = entry
         return entry
 
+    def start_if_may(self, job: ClaimedJob, ctx: AttemptContext) -> Running | None:
+        """may_start() and started() under one lock (a task's start, once per job): None
+        when the job may not start; else it runs, and a drain beginning now finds it."""
+        with self.cond:
+            if self.isolating or self._draining.is_set():
+                return None
+            entry = self.running[job.id] = Running(job, ctx)
+            return entry
+
     def finished(self, entry: Running) -> bool:
         """Forget a finished attempt; True when its result is still wanted (not abandoned)."""
         with self.cond:

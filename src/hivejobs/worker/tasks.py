@@ -115,11 +115,14 @@ class Tasks:
 
     async def _attempt(self, job: ClaimedJob) -> None:
         try:
-            if self.slots.may_start():
-                self._end(await self._run_started(job))
-            else:
-                self.runners.hand_back(job)
+            runners = self.runners
+            ctx = runners.app.job_context(job, runners.chains, runners.events)
+            entry = self.slots.start_if_may(job, ctx)
+            if entry is None:
+                runners.hand_back(job)
                 self._end(None)
+            else:
+                self._end(await self._run_started(job, ctx, entry))
         except BaseException as exc:
             # A bug in our own bookkeeping (the handler's errors are its attempt's): the
             # claim would stay unfinished while the heartbeat says all is well. As
@@ -156,10 +159,10 @@ class Tasks:
             logger.opt(exception=exc).critical("pool task crashed: exiting the process")
             os._exit(ChildExit.THREAD_CRASHED)
 
-    async def _run_started(self, job: ClaimedJob) -> tuple[Running, Completion]:
+    async def _run_started(
+        self, job: ClaimedJob, ctx: AttemptContext, entry: Running
+    ) -> tuple[Running, Completion]:
         runners = self.runners
-        ctx = runners.app.job_context(job, runners.chains, runners.events)
-        entry = self.slots.started(job, ctx)
         began = time.monotonic()
         if looks_like_try_id(job.id):  # a chain try: its output goes to the job log
             with capturing(runners.settings.job_log_output_bytes) as output:
