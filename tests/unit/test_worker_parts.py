@@ -15,6 +15,7 @@ from hivejobs.client.app import App, JobContext
 from hivejobs.records.jobs import ClaimedJob, Delivery
 from hivejobs.worker.async_handlers import new_loop
 from hivejobs.worker.completer import COALESCE_GAP_S, COALESCE_MAX_S, COALESCE_TO
+from hivejobs.worker.context import AttemptContext
 from hivejobs.worker.executor import interrupted
 from hivejobs.worker.exits import ChildExit
 from hivejobs.worker.shutdown import Stop, StopReason
@@ -168,13 +169,21 @@ def test_a_suspect_runs_alone_and_others_wait_meanwhile() -> None:
         assert suspect_may  # it holds no other claim
         with slots.turn(job("n"), held={"s", "n"}, give_way=refuse) as neighbour_may:
             assert not neighbour_may  # no job starts beside a suspect
+        # A runner's or a task's start of a job that is no suspect: refused the same way.
+        assert slots.start_if_may(job("n"), AttemptContext(job("n"))) is None
+        assert "n" not in slots.running
         with slots.turn(job("s2", lost=1), held={"s", "s2"}, give_way=refuse) as second_may:
             assert not second_may  # one suspect at a time
     with slots.turn(job("n"), held={"n"}, give_way=refuse) as after:
         assert after
+    started = slots.start_if_may(job("n"), AttemptContext(job("n")))
+    assert started is not None and slots.running["n"] is started
+    assert slots.finished(started)
     draining.set()
     with slots.turn(job("n"), held={"n"}, give_way=refuse) as stopping:
         assert not stopping
+    assert slots.start_if_may(job("m"), AttemptContext(job("m"))) is None  # the drain began
+    assert "m" not in slots.running
 
 
 @pytest.mark.parametrize(

@@ -30,7 +30,7 @@ from hivejobs.worker.executor import execute, interrupted
 from hivejobs.worker.exits import fatal_on_error
 from hivejobs.worker.fetcher import Fetcher
 from hivejobs.worker.served import ServedApp
-from hivejobs.worker.slots import Slots
+from hivejobs.worker.slots import Running, Slots
 from hivejobs.worker.streaming import EventSink
 
 
@@ -112,12 +112,22 @@ class Runners:
                 self.run_one(job)
 
     def run_one(self, job: ClaimedJob) -> None:
-        """Run `job` in this thread if it may start, else hand it back."""
+        """Run `job` in this thread if it may start, else hand it back. A job no process died
+        under (nearly all) is checked and started under one lock (Slots.start_if_may); a
+        suspect runs inside its turn in quarantine (Slots.turn)."""
         if not self.draining.is_set():
-            with self.slots.turn(job, self.fetcher.claims.held, self.hand_back) as may_start:
-                if may_start:
-                    self._run_started(job)
+            if job.lost == 0:
+                ctx = self.app.job_context(job, self.chains, self.events)
+                entry = self.slots.start_if_may(job, ctx)
+                if entry is not None:
+                    self._run_started(job, ctx, entry)
                     return
+            else:
+                with self.slots.turn(job, self.fetcher.claims.held, self.hand_back) as may_start:
+                    if may_start:
+                        ctx = self.app.job_context(job, self.chains, self.events)
+                        self._run_started(job, ctx, self.slots.started(job, ctx))
+                        return
         self.hand_back(job)
 
     def hand_back(self, job: ClaimedJob) -> None:
@@ -125,9 +135,7 @@ class Runners:
         max_bytes = self.settings.max_result_bytes
         self.completer.submit(interrupted(job, started=False, max_result_bytes=max_bytes))
 
-    def _run_started(self, job: ClaimedJob) -> None:
-        ctx = self.app.job_context(job, self.chains, self.events)
-        entry = self.slots.started(job, ctx)
+    def _run_started(self, job: ClaimedJob, ctx: AttemptContext, entry: Running) -> None:
         began = time.monotonic()
         if looks_like_try_id(job.id):  # a chain try: its output goes to the job log
             with capturing(self.settings.job_log_output_bytes) as output:
