@@ -152,7 +152,7 @@ class Slots:
         return entry
 
     def start_if_may(self, job: ClaimedJob, ctx: AttemptContext) -> Running | None:
-        """may_start() and started() under one lock (a task's start, once per job): None
+        """may_start() and started() under one lock (a job's start in either lane): None
         when the job may not start; else it runs, and a drain beginning now finds it."""
         with self.cond:
             if self.isolating or self._draining.is_set():
