@@ -52,12 +52,12 @@ class Tracked:
 class Liveness:
     """Owns the heartbeat thread and the control thread, `last_ok` (the monotonic time at
     which the last heartbeat Postgres accepted was sent; written by the heartbeat thread only,
-    read by the fetchers without a lock: a float) and the control subscription. `subscribed` is set once
-    the first subscription stands (a message published before it is not seen). Both loops
-    end after stop(): the pool calls it once its shutdown has written its completions, just
-    before it removes its worker rows, so no heartbeat can find a row gone meanwhile.
-    `names`: the pool's name and its types', any of which `hivejobs restart --pool` may
-    give."""
+    read by the fetchers without a lock: a float) and the control subscription. `subscribed`
+    is set once the first subscription stands (a message published before it is not seen).
+    Both loops end after stop(): the pool calls it once its shutdown has written its
+    completions, just before it removes its worker rows, so no heartbeat can find a row gone
+    meanwhile. `names`: the pool's name and its types', any of which `hivejobs restart
+    --pool` may give."""
 
     def __init__(
         self,
