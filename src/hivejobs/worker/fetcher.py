@@ -231,10 +231,6 @@ class Fetcher:
             if full:
                 self._follow_scale()
                 continue
-            if self._heartbeat_age_s() > self.settings.stuck_after_s / 2:
-                # We cannot prove we are alive: claims made now could be rescued under us.
-                self._stopped.wait(0.2)
-                continue
             try:
                 # Flow control: a paused or fleet-limited type waits here, its ids
                 # left in Redis; own completions (Claims.forget) end a wait for a slot early.
@@ -244,6 +240,14 @@ class Fetcher:
                 if room.allowed <= 0:
                     with cond:
                         cond.wait(room.wait_s)
+                    continue
+                if self._heartbeat_age_s() > self.settings.stuck_after_s / 2:
+                    # We cannot prove we are alive: claims made now could be rescued under
+                    # us. Checked after flow.room(), right before the pop: room() reads
+                    # Postgres, and a read held up by a partition returned at the heal
+                    # with a check made before it long stale (S15: the pool claimed under
+                    # the worker row the coordinator had deleted meanwhile).
+                    self._stopped.wait(0.2)
                     continue
                 popped = self._pop(room.allowed)
                 self.counts["pops"] += 1

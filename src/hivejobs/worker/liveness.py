@@ -50,14 +50,14 @@ class Tracked:
 
 
 class Liveness:
-    """Owns the heartbeat thread and the control thread, `last_ok` (the monotonic time of
-    the last heartbeat Postgres accepted; written by the heartbeat thread only, read by the
-    fetchers without a lock: a float) and the control subscription. `subscribed` is set once
-    the first subscription stands (a message published before it is not seen). Both loops
-    end after stop(): the pool calls it once its shutdown has written its completions, just
-    before it removes its worker rows, so no heartbeat can find a row gone meanwhile.
-    `names`: the pool's name and its types', any of which `hivejobs restart --pool` may
-    give."""
+    """Owns the heartbeat thread and the control thread, `last_ok` (the monotonic time at
+    which the last heartbeat Postgres accepted was sent; written by the heartbeat thread only,
+    read by the fetchers without a lock: a float) and the control subscription. `subscribed`
+    is set once the first subscription stands (a message published before it is not seen).
+    Both loops end after stop(): the pool calls it once its shutdown has written its
+    completions, just before it removes its worker rows, so no heartbeat can find a row gone
+    meanwhile. `names`: the pool's name and its types', any of which `hivejobs restart
+    --pool` may give."""
 
     def __init__(
         self,
@@ -111,13 +111,19 @@ class Liveness:
 
     def _heartbeat(self) -> None:
         while not self._stopped.is_set():
+            # The heartbeat proves us alive as of when it was sent, not when its answer came:
+            # a partition can hold the answer of a heartbeat Postgres took just before it
+            # (the link blackholed both ways), long enough for the coordinator to declare us
+            # dead meanwhile. Dated from its arrival, that stale answer made the fetchers
+            # claim again under the deleted worker rows, until the next heartbeat said so.
+            sent = time.monotonic()
             try:
                 if not self.store.heartbeat_all(self.worker_ids):
                     # The coordinator rescued our claims: anything we finish now is fenced.
                     self.log.error("worker row gone (declared dead): exiting")
                     self.declared_dead()
                     return
-                self.last_ok = time.monotonic()
+                self.last_ok = sent
                 for lane in self.lanes:
                     if lane.check_untracked:
                         self._release_untracked_claims(lane)
