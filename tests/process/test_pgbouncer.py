@@ -264,7 +264,11 @@ def test_run_through_pgbouncer(
     for env in (via_pooler, direct_env):
         start_instance({**env, "HJ_TYPES": "alo,amo"})
         start_instance(env, app_spec="tests.apps.chainapp:app")
-    wait_until(lambda: pool_pids(second_database, "step"), what="the direct fleet")
+    # Both direct instances: the App below enqueues through the types their pools declared.
+    wait_until(
+        lambda: all(pool_pids(second_database, t) for t in ("alo", "amo", "step")),
+        what="the direct fleet",
+    )
     pooled = fleet_app(make_app, database_url, ["alo", "amo", "step"], pgbouncer=True)
     pooled.settings.database_url = pooled_url  # enqueue through the pooler too
     direct = App(database_url=second_database, redis_url=REDIS_URL, prefix=redis_prefix + "d:")
