@@ -88,29 +88,35 @@ class Recorder:
 
     def count(self, counter: str, name: str, n: int = 1) -> None:
         with self._lock:
-            self._counts[f"c:{counter}:{name}"] += n
+            self._add_count(counter, name, n)
 
     def observe(self, histogram: str, name: str, value: float) -> None:
         with self._lock:
-            self._counts[f"h:{histogram}:{name}:{_bucket(value)}"] += 1
-            self._sums[f"hs:{histogram}:{name}"] += max(0.0, value)
+            self._add_observation(histogram, name, value)
 
     def completion(self, name: str, completion: Completion) -> None:
         outcome = completion.outcome
         counter = OUTCOME_COUNTER.get(outcome)
         with self._lock:
             if counter is not None:
-                self._counts[f"c:{counter}:{name}"] += 1
+                self._add_count(counter, name, 1)
             if outcome in ("succeeded", "failed"):
                 self._counts[f"tp:{name}:{outcome}"] += 1
 
     def picked_up(self, jobs: Iterable[ClaimedJob]) -> None:
         """One observation per claimed job, under one lock for the claim's batch."""
         with self._lock:
-            counts, sums = self._counts, self._sums  # flush() swaps them under the lock
             for job in jobs:
-                counts[f"h:pickup:{job.name}:{_bucket(job.pickup_s)}"] += 1
-                sums[f"hs:pickup:{job.name}"] += max(0.0, job.pickup_s)
+                self._add_observation("pickup", job.name, job.pickup_s)
+
+    def _add_count(self, counter: str, name: str, n: int) -> None:
+        """The one place a counter's field is named; called with `_lock` held."""
+        self._counts[f"c:{counter}:{name}"] += n
+
+    def _add_observation(self, histogram: str, name: str, value: float) -> None:
+        """The one place a histogram's fields are named; called with `_lock` held."""
+        self._counts[f"h:{histogram}:{name}:{_bucket(value)}"] += 1
+        self._sums[f"hs:{histogram}:{name}"] += max(0.0, value)
 
     # -- flushing ----------------------------------------------------------------------
 

@@ -1,10 +1,9 @@
 """The fetcher proves itself alive right before it pops, after flow control's read.
 
-S15 (bench/chaos_partition.py) failed once so: the fetcher checked its heartbeat's age, then
-flow.room() read the type's settings from Postgres and the partition held that read for
-10 s; at the heal it popped and claimed at once, on a check made before the cut, under the
-worker row the coordinator had deleted meanwhile (the claim was rescued: a worker loss
-counted against each job it took).
+flow.room() reads the type's settings from Postgres and can block as long as a partition lasts;
+a heartbeat check made before that read says nothing about the moment of the pop, and a claim
+made then may land under a worker row the coordinator deleted meanwhile (rescued again: a
+worker loss counted against each job it took).
 """
 
 from __future__ import annotations

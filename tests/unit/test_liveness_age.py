@@ -1,10 +1,8 @@
 """A heartbeat's age counts from when it was sent, not from when its answer came back.
 
-S15 (bench/chaos_partition.py) failed once so: a heartbeat Postgres took just before the
-partition had its answer held by the blackholed link until the heal. Dated from its arrival,
-it made the pool look alive the instant it learned nothing but that it had been alive 10 s
-before; its fetcher claimed twice more under the worker row the coordinator had deleted in
-between, and every claim was rescued again (poison pill at the third: 7 jobs lost).
+An answer a partition held proves the pool was alive when the heartbeat was sent, nothing
+later: dated from its arrival it would make a pool the coordinator declared dead meanwhile
+look alive, and its fetcher would claim under the deleted worker row.
 """
 
 from __future__ import annotations

@@ -244,9 +244,8 @@ class Fetcher:
                 if self._heartbeat_age_s() > self.settings.stuck_after_s / 2:
                     # We cannot prove we are alive: claims made now could be rescued under
                     # us. Checked after flow.room(), right before the pop: room() reads
-                    # Postgres, and a read held up by a partition returned at the heal
-                    # with a check made before it long stale (S15: the pool claimed under
-                    # the worker row the coordinator had deleted meanwhile).
+                    # Postgres and may block for as long as Postgres is unreachable, so a
+                    # check made before it may be long stale by the time we pop and claim.
                     self._stopped.wait(0.2)
                     continue
                 popped = self._pop(room.allowed)

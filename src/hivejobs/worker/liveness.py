@@ -112,10 +112,9 @@ class Liveness:
     def _heartbeat(self) -> None:
         while not self._stopped.is_set():
             # The heartbeat proves us alive as of when it was sent, not when its answer came:
-            # a partition can hold the answer of a heartbeat Postgres took just before it
-            # (the link blackholed both ways), long enough for the coordinator to declare us
-            # dead meanwhile. Dated from its arrival, that stale answer made the fetchers
-            # claim again under the deleted worker rows, until the next heartbeat said so.
+            # a partition can hold the answer of a heartbeat Postgres took just before it,
+            # long enough for the coordinator to declare us dead meanwhile; dated from its
+            # arrival, it would let the fetchers claim under worker rows already deleted.
             sent = time.monotonic()
             try:
                 if not self.store.heartbeat_all(self.worker_ids):
